@@ -1,0 +1,73 @@
+"""The `appliance` command: one subcommand module per concern, registered here.
+
+Each module in COMMANDS exposes `register(subparsers)`; the parser it adds
+carries a `handler(args) -> int` default. Exit codes: 0 ok, 1 runtime failure,
+2 bad input (job file, arguments), 3 the job does not fit the memory budget.
+"""
+
+from __future__ import annotations
+
+import appliance.offline  # noqa: F401  (must precede every ML import)
+
+import argparse
+import importlib
+import sys
+
+from appliance import __version__
+from appliance.paths import default_data_dir
+
+COMMANDS = [
+    "appliance.cli.config_cmd",
+    "appliance.cli.models_cmd",
+    "appliance.cli.plan_cmd",
+    "appliance.cli.train_cmd",
+    "appliance.cli.eval_cmd",
+]
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 1, 2, 3
+
+
+def add_data_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="state directory (default: $APPLIANCE_DATA_DIR, else /var/lib/appliance if writable, else ./.appliance)",
+    )
+
+
+def data_dir_of(args: argparse.Namespace):
+    from pathlib import Path
+
+    return Path(args.data_dir) if getattr(args, "data_dir", None) else default_data_dir()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="appliance", description="On-premise GRPO training appliance.")
+    parser.add_argument("--version", action="version", version=f"appliance {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:  # command not built yet
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

