@@ -54,6 +54,11 @@ class JudgeSpec(Spec):
     temperature: Annotated[float, Field(ge=0.0)] = 0.0
     retries: Annotated[int, Field(ge=0, le=10)] = 2
     timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # Judge identical (question, reference, response) inputs once per job run.
+    cache: bool = True
+    # jobs/<id>/judge.jsonl rotates past this size, keeping log_backups older files.
+    log_max_bytes: PositiveInt = 64 * 1024 * 1024
+    log_backups: Annotated[int, Field(ge=0, le=100)] = 3
 
 
 class FewShotExample(Spec):
