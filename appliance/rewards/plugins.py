@@ -1,0 +1,66 @@
+"""User reward functions from a Python file: a reward named "path/to/file.py:function".
+
+The path is relative to the job file's folder (or absolute). The file is
+imported with importlib under a private module name, so two job files with a
+`rewards.py` each do not collide. The function has the rule-reward signature
+`fn(prompt, completion, reference, metadata, **params) -> float`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Callable
+
+
+class RewardError(ValueError):
+    """A reward in the job file cannot be built or returned a bad value; the message says what to change."""
+
+
+def is_plugin_name(name: str) -> bool:
+    """True for "file.py:function" names, which are user plugins rather than registered rules."""
+    path, separator, function = name.rpartition(":")
+    return bool(separator) and path.endswith(".py") and bool(function)
+
+
+def load_plugin(name: str, base_dir: Path) -> Callable[..., float]:
+    """Import `file.py` and return its `function`; every failure is a RewardError naming both."""
+    path_text, _, function_name = name.rpartition(":")
+    path = Path(path_text).expanduser()
+    if not path.is_absolute():
+        path = Path(base_dir) / path
+    path = path.resolve()
+    if not path.is_file():
+        raise RewardError(f"reward plugin {name!r}: file {path} does not exist (paths are relative to the job file's folder)")
+
+    module_name = "appliance_reward_plugin_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RewardError(f"reward plugin {name!r}: {path} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        sys.modules.pop(module_name, None)
+        raise RewardError(
+            f"reward plugin {name!r}: importing {path} failed: {type(error).__name__}: {error}"
+        ) from error
+
+    function = getattr(module, function_name, None)
+    if function is None:
+        available = sorted(
+            attribute
+            for attribute, value in vars(module).items()
+            if inspect.isfunction(value) and value.__module__ == module_name and not attribute.startswith("_")
+        )
+        raise RewardError(
+            f"reward plugin {name!r}: {path} has no function {function_name!r}"
+            f" (functions defined there: {', '.join(available) or 'none'})"
+        )
+    if not callable(function):
+        raise RewardError(f"reward plugin {name!r}: {function_name!r} in {path} is not a function")
+    return function
