@@ -1,0 +1,152 @@
+"""Each rule reward on hand-made completions, with the exact value it must give."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.rewards.rules import (
+    answer_format,
+    correctness,
+    format_compliant,
+    int_answer,
+    length,
+    soft_format,
+    strict_format,
+    xmlcount,
+)
+
+PERFECT = "<reasoning>\n48/2 = 24 in May, 48 + 24 = 72.\n</reasoning>\n<answer>\n72\n</answer>\n"
+PERFECT_NO_FINAL_NEWLINE = PERFECT.rstrip("\n")
+ONE_LINE = "<reasoning>48 + 24 = 72</reasoning><answer>72</answer>"
+PROSE = "She sold 48 + 24 = 72 clips. The answer is 72."
+
+
+def call(rule, completion, reference="72", **params):
+    return rule("How many clips?", completion, reference, {}, **params)
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "expected"),
+    [
+        (PERFECT, "72", 1.0),
+        (PROSE, "72", 1.0),
+        (PERFECT, "Natalia sold 24 clips in May.\n#### 72", 1.0),
+        ("<answer>$1,234</answer>", "1234", 1.0),
+        ("<answer>3.50</answer>", "3.5", 1.0),
+        ("<answer>71</answer>", "72", 0.0),
+        ("I don't know", "72", 0.0),
+        (PERFECT, None, 0.0),
+    ],
+)
+def test_correctness(completion, reference, expected):
+    assert call(correctness, completion, reference) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        (PERFECT, 1.0),
+        (PERFECT_NO_FINAL_NEWLINE, 1.0),
+        (PERFECT.replace("48/2", "48/2\nthen\n"), 1.0),  # multi-line reasoning
+        (ONE_LINE, 0.0),  # tags not on their own lines
+        ("Sure! " + PERFECT, 0.0),  # text before the layout
+        (PERFECT + "Anything else?", 0.0),  # text after </answer>
+        ("<answer>\n72\n</answer>\n", 0.0),  # no reasoning
+    ],
+)
+def test_strict_format(completion, expected):
+    assert call(strict_format, completion) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        (PERFECT, 1.0),
+        (ONE_LINE, 1.0),
+        ("Sure! " + ONE_LINE + " bye", 1.0),
+        ("<answer>72</answer><reasoning>because</reasoning>", 0.0),  # wrong order
+        ("<reasoning>because</reasoning>", 0.0),
+        (PROSE, 0.0),
+    ],
+)
+def test_soft_format(completion, expected):
+    assert call(soft_format, completion) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("<answer>42</answer>", 1.0),
+        ("6 * 7 is 42.\n<answer> 42 </answer>\n", 1.0),
+        ("<answer>-1,234.5</answer>", 1.0),
+        ("<answer>42</answer> Hope that helps", 0.0),  # text after the block
+        ("<answer>42</answer><answer>42</answer>", 0.0),  # two blocks
+        ("<answer>6 * 7 = 42</answer>", 0.0),  # more than a number
+        ("<answer>42 apples</answer>", 0.0),
+        ("<answer></answer>", 0.0),
+        ("42", 0.0),
+    ],
+)
+def test_answer_format(completion, expected):
+    assert call(answer_format, completion) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("<answer>72</answer>", 0.5),
+        ("<answer>72.0</answer>", 0.5),
+        ("<answer>1,000</answer>", 0.5),
+        ("<answer>3.5</answer>", 0.0),
+        ("nothing numeric", 0.0),
+    ],
+)
+def test_int_answer(completion, expected):
+    assert call(int_answer, completion) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        (PERFECT, 0.5),
+        (PERFECT_NO_FINAL_NEWLINE, 0.5),
+        (PERFECT + "Bye!", 0.5 - 0.004),  # 4 trailing characters
+        (ONE_LINE, 0.0),  # no tag on its own line
+        ("<reasoning>\nwhy\n</reasoning>\n", 0.25),
+        ("<reasoning>\nwhy\n</reasoning>\n<answer>\n72", 0.375),  # unclosed answer
+        (PERFECT + PERFECT, 0.0),  # every tag twice
+    ],
+)
+def test_xmlcount(completion, expected):
+    assert call(xmlcount, completion) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("characters", "expected"),
+    [(0, 0.0), (40, 0.0), (80, 0.0), (120, -0.5), (160, -1.0), (400, -1.0)],
+)
+def test_length_counts_four_characters_per_token(characters, expected):
+    assert call(length, "x" * characters, target=20) == pytest.approx(expected)
+
+
+def test_length_prefers_the_real_token_count():
+    assert length("q", "short text", "1", {"completion_tokens": 30}, target=20) == pytest.approx(-0.5)
+
+
+def test_length_rejects_a_non_positive_target():
+    with pytest.raises(ValueError, match="target"):
+        call(length, "x", target=0)
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("<answer>72</answer>", True),
+        ("work...\n<answer>\n$18 dollars\n</answer>", True),
+        ("<answer>I am not sure</answer>", False),
+        ("The answer is 72.", False),
+        ("<answer>72", False),
+    ],
+)
+def test_format_compliant(completion, expected):
+    assert format_compliant(completion) is expected
