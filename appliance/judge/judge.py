@@ -1,0 +1,273 @@
+"""The local judge: scores completions with an LLM on the box, as the reward named "judge".
+
+`Judge(spec, engine, log_path)` is a BatchReward: `judge(samples)` returns one
+score in 0..1 per sample. In `pointwise` mode every response gets its own
+rubric prompt and all of a step's prompts go to the engine in one generate
+call; in `group` mode (RULER-style) each group of completions of the same
+prompt is judged in one prompt, the groups of a step batched in one call.
+
+An unusable answer is asked again (at most `spec.retries` times, each time at
+half the previous temperature and with the problem fed back, so retries help
+even when greedy), until `spec.timeout_seconds` have passed for the batch.
+What still fails gets a neutral score that adds nothing to GRPO's advantage:
+the mean of the judged members of its group (its deviation from the group mean
+is then zero and the others' deviations are unchanged), or 0.5 for the whole
+group when none was judged. Engine errors (out of memory, a bad model) are not
+judge failures and propagate.
+
+The timeout is checked between generate calls: the engine interface has no
+way to cancel a call in flight, so one slow call can overrun it once, but no
+retry starts after it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Hashable, Sequence
+
+from appliance.config.schema import JudgeSpec
+from appliance.engines.base import Completion, EngineCounters, GenerationEngine, Sampling
+from appliance.judge.cache import VerdictCache, cache_key
+from appliance.judge.log import JudgeLog
+from appliance.judge.parse import JudgeOutputError, parse_group, parse_pointwise
+from appliance.judge.prompts import group_ids, group_messages, pointwise_messages, retry_messages
+
+if TYPE_CHECKING:
+    from appliance.rewards.registry import RewardSample
+
+OUTCOMES = ("ok", "parse_error", "timeout")
+NEUTRAL_SCORE = 0.5
+
+
+@dataclass
+class _Request:
+    """One judge prompt (one response, or one whole group) through its attempts."""
+
+    key: str
+    messages: list[dict[str, str]]
+    parse: Callable[[str], list[float]]
+    max_new_tokens: int
+    sample_indices: list[int]
+    prompt_text: str = ""
+    outputs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    scores: list[float] | None = None
+    outcome: str = "ok"
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency_seconds: float = 0.0
+
+    def next_messages(self) -> list[dict[str, str]]:
+        if not self.outputs:
+            return self.messages
+        return retry_messages(self.messages, self.outputs[-1], self.errors[-1])
+
+    def record(self, completion: Completion, seconds: float) -> None:
+        self.outputs.append(completion.text)
+        self.tokens_in += len(completion.prompt_token_ids)
+        self.tokens_out += len(completion.token_ids)
+        self.latency_seconds += seconds
+        try:
+            self.scores = self.parse(completion.text)
+        except JudgeOutputError as error:
+            self.errors.append(str(error))
+
+
+def neutral_fill(scores: Sequence[float | None], group_keys: Sequence[Hashable]) -> list[float]:
+    """Replace each None by the mean of its group's judged scores (NEUTRAL_SCORE if none was judged)."""
+    judged: dict[Hashable, list[float]] = {}
+    for score, key in zip(scores, group_keys):
+        if score is not None:
+            judged.setdefault(key, []).append(score)
+    filled = []
+    for score, key in zip(scores, group_keys):
+        if score is None:
+            members = judged.get(key)
+            score = sum(members) / len(members) if members else NEUTRAL_SCORE
+        filled.append(score)
+    return filled
+
+
+def _group_key(sample: "RewardSample") -> tuple:
+    # Completions of one prompt form a GRPO group; the prompt is part of the key so
+    # samples without a group id still only share a judge prompt with their own question.
+    return (sample.group, sample.prompt, sample.reference)
+
+
+class Judge:
+    """The reward "judge": an LLM judge over any GenerationEngine, scores in 0..1."""
+
+    name = "judge"
+
+    def __init__(self, spec: JudgeSpec, engine: GenerationEngine, log_path: Path | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.spec = spec
+        self.engine = engine
+        self.log = JudgeLog(log_path, spec.log_max_bytes, spec.log_backups) if log_path is not None else None
+        self.cache: VerdictCache[list[float]] = VerdictCache(enabled=spec.cache)
+        self.clock = clock
+        self.step = 0
+        self.outcomes: dict[str, int] = {outcome: 0 for outcome in OUTCOMES}
+        # Judge-only token and time totals (the engine's own counters may be shared with the student).
+        self.counters = EngineCounters()
+        self.retries = 0
+        self.seconds = 0.0
+
+    def set_step(self, step: int) -> None:
+        self.step = step
+
+    def __call__(self, samples: list["RewardSample"]) -> list[float]:
+        if not samples:
+            return []
+        started = self.clock()
+        group_keys = [_group_key(sample) for sample in samples]
+        if self.spec.mode == "group":
+            scores, requests = self._group_requests(samples, group_keys)
+        else:
+            scores, requests = self._pointwise_requests(samples)
+        self._run(requests)
+        for request in requests:
+            if request.scores is not None:
+                self.cache.put(request.key, request.scores)
+                for index, score in zip(request.sample_indices, self._spread(request)):
+                    scores[index] = score
+        final = neutral_fill(scores, group_keys)
+        for request in requests:
+            self._log(request, [final[i] for i in request.sample_indices])
+        self.seconds += self.clock() - started
+        return final
+
+    def _spread(self, request: _Request) -> list[float]:
+        # A pointwise request may stand for several identical samples; a group request has one score each.
+        if self.spec.mode == "group":
+            return request.scores
+        return request.scores * len(request.sample_indices)
+
+    def _pointwise_requests(self, samples: list["RewardSample"]) -> tuple[list[float | None], list[_Request]]:
+        scores: list[float | None] = [None] * len(samples)
+        requests: dict[str, _Request] = {}
+        for index, sample in enumerate(samples):
+            key = cache_key("pointwise", self.spec.rubric, sample.prompt, sample.reference, sample.completion)
+            cached = self.cache.get(key)
+            if cached is not None:
+                scores[index] = cached[0]
+            elif self.spec.cache and key in requests:
+                requests[key].sample_indices.append(index)
+            else:
+                requests[key if self.spec.cache else f"{key}:{index}"] = _Request(
+                    key=key,
+                    messages=pointwise_messages(sample.prompt, sample.reference, sample.completion, self.spec.rubric),
+                    parse=lambda text: [parse_pointwise(text).score],
+                    max_new_tokens=self.spec.max_new_tokens,
+                    sample_indices=[index],
+                )
+        return scores, list(requests.values())
+
+    def _group_requests(self, samples: list["RewardSample"], group_keys: list[tuple]) -> tuple[list[float | None], list[_Request]]:
+        scores: list[float | None] = [None] * len(samples)
+        members: dict[tuple, list[int]] = {}
+        for index, key in enumerate(group_keys):
+            members.setdefault(key, []).append(index)
+        requests = []
+        for indices in members.values():
+            first = samples[indices[0]]
+            completions = [samples[i].completion for i in indices]
+            key = cache_key("group", self.spec.rubric, first.prompt, first.reference, completions)
+            cached = self.cache.get(key)
+            if cached is not None:
+                for index, score in zip(indices, cached):
+                    scores[index] = score
+                continue
+            ids = group_ids(len(indices))
+            requests.append(_Request(
+                key=key,
+                messages=group_messages(first.prompt, first.reference, completions, self.spec.rubric),
+                parse=lambda text, ids=ids: [verdict.score for verdict in parse_group(text, ids).values()],
+                # max_new_tokens is the budget per judged response.
+                max_new_tokens=self.spec.max_new_tokens * len(indices),
+                sample_indices=indices,
+            ))
+        return scores, requests
+
+    def _temperature(self, attempt: int) -> float:
+        return self.spec.temperature * 0.5 ** attempt
+
+    def _run(self, requests: list[_Request]) -> None:
+        """Generate, parse and retry until every request is ok or out of retries or time."""
+        deadline = self.clock() + self.spec.timeout_seconds
+        pending = list(requests)
+        attempt = 0
+        while pending:
+            prompts = [self.engine.render_chat(request.next_messages()) for request in pending]
+            for request, prompt in zip(pending, prompts):
+                request.prompt_text = request.prompt_text or prompt
+            sampling = Sampling(max_new_tokens=max(r.max_new_tokens for r in pending), n=1,
+                                temperature=self._temperature(attempt))
+            started = self.clock()
+            outputs = self.engine.generate(prompts, sampling)
+            elapsed = self.clock() - started
+            self.counters.calls += 1
+            self.counters.generate_seconds += elapsed
+            for request, completions in zip(pending, outputs):
+                request.record(completions[0], elapsed)
+                self.counters.prompt_tokens += len(completions[0].prompt_token_ids)
+                self.counters.generated_tokens += len(completions[0].token_ids)
+            pending = [request for request in pending if request.scores is None]
+            attempt += 1
+            if pending and attempt > self.spec.retries:
+                for request in pending:
+                    request.outcome = "parse_error"
+                break
+            if pending and self.clock() >= deadline:
+                for request in pending:
+                    request.outcome = "timeout"
+                break
+            self.retries += len(pending)
+        for request in requests:
+            self.outcomes[request.outcome] += 1
+
+    def _log(self, request: _Request, assigned: list[float]) -> None:
+        if self.log is None:
+            return
+        self.log.write({
+            "time": time.time(),
+            "step": self.step,
+            "mode": self.spec.mode,
+            "prompt": request.prompt_text,
+            "raw_output": request.outputs[-1] if request.outputs else "",
+            "earlier_outputs": request.outputs[:-1],
+            "errors": request.errors,
+            "scores": request.scores,
+            "assigned": assigned,
+            "outcome": request.outcome,
+            "retries": max(len(request.outputs) - 1, 0),
+            "latency_seconds": round(request.latency_seconds, 6),
+            "tokens_in": request.tokens_in,
+            "tokens_out": request.tokens_out,
+        })
+
+    def stats(self) -> dict:
+        """Totals for metrics: calls, requests, failures, retries, tokens, seconds, tokens/s, cache hits."""
+        requests = sum(self.outcomes.values())
+        failures = requests - self.outcomes["ok"]
+        return {
+            "calls": self.counters.calls,
+            "requests": requests,
+            "failures": failures,
+            "failure_rate": failures / requests if requests else 0.0,
+            "retries": self.retries,
+            "outcomes": dict(self.outcomes),
+            "prompt_tokens": self.counters.prompt_tokens,
+            "generated_tokens": self.counters.generated_tokens,
+            "generate_seconds": self.counters.generate_seconds,
+            "seconds": self.seconds,
+            "tokens_per_second": self.counters.tokens_per_second(),
+            "cache_hits": self.cache.hits,
+            "cache_entries": len(self.cache),
+        }
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
