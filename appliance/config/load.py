@@ -2,13 +2,15 @@
 
 The YAML is composed into nodes first so that each key path knows its line;
 pydantic then validates the plain data and its errors are mapped back to
-those lines. Unknown keys get a did-you-mean suggestion.
+those lines. Unknown keys get a did-you-mean suggestion. `read_job` keeps the
+plain data and the line index so that `checks.py` can report the problems it
+finds (model store, files, reward registry) at the same keys and lines.
 """
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from appliance.config.schema import JobSpec
+
+# A key path (("rewards", 0, "name")) -> its 1-based line in the file.
+LineIndex = dict[tuple, int]
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,9 @@ class ConfigError:
         where = f"{self.file}:{self.line}" if self.line else self.file
         return f"{where}:{self.key or '(top)'}: {self.message}"
 
+    def as_dict(self) -> dict:
+        return {"file": self.file, "line": self.line, "key": self.key, "message": self.message}
+
 
 class JobFileError(Exception):
     """One or more problems in a job file; str() lists them one per line."""
@@ -38,21 +46,61 @@ class JobFileError(Exception):
         super().__init__("\n".join(str(e) for e in errors))
 
 
-def _line_index(node: yaml.Node, path: tuple = (), index: dict | None = None) -> dict[tuple, int]:
-    """Map every key path (tuple of keys / list indices) to its 1-based line."""
-    index = {} if index is None else index
-    index.setdefault(path, node.start_mark.line + 1)
+@dataclass(frozen=True)
+class ParsedJob:
+    """One job file after YAML parsing and schema validation.
+
+    `data` is the plain YAML value (None when the file could not be read or
+    parsed); `spec` is set only when the schema accepted it.
+    """
+
+    file: str
+    data: Any
+    lines: LineIndex
+    spec: JobSpec | None
+    errors: list[ConfigError] = field(default_factory=list)
+
+    def error_at(self, path: tuple, message: str) -> ConfigError:
+        """An error for the key at `path`, located at its line (or its nearest parent's)."""
+        return ConfigError(self.file, dotted(path), message, nearest_line(self.lines, path))
+
+
+def dotted(path: tuple) -> str:
+    """("rewards", 0, "name") -> "rewards[0].name"."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def nearest_line(lines: LineIndex, path: tuple) -> int | None:
+    path = tuple(path)
+    while path:
+        if path in lines:
+            return lines[path]
+        path = path[:-1]
+    return lines.get(())
+
+
+def _index_lines(node: yaml.Node, file: str, path: tuple, lines: LineIndex, errors: list[ConfigError]) -> None:
+    """Fill `lines` for every key path under `node`; a key given twice in one mapping is an error."""
+    lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
-            child = path + (key_node.value,)
-            index[child] = key_node.start_mark.line + 1
-            _line_index(value_node, child, index)
+            line = key_node.start_mark.line + 1
+            key = key_node.value
+            if key in seen:
+                # PyYAML silently keeps the last value; a user almost never means that.
+                errors.append(ConfigError(file, dotted(path + (key,)), f"key given twice (also on line {seen[key]}); keep one", line))
+                continue
+            seen[key] = line
+            lines[path + (key,)] = line
+            _index_lines(value_node, file, path + (key,), lines, errors)
     elif isinstance(node, yaml.SequenceNode):
         for position, item in enumerate(node.value):
-            child = path + (position,)
-            index[child] = item.start_mark.line + 1
-            _line_index(item, child, index)
-    return index
+            lines[path + (position,)] = item.start_mark.line + 1
+            _index_lines(item, file, path + (position,), lines, errors)
 
 
 def _model_at(path: tuple) -> type[BaseModel] | None:
@@ -61,10 +109,10 @@ def _model_at(path: tuple) -> type[BaseModel] | None:
     for part in path:
         if isinstance(part, int):
             continue
-        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
+        field_info = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field_info is None:
             return None
-        model = _unwrap_model(field.annotation)
+        model = _unwrap_model(field_info.annotation)
         if model is None:
             return None
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
@@ -80,19 +128,25 @@ def _unwrap_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _dotted(path: tuple) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
+def _data_path(location: tuple, data: Any, kind: str) -> tuple:
+    """pydantic's error location -> the key path in the YAML data.
 
-
-def _nearest_line(lines: dict[tuple, int], path: tuple) -> int | None:
-    while path:
-        if path in lines:
-            return lines[path]
-        path = path[:-1]
-    return lines.get(())
+    pydantic inserts union branch names ('str', 'int', 'JudgeSpec') and
+    validator names into locations; only the parts that walk the data are
+    keys the user wrote. A missing key is not in the data, so it is kept last.
+    """
+    path: list = []
+    node = data
+    for position, part in enumerate(location):
+        if isinstance(node, dict) and part in node:
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            path.append(part)
+            node = node[part]
+        elif kind == "missing" and position == len(location) - 1:
+            path.append(part)
+    return tuple(path)
 
 
 def _describe(error: dict, path: tuple) -> str:
@@ -108,46 +162,83 @@ def _describe(error: dict, path: tuple) -> str:
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
-    if kind not in ("value_error", "assertion_error") and "input" in error and not isinstance(error["input"], dict):
-        message += f" (got {error['input']!r})"
     return message
 
 
-def parse_job_text(text: str, file: str = "<job>") -> JobSpec:
-    """Validate YAML text; raise JobFileError with every problem found."""
+def _schema_errors(exc: ValidationError, data: dict, file: str, lines: LineIndex) -> list[ConfigError]:
+    """One error per key; the branches of a union ('a valid string', 'a valid integer') become one message."""
+    by_key: dict[tuple, list[dict]] = {}
+    for error in exc.errors():
+        by_key.setdefault(_data_path(tuple(error["loc"]), data, error["type"]), []).append(error)
+    errors = []
+    for path, found in by_key.items():
+        messages = [_describe(error, path) for error in found]
+        message = messages[0] + "".join(
+            " or " + m.removeprefix("Input should be ") for m in messages[1:] if m != messages[0]
+        )
+        first = found[0]
+        if first["type"] not in ("value_error", "assertion_error", "missing", "extra_forbidden") and not isinstance(first.get("input"), dict):
+            message += f" (got {first['input']!r})"
+        errors.append(ConfigError(file, dotted(path), message, nearest_line(lines, path)))
+    return errors
+
+
+def parse_job(text: str, file: str = "<job>") -> ParsedJob:
+    """Parse and validate YAML text; every problem found is in the result's `errors`."""
+    loader = yaml.SafeLoader(text)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else None
         column = f", column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise JobFileError([ConfigError(file, "", f"YAML syntax error{column}: {problem}", line)]) from None
+        return ParsedJob(file, None, {}, None, [ConfigError(file, "", f"YAML syntax error{column}: {problem}", line)])
+    finally:
+        loader.dispose()
+    if data is None:
+        return ParsedJob(file, None, {}, None, [ConfigError(file, "", "the job file is empty; it needs at least name, student and rewards", 1)])
     if not isinstance(data, dict):
-        raise JobFileError([ConfigError(file, "", "a job file must be a YAML mapping of sections (name, student, rewards, ...)", 1)])
-    lines = _line_index(root) if root is not None else {}
+        kind = "a list" if isinstance(data, list) else f"a {type(data).__name__}"
+        return ParsedJob(file, data, {}, None, [ConfigError(
+            file, "", f"a job file must be a YAML mapping of sections (name, student, rewards, ...), not {kind}", 1)])
+    lines: LineIndex = {}
+    errors: list[ConfigError] = []
+    _index_lines(root, file, (), lines, errors)
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as exc:
-        errors = []
-        for error in exc.errors():
-            path = tuple(part for part in error["loc"] if not (isinstance(part, str) and part.startswith("function-")))
-            # Drop pydantic's union branch names (e.g. 'JudgeSpec') that are not YAML keys.
-            path = tuple(p for p in path if isinstance(p, int) or p in _keys_in(lines) or p == path[-1])
-            errors.append(ConfigError(file, _dotted(path), _describe(error, path), _nearest_line(lines, path)))
-        raise JobFileError(errors) from None
+        return ParsedJob(file, data, lines, None, errors + _schema_errors(exc, data, file, lines))
+    return ParsedJob(file, data, lines, None if errors else spec, errors)
 
 
-def _keys_in(lines: dict[tuple, int]) -> set:
-    return {part for path in lines for part in path if isinstance(part, str)}
-
-
-def load_job(path: str | Path) -> JobSpec:
-    """Read and validate a job file; raise JobFileError (or a one-line one for I/O)."""
+def read_job(path: str | Path) -> ParsedJob:
+    """Read a job file and validate it against the schema (no outside-world checks)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise JobFileError([ConfigError(str(path), "", f"cannot read the job file: {exc.strerror}")]) from None
-    return parse_job_text(text, str(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+        return ParsedJob(str(path), None, {}, None, [ConfigError(str(path), "", f"cannot read the job file: {reason}")])
+    return parse_job(text, str(path))
+
+
+def parse_job_text(text: str, file: str = "<job>") -> JobSpec:
+    """Validate YAML text; raise JobFileError with every problem found."""
+    parsed = parse_job(text, file)
+    if parsed.spec is None:
+        raise JobFileError(parsed.errors)
+    return parsed.spec
+
+
+def load_job(path: str | Path) -> JobSpec:
+    """Read and validate a job file against the schema; raise JobFileError with every problem.
+
+    This does not look at the model store or other files: use
+    `appliance.config.checks.load_checked_job` before training.
+    """
+    parsed = read_job(path)
+    if parsed.spec is None:
+        raise JobFileError(parsed.errors)
+    return parsed.spec

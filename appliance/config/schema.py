@@ -180,8 +180,5 @@ class JobSpec(Spec):
             raise ValueError("name must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
         return value
 
-    @model_validator(mode="after")
-    def _judge_reward_needs_judge(self) -> "JobSpec":
-        if self.judge is None and any(r.name == "judge" for r in self.rewards):
-            raise ValueError("the 'judge' reward needs a 'judge' section (model, mode, ...)")
-        return self
+    # Rules across sections that name a key (the 'judge' reward needs a 'judge' section, ...)
+    # live in checks.py, which reports them at that key's line.

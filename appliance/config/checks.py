@@ -1,0 +1,301 @@
+"""Checks of a job file against the outside world, reported at the key and line they concern.
+
+The schema (schema.py) says what a job file may contain; these checks say
+whether this box can run it: the models are in the model store (or are model
+folders), the dataset exists, each reward is registered or is a plugin file
+that defines the named function, and the rewards make sense together.
+
+Checks read the plain YAML data rather than the validated spec, so a file
+with a schema error still gets every other problem reported in the same run.
+Plugin files are parsed with `ast`, never imported: checking a job must not
+run user code.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from appliance.config.load import ConfigError, JobFileError, ParsedJob, read_job
+from appliance.config.schema import JobSpec
+
+JUDGE_REWARD = "judge"
+# "path/to/file.py:function"
+PLUGIN_REWARD = re.compile(r"^(?P<file>.+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
+
+
+def registered_reward_names() -> list[str]:
+    """Reward names the registry knows (imported lazily: the rewards package is not config)."""
+    from appliance.rewards.registry import known_reward_names
+
+    return sorted(known_reward_names())
+
+
+def check_job_file(path: str | Path, data_dir: Path, check_models: bool = True) -> tuple[JobSpec | None, list[ConfigError]]:
+    """Validate a job file and check it against this box.
+
+    Returns (spec, []) when everything is right, else (None, every error,
+    ordered by line). The returned spec has its relative paths (model folders,
+    dataset file, plugin files) made absolute against the job file's folder.
+    `check_models=False` skips the model store and model folder checks, for
+    files written for another box.
+    """
+    path = Path(path)
+    parsed = read_job(path)
+    if not isinstance(parsed.data, dict):
+        return None, parsed.errors
+    base_dir = path.absolute().parent
+    errors = list(parsed.errors) + world_errors(parsed, base_dir, Path(data_dir), check_models)
+    if errors:
+        return None, sorted(errors, key=lambda e: e.line if e.line is not None else 0)
+    assert parsed.spec is not None  # no errors means the schema accepted it
+    return with_absolute_paths(parsed.spec, base_dir), []
+
+
+def load_checked_job(path: str | Path, data_dir: Path) -> JobSpec:
+    """The spec a trainer may run, or JobFileError listing every problem."""
+    spec, errors = check_job_file(path, data_dir)
+    if errors:
+        raise JobFileError(errors)
+    assert spec is not None
+    return spec
+
+
+def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models: bool = True) -> list[ConfigError]:
+    """Every outside-world problem in `parsed.data` (a mapping), each at its key."""
+    data = parsed.data
+    errors: list[ConfigError] = []
+    if check_models:
+        store_names: list[str] | None = None
+        for section in ("student", "judge"):
+            reference = _at(data, section, "model")
+            if isinstance(reference, str) and reference:
+                if store_names is None:
+                    from appliance.models.store import ModelStore
+
+                    store_names = ModelStore(data_dir).names()
+                problem = model_problem(reference, base_dir, data_dir, store_names)
+                if problem:
+                    errors.append(parsed.error_at((section, "model"), problem))
+    dataset = parsed.spec.task.dataset if parsed.spec is not None else _at(data, "task", "dataset")
+    if isinstance(dataset, str) and dataset:
+        # With a valid schema the task itself is loaded (it also checks held_out against the
+        # dataset size); otherwise only the dataset is checked.
+        problem = dataset_problem(dataset, base_dir, read_rows=parsed.spec is None)
+        if problem:
+            errors.append(parsed.error_at(("task", "dataset"), problem))
+        elif parsed.spec is not None:
+            errors += _task_errors(parsed, base_dir)
+    errors += _reward_errors(parsed, base_dir)
+    return errors
+
+
+def model_problem(reference: str, base_dir: Path, data_dir: Path, store_names: list[str]) -> str | None:
+    """Why `reference` (a store name, or a folder path if it has a '/') cannot be loaded here."""
+    if _is_path(reference):
+        folder = _absolute(reference, base_dir)
+        if not folder.is_dir():
+            return f"model folder {folder} does not exist; give a Hugging Face model folder or a name from the model store"
+        if not (folder / "config.json").is_file():
+            return f"model folder {folder} has no config.json; point at a Hugging Face model folder"
+        return None
+    if reference in store_names:
+        return None
+    from appliance.paths import models_dir
+
+    where = models_dir(data_dir)
+    if not store_names:
+        return (f"model '{reference}' is not in the model store at {where}, which is empty; "
+                "run 'appliance models provision-demo' or 'appliance models import DIR --name NAME'")
+    close = _closest(reference, store_names)
+    hint = f"did you mean '{close}'?" if close else f"stored models: {', '.join(store_names)}"
+    return f"model '{reference}' is not in the model store at {where}; {hint}"
+
+
+def dataset_problem(dataset: str, base_dir: Path, read_rows: bool = True) -> str | None:
+    """Why `task.dataset` cannot be read here; with `read_rows` every row of a .jsonl file is checked."""
+    from appliance.tasks.base import TaskError
+    from appliance.tasks.jsonl import load_jsonl_problems
+    from appliance.tasks.load import BUILTIN_PREFIX, BUILTINS
+
+    builtins = [BUILTIN_PREFIX + name for name in BUILTINS]
+    if dataset in builtins:
+        return None
+    close = _closest(dataset.removeprefix(BUILTIN_PREFIX), list(BUILTINS))
+    hint = f"; did you mean '{BUILTIN_PREFIX}{close}'?" if close else ""
+    if dataset.startswith(BUILTIN_PREFIX):
+        return f"unknown built-in dataset '{dataset}'{hint or '; built-in: ' + ', '.join(builtins)}"
+    if not dataset.endswith(".jsonl"):
+        return f"'{dataset}' is neither {' nor '.join(builtins)} nor a .jsonl file{hint}"
+    file = _absolute(dataset, base_dir)
+    if not file.is_file():
+        return f"dataset file {file} does not exist (relative paths start at the job file's folder)"
+    if read_rows:
+        try:
+            load_jsonl_problems(file)
+        except TaskError as exc:
+            return _one_line(exc)
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"dataset file {file} cannot be read: {exc}"
+    return None
+
+
+def _task_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
+    """Load the task as the trainer will; its errors name task.held_out or concern the dataset."""
+    from appliance.tasks.base import TaskError
+    from appliance.tasks.load import load_task
+
+    try:
+        load_task(parsed.spec.task, base_dir)
+    except TaskError as exc:
+        message = _one_line(exc)
+        key = ("task", "held_out") if message.startswith("task.held_out") else ("task", "dataset")
+        return [parsed.error_at(key, message)]
+    except (OSError, UnicodeDecodeError) as exc:
+        return [parsed.error_at(("task", "dataset"), f"dataset cannot be read: {exc}")]
+    return []
+
+
+def _one_line(exc: Exception) -> str:
+    """Task errors list one bad row per line; an error here must stay on one line."""
+    first, *rows = str(exc).splitlines()
+    return first.rstrip(":") + (": " + "; ".join(rows) if rows else "")
+
+
+def plugin_problem(file_part: str, function: str, base_dir: Path) -> str | None:
+    """Why `file_part:function` is not a usable plugin reward; the file is parsed, not run."""
+    file = _absolute(file_part, base_dir)
+    if not file.is_file():
+        return f"plugin file {file} does not exist (relative paths start at the job file's folder)"
+    try:
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except SyntaxError as exc:
+        return f"plugin file {file} has a syntax error on line {exc.lineno}: {exc.msg}"
+    except (OSError, ValueError) as exc:
+        return f"plugin file {file} cannot be read: {exc}"
+    defined = _top_level_names(tree)
+    if function in defined:
+        return None
+    close = _closest(function, sorted(defined))
+    hint = f"; did you mean '{close}'?" if close else (f"; it defines: {', '.join(sorted(defined))}" if defined else "")
+    return f"plugin file {file} defines no top-level function '{function}'{hint}"
+
+
+def _reward_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
+    rewards = parsed.data.get("rewards")
+    if not isinstance(rewards, list):
+        return []
+    errors: list[ConfigError] = []
+    first_seen: dict[str, int] = {}
+    registered: list[str] | None = None
+    has_judge = isinstance(parsed.data.get("judge"), dict)
+    for position, reward in enumerate(rewards):
+        name = reward.get("name") if isinstance(reward, dict) else None
+        if not isinstance(name, str) or not name:
+            continue  # the schema reports it
+        key = ("rewards", position, "name")
+        if name in first_seen:
+            errors.append(parsed.error_at(key, (
+                f"reward '{name}' is already listed as rewards[{first_seen[name]}]; keep one entry and give it the summed weight")))
+            continue
+        first_seen[name] = position
+        plugin = PLUGIN_REWARD.match(name)
+        if plugin:
+            problem = plugin_problem(plugin["file"], plugin["function"], base_dir)
+        elif ":" in name:
+            problem = f"a plugin reward is written path/to/file.py:function, not '{name}'"
+        else:
+            if registered is None:
+                registered = registered_reward_names()
+            problem = _registered_problem(name, registered)
+            if problem is None and name == JUDGE_REWARD and not has_judge:
+                problem = "the 'judge' reward needs a 'judge' section (model, mode, rubric); add one or drop this reward"
+        if problem:
+            errors.append(parsed.error_at(key, problem))
+    weights = [_weight_of(reward) for reward in rewards if isinstance(reward, dict)]
+    if weights and all(weight == 0.0 for weight in weights):
+        errors.append(parsed.error_at(("rewards",), "every reward has weight 0, so no completion is preferred; give at least one a non-zero weight"))
+    return errors
+
+
+def _registered_problem(name: str, registered: list[str]) -> str | None:
+    if name in registered:
+        return None
+    close = _closest(name, registered)
+    hint = f"did you mean '{close}'?" if close else f"registered: {', '.join(registered)}"
+    return f"unknown reward '{name}'; {hint} (or a plugin: path/to/file.py:function)"
+
+
+def _weight_of(reward: dict) -> float | None:
+    weight = reward.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        return None  # the schema reports it
+    return float(weight)
+
+
+def with_absolute_paths(spec: JobSpec, base_dir: Path) -> JobSpec:
+    """The spec with model folders, the dataset file and plugin files as absolute paths.
+
+    A job runs from wherever the daemon or trainer starts, and its frozen copy
+    is stored under the data dir; neither knows the job file's folder.
+    """
+    student = spec.student
+    if _is_path(student.model):
+        student = student.model_copy(update={"model": str(_absolute(student.model, base_dir))})
+    judge = spec.judge
+    if judge is not None and _is_path(judge.model):
+        judge = judge.model_copy(update={"model": str(_absolute(judge.model, base_dir))})
+    task = spec.task
+    if not task.dataset.startswith("builtin:"):
+        task = task.model_copy(update={"dataset": str(_absolute(task.dataset, base_dir))})
+    rewards = []
+    for reward in spec.rewards:
+        plugin = PLUGIN_REWARD.match(reward.name)
+        if plugin:
+            reward = reward.model_copy(update={"name": f"{_absolute(plugin['file'], base_dir)}:{plugin['function']}"})
+        rewards.append(reward)
+    return spec.model_copy(update={"student": student, "judge": judge, "task": task, "rewards": rewards})
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at top level: functions, assignments, imports."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(target.id for target in node.targets if isinstance(target, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
+    return names
+
+
+def _at(data: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _is_path(reference: str) -> bool:
+    return "/" in reference or reference.startswith("~")
+
+
+def _absolute(reference: str, base_dir: Path) -> Path:
+    return Path(os.path.normpath(base_dir / Path(reference).expanduser()))
+
+
+def _closest(word: str, candidates: list[str]) -> str | None:
+    lowered = {candidate.lower(): candidate for candidate in candidates}
+    if word.lower() in lowered:
+        return lowered[word.lower()]
+    close = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[close[0]] if close else None
