@@ -1,0 +1,113 @@
+"""User JSONL datasets: accepted rows, and every bad line reported by number before training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from appliance.config.schema import TaskSpec
+from appliance.tasks import TaskError, load_jsonl_problems, load_task
+
+
+def write_lines(path: Path, lines: list) -> Path:
+    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_question_and_messages_rows(tmp_path):
+    path = write_lines(
+        tmp_path / "data.jsonl",
+        [
+            {"question": "What is 2 + 2?", "answer": "4"},
+            "",
+            {"id": "q-7", "question": "What is 3 + 4?", "answer": 7, "metadata": {"topic": "sums"}},
+            {"messages": [{"role": "user", "content": "Name a colour."}]},
+        ],
+    )
+    problems = load_jsonl_problems(path)
+    assert [(p.id, p.question, p.answer) for p in problems] == [
+        ("data-1", "What is 2 + 2?", "4"),
+        ("q-7", "What is 3 + 4?", "7"),
+        ("data-4", "Name a colour.", None),
+    ]
+    assert problems[1].metadata == {"topic": "sums", "line": 3}
+
+
+def test_messages_rows_keep_their_turns_and_get_the_system_prompt(tmp_path):
+    own = [
+        {"role": "user", "content": "What is 2 * 3?"},
+        {"role": "assistant", "content": "6"},
+        {"role": "user", "content": "And 4 * 5?"},
+    ]
+    with_system = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi?"}]
+    rows = [{"messages": own, "answer": "20"}, {"messages": with_system}, {"question": "q3"}, {"question": "q4"}]
+    write_lines(tmp_path / "chat.jsonl", rows)
+    task = load_task(TaskSpec(dataset="chat.jsonl", system_prompt="Answer briefly.", held_out=0), tmp_path)
+    by_question = {p.question: p for p in task.train}
+    assert task.messages(by_question["And 4 * 5?"]) == [{"role": "system", "content": "Answer briefly."}, *own]
+    assert task.messages(by_question["Hi?"]) == with_system
+    assert by_question["And 4 * 5?"].answer == "20"
+
+
+def test_bad_lines_are_all_reported_with_their_numbers(tmp_path):
+    path = write_lines(
+        tmp_path / "bad.jsonl",
+        [
+            {"question": "ok", "answer": "1"},
+            '{"question": "unterminated',
+            {"answer": "3"},
+            {"question": "q", "anwser": "4"},
+            {"question": 5, "answer": "5"},
+            {"question": "q", "answer": True},
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+            {"messages": [{"role": "robot", "content": "q"}]},
+            ["not", "an", "object"],
+        ],
+    )
+    with pytest.raises(TaskError) as raised:
+        load_jsonl_problems(path)
+    message = str(raised.value)
+    assert message.startswith(f"8 bad line(s) in dataset {path}:")
+    for expected in [
+        f"{path}:2: not valid JSON",
+        f"{path}:3: give exactly one of 'question'",
+        f"{path}:4: unknown key 'anwser'; did you mean 'answer'?",
+        f"{path}:5: 'question' must be a non-empty string",
+        f"{path}:6: 'answer' must be a string or a number, not bool",
+        f"{path}:7: the last of 'messages' must be a user turn",
+        f"{path}:8: messages[0].role is 'robot'",
+        f"{path}:9: expected a JSON object, got list",
+    ]:
+        assert expected in message
+    assert f"{path}:1:" not in message
+
+
+def test_only_the_first_ten_bad_lines_are_listed(tmp_path):
+    path = write_lines(tmp_path / "bad.jsonl", ["{oops"] * 13)
+    with pytest.raises(TaskError) as raised:
+        load_jsonl_problems(path)
+    message = str(raised.value)
+    assert f"{path}:10: not valid JSON" in message
+    assert f"{path}:11:" not in message
+    assert message.endswith("... and 3 more bad lines")
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(TaskError, match=r"task\.dataset: .*missing\.jsonl does not exist"):
+        load_task(TaskSpec(dataset="missing.jsonl"), tmp_path)
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(TaskError, match="holds no problems"):
+        load_jsonl_problems(tmp_path / "empty.jsonl")
+
+
+def test_dataset_path_is_relative_to_the_job_folder_and_split(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    write_lines(tmp_path / "jobs" / "sums.jsonl", [{"question": f"{n} + 1?", "answer": str(n + 1)} for n in range(10)])
+    task = load_task(TaskSpec(dataset="sums.jsonl", held_out=3, seed=1), tmp_path / "jobs")
+    assert task.name == "sums"
+    assert (len(task.train), len(task.held_out)) == (7, 3)
+    assert {p.id for p in task.train}.isdisjoint({p.id for p in task.held_out})
+    with pytest.raises(TaskError, match=r"task\.held_out \(10\) must be smaller than the 10 problems"):
+        load_task(TaskSpec(dataset="sums.jsonl", held_out=10), tmp_path / "jobs")
