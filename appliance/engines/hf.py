@@ -1,0 +1,136 @@
+"""The transformers generation engine: the CPU path, and rollouts from the trainer's own weights.
+
+One batched `generate` per call (left padding, EOS stop), returning token ids,
+text and the log-probability of each sampled token under the distribution it
+was sampled from (temperature and top-p applied). Greedy when temperature is 0.
+"""
+
+from __future__ import annotations
+
+import appliance.offline  # noqa: F401
+
+import time
+from pathlib import Path
+
+import torch
+
+from appliance.engines.base import Completion, EngineCounters, Sampling
+
+
+class HFEngine:
+    """Generates with any transformers causal LM (plain, bitsandbytes-quantized or peft-wrapped)."""
+
+    kind = "hf"
+
+    def __init__(self, model, tokenizer, name: str, max_batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.max_batch_size = max_batch_size
+        self.counters = EngineCounters()
+        self.adapter_version: int | None = None
+        self._stop_ids = self._eos_ids()
+
+    @classmethod
+    def load(cls, model_dir: Path, quantization: str = "none", compute_dtype: torch.dtype | None = None,
+             device: str | None = None, name: str | None = None, max_batch_size: int = 64) -> "HFEngine":
+        from appliance.models.loading import default_device, load_causal_lm, load_tokenizer
+
+        device = device or default_device()
+        dtype = compute_dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        model = load_causal_lm(model_dir, quantization, dtype, device)
+        return cls(model, load_tokenizer(model_dir), name or Path(model_dir).name, max_batch_size)
+
+    def _eos_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        if isinstance(configured, int):
+            ids.add(configured)
+        elif configured:
+            ids.update(configured)
+        return sorted(i for i in ids if i is not None)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], sampling: Sampling) -> list[list[Completion]]:
+        started = time.monotonic()
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        expanded = [(index, prompt) for index, prompt in enumerate(prompts) for _ in range(sampling.n)]
+        results: list[list[Completion]] = [[] for _ in prompts]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(expanded), self.max_batch_size):
+                for completion in self._generate_batch(expanded[start:start + self.max_batch_size], sampling):
+                    results[completion.prompt_index].append(completion)
+        finally:
+            self.model.train(was_training)
+        self.counters.generate_seconds += time.monotonic() - started
+        self.counters.calls += 1
+        return results
+
+    def _generate_batch(self, batch: list[tuple[int, str]], sampling: Sampling) -> list[Completion]:
+        encoded = self.tokenizer([prompt for _, prompt in batch], return_tensors="pt", padding=True,
+                                 add_special_tokens=False).to(self.device)
+        greedy = sampling.temperature <= 0
+        output = self.model.generate(
+            **encoded,
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None,
+            eos_token_id=self._stop_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
+        prompt_width = encoded["input_ids"].shape[1]
+        generated = output.sequences[:, prompt_width:]
+        # scores are the processed logits the sampler drew from (temperature / top-p applied).
+        scores = torch.stack(output.scores, dim=1).float()
+        chosen = torch.gather(torch.log_softmax(scores, dim=-1), 2, generated[:, :scores.shape[1]].unsqueeze(-1)).squeeze(-1)
+        completions = []
+        for row, (prompt_index, _) in enumerate(batch):
+            tokens = generated[row].tolist()
+            length, finish = len(tokens), "length"
+            for position, token in enumerate(tokens):
+                if token in self._stop_ids:
+                    length, finish = position + 1, "stop"
+                    break
+            tokens = tokens[:length]
+            prompt_ids = encoded["input_ids"][row][encoded["attention_mask"][row].bool()].tolist()
+            self.counters.prompt_tokens += len(prompt_ids)
+            self.counters.generated_tokens += len(tokens)
+            completions.append(Completion(
+                prompt_index=prompt_index,
+                prompt_token_ids=prompt_ids,
+                token_ids=tokens,
+                text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                logprobs=chosen[row, :length].tolist(),
+                finish_reason=finish,
+            ))
+        return completions
+
+    def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
+        """The shared-weights engine already sees the trainer's adapter; only the version moves."""
+        self.adapter_version = version
+
+    def sleep(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

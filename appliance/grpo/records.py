@@ -1,0 +1,72 @@
+"""What a run leaves behind besides checkpoints: metrics.jsonl, samples.jsonl, log.txt.
+
+Each JSONL line is flushed and fsynced as it is written, so a crash loses at
+most the line being written. On resume, lines for steps after the checkpoint
+are dropped (those steps run again). samples.jsonl is bounded: when it grows
+past its limit it is rotated to samples.jsonl.1 (one generation kept).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+SAMPLES_LIMIT_BYTES = 20 * 2**20
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, default=float) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not Path(path).is_file():
+        return []
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a torn last line from a crash
+    return rows
+
+
+def truncate_after_step(path: Path, step: int) -> None:
+    """Keep only the records of steps <= step (and records without a step)."""
+    if not Path(path).is_file():
+        return
+    kept = [row for row in read_jsonl(path) if row.get("step", 0) <= step]
+    temporary = Path(path).with_suffix(".jsonl.tmp")
+    temporary.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+    os.replace(temporary, path)
+
+
+class RunRecords:
+    def __init__(self, job_dir: Path, samples_limit_bytes: int = SAMPLES_LIMIT_BYTES):
+        self.job_dir = Path(job_dir)
+        self.metrics_path = self.job_dir / "metrics.jsonl"
+        self.samples_path = self.job_dir / "samples.jsonl"
+        self.log_path = self.job_dir / "log.txt"
+        self.samples_limit_bytes = samples_limit_bytes
+
+    def rewind_to(self, step: int) -> None:
+        truncate_after_step(self.metrics_path, step)
+        truncate_after_step(self.samples_path, step)
+
+    def metrics(self, record: dict) -> None:
+        append_jsonl(self.metrics_path, record)
+
+    def samples(self, records: list[dict]) -> None:
+        if self.samples_path.is_file() and self.samples_path.stat().st_size > self.samples_limit_bytes:
+            os.replace(self.samples_path, self.samples_path.with_suffix(".jsonl.1"))
+        for record in records:
+            append_jsonl(self.samples_path, record)
+
+    def log(self, line: str) -> None:
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(line.rstrip("\n") + "\n")

@@ -1,0 +1,81 @@
+"""The data half of a GRPO step: prompts -> completions -> rewards -> group advantages.
+
+Every phase is a plain function call on plain data, so each can be tested
+alone with real inputs. The result says which groups carry signal; only
+those reach the trainer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from appliance.engines.base import Completion, GenerationEngine, Sampling
+from appliance.grpo.advantages import GroupAdvantages, group_advantages
+from appliance.grpo.update import TrainSample
+from appliance.rewards.registry import RewardSample, RewardScores, WeightedReward, score_samples
+from appliance.tasks.base import Problem, Task
+
+
+@dataclass
+class ScoredRollout:
+    problems: list[Problem]
+    prompts: list[str]
+    groups: list[list[Completion]]  # groups[i] = the completions of problems[i]
+    scores: RewardScores  # flattened group-major: index = i * group_size + j
+    advantages: GroupAdvantages
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def flat(self) -> list[Completion]:
+        return [completion for group in self.groups for completion in group]
+
+    def train_samples(self, use_engine_logprobs: bool) -> list[TrainSample]:
+        samples = []
+        for group_index, group in enumerate(self.groups):
+            if not bool(self.advantages.informative[group_index]):
+                continue
+            for member, completion in enumerate(group):
+                if not completion.token_ids:
+                    continue
+                samples.append(TrainSample(
+                    prompt_ids=completion.prompt_token_ids,
+                    completion_ids=completion.token_ids,
+                    advantage=float(self.advantages.advantages[group_index, member]),
+                    engine_logprobs=list(completion.logprobs) if use_engine_logprobs else None,
+                ))
+        return samples
+
+
+def generate_groups(engine: GenerationEngine, task: Task, problems: list[Problem], sampling: Sampling):
+    prompts = [engine.render_chat(task.messages(problem)) for problem in problems]
+    return prompts, engine.generate(prompts, sampling)
+
+
+def score_groups(problems: list[Problem], groups: list[list[Completion]], rewards: list[WeightedReward]) -> RewardScores:
+    samples = [
+        RewardSample(prompt=problem.question, completion=completion.text, reference=problem.answer,
+                     metadata=dict(problem.metadata), group=index)
+        for index, (problem, group) in enumerate(zip(problems, groups))
+        for completion in group
+    ]
+    return score_samples(rewards, samples)
+
+
+def rollout(engine: GenerationEngine, task: Task, problems: list[Problem], sampling: Sampling,
+            rewards: list[WeightedReward], scale_rewards: bool, on_phase=None) -> ScoredRollout:
+    """on_phase(name, seconds) is told how long each phase took (generate, reward)."""
+    started = time.monotonic()
+    prompts, groups = generate_groups(engine, task, problems, sampling)
+    generated = time.monotonic()
+    scores = score_groups(problems, groups, rewards)
+    scored = time.monotonic()
+    totals = torch.tensor(scores.total, dtype=torch.float32).view(len(problems), sampling.n)
+    advantages = group_advantages(totals, scale_by_std=scale_rewards)
+    seconds = {"generate": generated - started, "reward": scored - generated}
+    if on_phase:
+        for name, value in seconds.items():
+            on_phase(name, value)
+    return ScoredRollout(problems, prompts, groups, scores, advantages, seconds)

@@ -1,0 +1,118 @@
+"""The student: a bitsandbytes 4-bit (or unquantized) base with a peft LoRA adapter.
+
+The reference policy for the KL term is the same model with the adapter
+disabled, so no second copy of the weights is held. Log-probabilities are
+computed only at completion positions (`logits_to_keep`), because the logits
+tensor (batch x positions x vocab x 4 bytes) is the largest in the step.
+"""
+
+from __future__ import annotations
+
+import appliance.offline  # noqa: F401
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from appliance.config.schema import StudentSpec
+from appliance.models.loading import load_causal_lm, load_tokenizer, resolve_compute_dtype
+
+
+@dataclass
+class TokenBatch:
+    """Prompts left-padded and completions right-padded into one rectangle."""
+
+    input_ids: torch.Tensor  # [N, P + C]
+    attention_mask: torch.Tensor  # [N, P + C]
+    completion_ids: torch.Tensor  # [N, C]
+    completion_mask: torch.Tensor  # [N, C] 1 on real completion tokens
+
+
+def pack_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> TokenBatch:
+    prompt_width = max(len(p) for p in prompts)
+    completion_width = max(1, max(len(c) for c in completions))
+    rows, masks, targets, target_masks = [], [], [], []
+    for prompt, completion in zip(prompts, completions):
+        left = prompt_width - len(prompt)
+        right = completion_width - len(completion)
+        rows.append([pad_id] * left + prompt + completion + [pad_id] * right)
+        masks.append([0] * left + [1] * (len(prompt) + len(completion)) + [0] * right)
+        targets.append(completion + [pad_id] * right)
+        target_masks.append([1] * len(completion) + [0] * right)
+    return TokenBatch(torch.tensor(rows), torch.tensor(masks), torch.tensor(targets), torch.tensor(target_masks))
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[index] without materialising the whole log-softmax."""
+    chosen = torch.gather(logits, -1, index.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
+
+
+class Student:
+    """Owns the trainable model; knows nothing of rewards, engines or the daemon."""
+
+    def __init__(self, spec: StudentSpec, model_dir: Path, device: str, gradient_checkpointing: bool = False):
+        from peft import LoraConfig, get_peft_model
+
+        self.spec = spec
+        self.device = device
+        self.compute_dtype = resolve_compute_dtype(spec.compute_dtype, device)
+        self.tokenizer = load_tokenizer(model_dir)
+        base = load_causal_lm(model_dir, spec.quantization, self.compute_dtype, device)
+        if gradient_checkpointing:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            base.enable_input_require_grads()
+        self.gradient_checkpointing = gradient_checkpointing
+        lora = LoraConfig(
+            r=spec.lora.rank,
+            lora_alpha=spec.lora.alpha,
+            lora_dropout=spec.lora.dropout,
+            target_modules=list(spec.lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        self.model = get_peft_model(base, lora)
+        # LoRA parameters train in fp32 whatever the compute dtype: updates are tiny.
+        for parameter in self.trainable_parameters():
+            parameter.data = parameter.data.float()
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    def completion_logprobs(self, batch: TokenBatch, temperature: float, reference: bool = False) -> torch.Tensor:
+        """log p(completion token) under the student at `temperature`: [N, C].
+
+        reference=True evaluates the base model (adapter disabled) without gradients.
+        """
+        batch_device = {k: getattr(batch, k).to(self.device) for k in ("input_ids", "attention_mask", "completion_ids")}
+        position_ids = (batch_device["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        width = batch.completion_ids.shape[1]
+        context = self.model.disable_adapter() if reference else nullcontext()
+        grad = torch.no_grad() if reference else nullcontext()
+        with context, grad:
+            output = self.model(
+                input_ids=batch_device["input_ids"],
+                attention_mask=batch_device["attention_mask"],
+                position_ids=position_ids,
+                logits_to_keep=width + 1,
+                use_cache=False,
+            )
+        logits = output.logits[:, :-1, :].float() / temperature
+        return selective_log_softmax(logits, batch_device["completion_ids"])
+
+    def save_adapter(self, folder: Path) -> None:
+        self.model.save_pretrained(str(folder))
+
+    def load_adapter(self, folder: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        state = load_file(str(Path(folder) / "adapter_model.safetensors"), device=str(self.device))
+        result = set_peft_model_state_dict(self.model, state)
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"adapter in {folder} does not match this student: unexpected {result.unexpected_keys[:3]}")

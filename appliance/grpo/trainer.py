@@ -1,0 +1,258 @@
+"""The GRPO step loop: rollout, reward, update, sync, record, checkpoint — and exact resume.
+
+`Trainer.from_job` builds every part from a validated JobSpec; `run()` trains
+until `grpo.steps`. The loop knows nothing of the daemon: progress goes to a
+callback, records to the job folder.
+"""
+
+from __future__ import annotations
+
+import appliance.offline  # noqa: F401
+
+import json
+import math
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from appliance.config.schema import JobSpec
+from appliance.engines.base import GenerationEngine, Sampling
+from appliance.grpo.checkpoint import CheckpointManager, restore_rng_state, rng_state
+from appliance.grpo.optim import make_optimizer, make_scheduler
+from appliance.grpo.records import RunRecords
+from appliance.grpo.rollout import ScoredRollout, rollout
+from appliance.grpo.student import Student
+from appliance.grpo.update import GrpoUpdater, UpdateStats
+from appliance.rewards.registry import WeightedReward
+from appliance.tasks.base import Task
+from appliance.tasks.stream import ProblemStream
+
+SAMPLES_PER_STEP = 8  # completions recorded in samples.jsonl per step (bounded)
+
+
+def sampling_seed(job_seed: int, step: int) -> int:
+    """Each step samples from its own seed, so a resumed run draws the same completions."""
+    return (job_seed * 1_000_003 + step) % (2**31 - 1)
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass
+class RuntimeChoices:
+    """What the budget manager decided for this run (and why, for the log)."""
+
+    device: str
+    micro_batch_size: int
+    gradient_checkpointing: bool
+    reasons: dict
+
+
+class Trainer:
+    def __init__(self, spec: JobSpec, job_dir: Path, student: Student, engine: GenerationEngine, task: Task,
+                 rewards: list[WeightedReward], choices: RuntimeChoices, judge=None, ledger=None, progress=None):
+        self.spec = spec
+        self.job_dir = Path(job_dir)
+        self.student = student
+        self.engine = engine
+        self.task = task
+        self.rewards = rewards
+        self.choices = choices
+        self.judge = judge
+        self.ledger = ledger
+        self.progress = progress or (lambda record: None)
+        self.stream = ProblemStream(task.train, seed=spec.task.seed)
+        self.optimizer = make_optimizer(student.trainable_parameters(), spec.grpo, choices.device)
+        self.scheduler = make_scheduler(self.optimizer, spec.grpo)
+        self.updater = GrpoUpdater(student, self.optimizer, self.scheduler, spec.grpo,
+                                   spec.engine.vllm.importance_sampling_cap)
+        self.checkpoints = CheckpointManager(self.job_dir, spec.checkpoint.keep_last)
+        self.records = RunRecords(self.job_dir)
+        self.step = 0
+        self.best_value: float | None = None
+        self.micro_batch_size = choices.micro_batch_size
+        self.oom_halvings: list[dict] = []
+
+    # ----- resume -------------------------------------------------------------------------------
+
+    def resume(self) -> int | None:
+        """Load the newest complete checkpoint; returns its step (None when there is none)."""
+        latest = self.checkpoints.latest()
+        if latest is None:
+            return None
+        self.student.load_adapter(latest.path / "adapter")
+        self.optimizer.load_state_dict(torch.load(latest.path / "optimizer.pt", weights_only=False))
+        self.scheduler.load_state_dict(torch.load(latest.path / "scheduler.pt", weights_only=False))
+        restore_rng_state(torch.load(latest.path / "rng.pt", weights_only=False))
+        self.stream.load_state_dict(latest.state["data_cursor"])
+        self.step = latest.step
+        self.best_value = latest.state.get("best_value")
+        self.micro_batch_size = latest.state.get("micro_batch_size", self.micro_batch_size)
+        self.records.rewind_to(self.step)
+        self.engine.update_adapter(latest.path / "adapter", self.step)
+        self.records.log(f"resumed from {latest.path} at step {self.step}")
+        return self.step
+
+    # ----- one step -----------------------------------------------------------------------------
+
+    def _sampling(self) -> Sampling:
+        grpo = self.spec.grpo
+        return Sampling(max_new_tokens=grpo.max_new_tokens, n=grpo.group_size, temperature=grpo.temperature,
+                        top_p=grpo.top_p, seed=sampling_seed(grpo.seed, self.step + 1))
+
+    def _update(self, scored: ScoredRollout) -> UpdateStats:
+        samples = scored.train_samples(use_engine_logprobs=getattr(self.engine, "kind", "hf") != "hf")
+        while True:
+            try:
+                return self.updater.step(samples, self.micro_batch_size)
+            except torch.OutOfMemoryError as error:
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.micro_batch_size <= 1:
+                    raise
+                halved = max(1, self.micro_batch_size // 2)
+                self.oom_halvings.append({"step": self.step + 1, "from": self.micro_batch_size, "to": halved,
+                                          "error": str(error)[:200]})
+                self.records.log(f"step {self.step + 1}: out of memory, micro-batch {self.micro_batch_size} -> {halved}")
+                self.micro_batch_size = halved
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+
+    def train_step(self) -> dict:
+        started = time.monotonic()
+        if self.judge is not None and hasattr(self.judge, "set_step"):
+            self.judge.set_step(self.step + 1)
+        problems = self.stream.next_batch(self.spec.grpo.prompts_per_step)
+        tokens_before = self.engine.counters.generated_tokens
+        self.engine.wake()
+        scored = rollout(self.engine, self.task, problems, self._sampling(), self.rewards, self.spec.grpo.scale_rewards)
+        generated_tokens = self.engine.counters.generated_tokens - tokens_before
+        self.engine.sleep()
+        train_started = time.monotonic()
+        stats = self._update(scored)
+        trained = time.monotonic()
+        self.step += 1
+        self.engine.update_adapter(None, self.step)
+        synced = time.monotonic()
+        record = self._metrics(scored, stats, generated_tokens, {
+            **scored.seconds, "train": trained - train_started, "sync": synced - trained,
+        })
+        record["seconds"]["step"] = time.monotonic() - started
+        self.records.metrics(record)
+        self.records.samples(self._sample_records(scored))
+        if self.step % self.spec.checkpoint.every == 0 or self.step == self.spec.grpo.steps:
+            checkpoint_started = time.monotonic()
+            self.save_checkpoint(record)
+            record["seconds"]["checkpoint"] = time.monotonic() - checkpoint_started
+        self.progress(record)
+        return record
+
+    def _metrics(self, scored: ScoredRollout, stats: UpdateStats, generated_tokens: int, seconds: dict) -> dict:
+        lengths = [len(c.token_ids) for c in scored.flat]
+        per_function = scored.scores.stats()
+        generate_seconds = seconds.get("generate", 0.0)
+        return {
+            "step": self.step,
+            "reward_mean": _mean(scored.scores.total),
+            "reward_std": _std(scored.scores.total),
+            "rewards": per_function,
+            "loss": stats.loss,
+            "kl": stats.kl,
+            "clip_ratio": stats.clip_ratio,
+            "grad_norm": stats.grad_norm,
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            "groups_informative": int(scored.advantages.informative.sum()),
+            "groups_total": len(scored.groups),
+            "trained_sequences": stats.sequences,
+            "trained_tokens": stats.tokens,
+            "micro_batch_size": self.micro_batch_size,
+            "completion_length_mean": _mean(lengths),
+            "completion_length_max": max(lengths) if lengths else 0,
+            "generated_tokens": generated_tokens,
+            "tokens_per_second": generated_tokens / generate_seconds if generate_seconds > 0 else 0.0,
+            "logprob_diff_mean": stats.logprob_diff_mean,
+            "logprob_diff_max": stats.logprob_diff_max,
+            "seconds": seconds,
+            "memory": {"peak_rss_bytes": peak_rss_bytes(),
+                       "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0},
+            "time": time.time(),
+        }
+
+    def _sample_records(self, scored: ScoredRollout) -> list[dict]:
+        records = []
+        flat = scored.flat
+        group_size = self.spec.grpo.group_size
+        for index, completion in enumerate(flat[:SAMPLES_PER_STEP]):
+            group = index // group_size
+            records.append({
+                "step": self.step,
+                "question": scored.problems[group].question,
+                "reference": scored.problems[group].answer,
+                "completion": completion.text,
+                "reward": scored.scores.total[index],
+                "rewards": {name: values[index] for name, values in scored.scores.per_function.items()},
+                "advantage": float(scored.advantages.advantages[group, index % group_size]),
+            })
+        return records
+
+    # ----- checkpoints --------------------------------------------------------------------------
+
+    def save_checkpoint(self, record: dict) -> Path:
+        metric_name = self.spec.checkpoint.best_metric
+        value = _lookup(record, metric_name)
+        improved = value is not None and (self.best_value is None or value > self.best_value)
+        if improved:
+            self.best_value = value
+
+        def payload(folder: Path) -> None:
+            self.student.save_adapter(folder / "adapter")
+            torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), folder / "scheduler.pt")
+            torch.save(rng_state(), folder / "rng.pt")
+
+        path = self.checkpoints.save(self.step, payload, {
+            "job": self.spec.name,
+            "data_cursor": self.stream.state_dict(),
+            "metrics": {k: v for k, v in record.items() if isinstance(v, (int, float))},
+            "best_metric": metric_name,
+            "best_value": self.best_value,
+            "micro_batch_size": self.micro_batch_size,
+        })
+        if improved:
+            self.checkpoints.update_best(path / "adapter", {"step": self.step, metric_name: value})
+        return path
+
+    def run(self) -> list[dict]:
+        records = []
+        while self.step < self.spec.grpo.steps:
+            records.append(self.train_step())
+        return records
+
+
+def _lookup(record: dict, dotted: str):
+    value = record
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def _std(values) -> float:
+    values = list(values)
+    if len(values) < 2:
+        return 0.0
+    mean = _mean(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def write_json(path: Path, data: dict) -> None:
+    Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
