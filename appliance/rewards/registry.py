@@ -53,10 +53,17 @@ class RuleReward:
     params: dict = field(default_factory=dict)
 
     def __call__(self, samples: list[RewardSample]) -> list[float]:
-        return [
-            self.function(sample.prompt, sample.completion, sample.reference, sample.metadata, **self.params)
-            for sample in samples
-        ]
+        scores = []
+        for position, sample in enumerate(samples):
+            try:
+                scores.append(
+                    self.function(sample.prompt, sample.completion, sample.reference, sample.metadata, **self.params)
+                )
+            except Exception as error:
+                raise RewardError(
+                    f"reward {self.name!r} failed on sample {position}: {type(error).__name__}: {error}"
+                ) from error
+        return scores
 
 
 @dataclass(frozen=True)

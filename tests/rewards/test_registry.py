@@ -160,3 +160,10 @@ def test_plugin_returning_a_non_number_is_named(tmp_path, bad_value):
     rewards = build_rewards([RewardSpec(name="my_rewards.py:score")], tmp_path)
     with pytest.raises(RewardError, match=r"reward 'my_rewards\.py:score' returned .* for sample 0; it must return a finite number"):
         score_samples(rewards, samples("x"))
+
+
+def test_plugin_that_raises_is_named_with_the_sample(tmp_path):
+    write_plugin(tmp_path, "def score(prompt, completion, reference, metadata):\n    return 1 / len(completion)\n")
+    rewards = build_rewards([RewardSpec(name="my_rewards.py:score")], tmp_path)
+    with pytest.raises(RewardError, match=r"reward 'my_rewards\.py:score' failed on sample 1: ZeroDivisionError"):
+        score_samples(rewards, samples("x", ""))
