@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from appliance.config.schema import FewShotExample, TaskSpec
-from appliance.rewards.extract import answers_match
+from appliance.rewards.extract import answers_match, extract_answer
 from appliance.tasks import TaskError, load_task
 from appliance.tasks.gsm8k import GSM8K_TRAIN_SIZE, gsm8k_path, load_gsm8k
 
@@ -99,3 +99,9 @@ def test_gsm8k_task_split():
     assert {p.id for p in task.train}.isdisjoint({p.id for p in task.held_out})
     again = load_task(TaskSpec(dataset="builtin:gsm8k", held_out=200, seed=0), Path("."))
     assert [p.id for p in again.held_out] == [p.id for p in task.held_out]
+
+
+def test_every_gsm8k_solution_extracts_to_its_own_answer():
+    """The reward's extractor reads all 7473 worked solutions the way the dataset means them."""
+    mismatched = [p.id for p in load_gsm8k() if extract_answer(p.metadata["solution"]) != p.answer]
+    assert mismatched == []
