@@ -104,6 +104,8 @@ class GrpoSpec(Spec):
     group_size: Annotated[int, Field(ge=2)] = 8
     prompts_per_step: PositiveInt = 4
     max_new_tokens: PositiveInt = 128
+    # Longest prompt (chat template and few-shot included) the memory plan assumes.
+    max_prompt_tokens: PositiveInt = 512
     temperature: Annotated[float, Field(gt=0.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     loss: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
