@@ -106,17 +106,22 @@ def _marked_spans(text: str) -> list[list[str]]:
 
 
 def format_number(value: Fraction) -> str:
-    """Canonical text of a value: "72", "-3.5", or "1/3" when no finite decimal exists."""
+    """Canonical, exact text of a value: "72", "-3.5", or "1/3" when no finite decimal exists."""
     if value.denominator == 1:
         return str(value.numerator)
-    denominator = value.denominator
-    for prime in (2, 5):
-        while denominator % prime == 0:
-            denominator //= prime
-    if denominator != 1:
+    twos = fives = 0
+    rest = value.denominator
+    while rest % 2 == 0:
+        rest, twos = rest // 2, twos + 1
+    while rest % 5 == 0:
+        rest, fives = rest // 5, fives + 1
+    if rest != 1:  # a prime factor other than 2 and 5: no finite decimal
         return f"{value.numerator}/{value.denominator}"
-    text = f"{float(value):.15f}" if abs(value) < 1e15 else str(float(value))
-    return text.rstrip("0").rstrip(".")
+    places = max(twos, fives)
+    scaled = abs(value.numerator * 10**places // value.denominator)
+    whole, decimals = divmod(scaled, 10**places)
+    sign = "-" if value < 0 else ""
+    return f"{sign}{whole}.{decimals:0{places}d}".rstrip("0")
 
 
 def extract_value(text: str | None) -> Fraction | None:

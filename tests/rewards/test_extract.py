@@ -66,3 +66,11 @@ def test_extract_answer(text, expected):
 )
 def test_answers_match(predicted, reference, expected):
     assert answers_match(predicted, reference) is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("12345678901234.5678", "12345678901234.5678"), ("-0.050", "-0.05"), ("1/3", "1/3"), ("7/8", "0.875")],
+)
+def test_canonical_form_is_exact(text, expected):
+    assert extract_answer(text) == expected
