@@ -159,6 +159,8 @@ def _describe(error: dict, path: tuple) -> str:
         return f"unknown key{hint}"
     if kind == "missing":
         return "required key is missing"
+    if kind == "model_type":  # pydantic says "a valid dictionary or instance of GrpoSpec"
+        return "should be a mapping of keys (key: value on indented lines, or {key: value})"
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
