@@ -1,0 +1,159 @@
+"""Bytes per memory component (DESIGN.md names), from a ModelShape and plain numbers.
+
+Each function is one component's arithmetic; plan.py decides which of them are
+resident in which phase. Formulas follow how the libraries we use store
+things: bitsandbytes 4-bit packs two weights per byte with one fp32 absmax per
+block of 64 (double quantization stores that absmax in 8 bits with an fp32
+constant per 256 blocks), keeps biases, embeddings, norms and lm_head in the
+compute dtype; peft LoRA parameters and their gradients are fp32; AdamW keeps
+two states per trainable parameter.
+
+The CPU constants (`CPU_RUNTIME_BYTES`, the activation factors) were measured
+with bench/memory_plan.py on the bundled SmolLM2-135M-Instruct; see that
+script for the workload.
+"""
+
+from __future__ import annotations
+
+from appliance.budget.shapes import ModelShape, ShapeError
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP32 = 4
+QUANT_BLOCKSIZE = 64
+DOUBLE_QUANT_BLOCKSIZE = 256
+
+# RSS of a Python process that imported torch, transformers, peft and bitsandbytes
+# (measured 450 MiB with the torch 2.13 CPU build) ...
+CPU_LIBRARIES_BYTES = 450 * 2**20
+# ... plus what from_pretrained leaves resident besides the weights (mapped
+# safetensors pages, allocator arenas): measured 320 MiB.
+CPU_LOAD_RESIDUE_BYTES = 320 * 2**20
+CPU_RUNTIME_BYTES = CPU_LIBRARIES_BYTES + CPU_LOAD_RESIDUE_BYTES
+# CUDA context, cuBLAS workspaces and kernels of one process on the GPU.
+CUDA_CONTEXT_BYTES = 600 * 2**20
+# Caching-allocator fragmentation on the GPU, as a fraction of everything else in a phase.
+CUDA_ALLOCATOR_SLACK = 0.05
+
+OPTIMIZER_BYTES_PER_PARAM = {"adamw_32bit": 2 * 4, "paged_adamw_8bit": 2 * 1}
+
+# At the loss the logits, their fp32 log-softmax, the gradient of the
+# log-probs and the gradient of the logits are alive at once.
+LOGITS_COPIES_IN_TRAINING = 4
+# On the CPU, RSS grows past the live tensors: glibc keeps freed blocks in its
+# arenas, bitsandbytes' CPU path dequantizes weights into temporaries and
+# oneDNN keeps scratch buffers. Measured: 1.55x the tensor arithmetic for
+# SmolLM2-135M nf4 + LoRA, 32 x 72 tokens (bench/memory_plan.py).
+CPU_ACTIVATION_OVERHEAD = 1.55
+
+
+def weights_bytes(shape: ModelShape, quantization: str, dtype_bytes: int, double_quant: bool = False) -> int:
+    """A model's weights on the device: nf4/fp4 (4-bit), int8, or none (all in the compute dtype)."""
+    unquantized = shape.unquantized_params * dtype_bytes
+    if quantization == "none":
+        return shape.total_params * dtype_bytes
+    if quantization in ("nf4", "fp4"):
+        packed = (shape.linear_params + 1) // 2
+        blocks = -(-shape.linear_params // QUANT_BLOCKSIZE)
+        if double_quant:
+            constants = blocks * 1 + -(-blocks // DOUBLE_QUANT_BLOCKSIZE) * FP32
+        else:
+            constants = blocks * FP32
+        return packed + constants + unquantized
+    if quantization == "int8":
+        rows = shape.layers * sum(out for _, _, out in shape.block_linears)
+        return shape.linear_params + rows * FP32 + unquantized
+    raise ValueError(f"unknown quantization '{quantization}' (expected nf4, fp4, int8 or none)")
+
+
+def lora_params(shape: ModelShape, rank: int, target_modules: list[str]) -> int:
+    """Adapter parameters: rank x (in + out) for each targeted linear layer of every block."""
+    linears = {name: (i, o) for name, i, o in shape.block_linears}
+    targets = list(linears) if list(target_modules) == ["all-linear"] else list(target_modules)
+    unknown = [t for t in targets if t not in linears]
+    if unknown:
+        raise ShapeError(
+            f"student.lora.target_modules: {', '.join(unknown)} is not a linear layer of {shape.name} "
+            f"(it has {', '.join(linears)}, or write all-linear)"
+        )
+    return shape.layers * sum(rank * (linears[t][0] + linears[t][1]) for t in targets)
+
+
+def student_lora_bytes(trainable_params: int) -> int:
+    """fp32 adapter parameters and their gradients."""
+    return trainable_params * (FP32 + FP32)
+
+
+def optimizer_bytes(trainable_params: int, optimizer: str = "adamw_32bit") -> int:
+    return trainable_params * OPTIMIZER_BYTES_PER_PARAM[optimizer]
+
+
+def _saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str]) -> int:
+    """Elements one decoder layer keeps for backward per token (frozen base, flash/SDPA attention).
+
+    Norm inputs and output, q/k/v after RoPE, the attention output feeding o_proj,
+    and the SwiGLU gate, up and activated gate. A frozen 4-bit linear does not keep
+    its input; a LoRA-targeted one does (for the adapter's gradient).
+    """
+    h, kv, i = shape.hidden, shape.kv_heads * shape.head_dim, shape.intermediate
+    q = shape.heads * shape.head_dim
+    elements = 2 * h + (q + 2 * kv) + q + h + 3 * i
+    targets = set(lora_targets)
+    if targets & {"gate_proj", "up_proj", "all-linear"}:
+        elements += h
+    if targets & {"down_proj", "all-linear"}:
+        elements += i
+    return elements
+
+
+def activation_bytes(
+    shape: ModelShape,
+    micro_batch: int,
+    sequence_tokens: int,
+    logit_tokens: int,
+    dtype_bytes: int,
+    gradient_checkpointing: bool,
+    lora_targets: list[str],
+    device_kind: str = "cuda",
+) -> int:
+    """Peak training activations for one micro-batch, logits included.
+
+    Without checkpointing every layer keeps its saved tensors; with it, each layer
+    keeps only its input and one layer's tensors are rebuilt during backward.
+    Logits are computed for `logit_tokens` positions per sequence: a GRPO trainer
+    needs them for the completion only (transformers' `logits_to_keep`).
+    """
+    tokens = micro_batch * sequence_tokens
+    per_layer = _saved_per_token_per_layer(shape, lora_targets) * dtype_bytes * tokens
+    if gradient_checkpointing:
+        layers = shape.layers * shape.hidden * dtype_bytes * tokens + per_layer
+    else:
+        layers = shape.layers * per_layer
+    logits = LOGITS_COPIES_IN_TRAINING * micro_batch * logit_tokens * shape.vocab * FP32
+    overhead = CPU_ACTIVATION_OVERHEAD if device_kind == "cpu" else 1.0
+    return int((layers + logits) * overhead)
+
+
+def generation_working_bytes(shape: ModelShape, batch: int, prompt_tokens: int, dtype_bytes: int) -> int:
+    """Transient memory of generation besides the KV cache.
+
+    Both engines compute logits for the last position only (transformers sets
+    `logits_to_keep=1`); sampling keeps fp32 logits and probabilities per
+    sequence. Prefill runs one layer at a time over the whole prompt: its
+    hidden states, q/k/v and the SwiGLU intermediates are the largest
+    temporaries.
+    """
+    sampling = 2 * batch * shape.vocab * FP32
+    prefill = batch * prompt_tokens * (3 * shape.hidden + 3 * shape.intermediate) * dtype_bytes
+    return sampling + prefill
+
+
+def kv_cache_bytes(shape: ModelShape, sequences: int, tokens_per_sequence: int, dtype_bytes: int) -> int:
+    """2 x layers x kv_heads x head_dim x dtype bytes x tokens in flight (sliding windows respected)."""
+    return shape.kv_bytes(sequences, tokens_per_sequence, dtype_bytes)
+
+
+def runtime_bytes(device_kind: str, processes: int, other_bytes: int) -> int:
+    """What the processes themselves cost: interpreter and libraries (CPU) or CUDA contexts and allocator slack."""
+    if device_kind == "cpu":
+        return processes * CPU_RUNTIME_BYTES
+    return processes * CUDA_CONTEXT_BYTES + int(CUDA_ALLOCATOR_SLACK * other_bytes)

@@ -1,0 +1,79 @@
+"""What the device has: total and used memory, from CUDA or from the CPU's memory limits.
+
+This is the hardware boundary of the budget manager: tests substitute a
+DeviceInfo (or pass `--device-memory`) instead of probing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_V2_LIMIT = Path("/sys/fs/cgroup/memory.max")
+CGROUP_V1_LIMIT = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+MEMINFO = Path("/proc/meminfo")
+SELF_STATUS = Path("/proc/self/status")
+# cgroup v1 reports "no limit" as a huge number near 2**63.
+_NO_LIMIT = 1 << 60
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # "cuda" | "cpu"
+    total_bytes: int
+    used_bytes: int = 0
+    name: str = ""
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "total_bytes": self.total_bytes, "used_bytes": self.used_bytes}
+
+
+def _kib_field(text: str, field: str) -> int | None:
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def cgroup_limit_bytes(v2: Path = CGROUP_V2_LIMIT, v1: Path = CGROUP_V1_LIMIT) -> int | None:
+    """The container's memory limit, or None when there is none."""
+    for path in (v2, v1):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return None
+        limit = int(text)
+        return None if limit >= _NO_LIMIT else limit
+    return None
+
+
+def cpu_total_bytes(meminfo: Path = MEMINFO, v2: Path = CGROUP_V2_LIMIT, v1: Path = CGROUP_V1_LIMIT) -> int:
+    """The cgroup limit when one is set (and below the machine's RAM), else MemTotal."""
+    mem_total = _kib_field(meminfo.read_text(), "MemTotal")
+    if mem_total is None:
+        raise RuntimeError(f"{meminfo} has no MemTotal line")
+    limit = cgroup_limit_bytes(v2, v1)
+    return min(limit, mem_total) if limit else mem_total
+
+
+def process_rss_bytes(status: Path = SELF_STATUS) -> int:
+    """Resident set size of this process now (VmRSS)."""
+    return _kib_field(status.read_text(), "VmRSS") or 0
+
+
+def probe_device(kind: str | None = None) -> DeviceInfo:
+    """Probe the device the job will use: 'cuda', 'cpu', or None for CUDA when present else CPU."""
+    if kind not in (None, "cuda", "cpu"):
+        raise ValueError(f"device '{kind}' is not known; use cpu or cuda")
+    if kind in (None, "cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info()
+            return DeviceInfo("cuda", int(total), int(total - free), torch.cuda.get_device_name())
+        if kind == "cuda":
+            raise RuntimeError("no CUDA device is visible; plan with --device-memory SIZE or use --device cpu")
+    return DeviceInfo("cpu", cpu_total_bytes(), process_rss_bytes(), os.uname().machine)

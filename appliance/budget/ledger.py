@@ -1,0 +1,126 @@
+"""The runtime ledger: what each component and phase really used, next to the plan.
+
+The trainer records a measurement when it loads a component and the peak of
+each phase; the ledger keeps the largest of each, warns when one exceeds its
+plan by more than 10%, and exports both for the Prometheus gauges
+appliance_memory_planned_bytes / appliance_memory_used_bytes{component}.
+`run_with_oom_backoff` keeps a run going through an out-of-memory error by
+halving the micro-batch and retrying the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, TypeVar
+
+import torch
+
+from appliance.budget.plan import Plan
+from appliance.config.sizes import format_bytes
+
+OVER_PLAN_TOLERANCE = 0.10
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Halving:
+    """One out-of-memory retry: the micro-batch went from `from_size` to `to_size`."""
+
+    from_size: int
+    to_size: int
+    error: str
+    time: float
+
+
+@dataclass
+class Ledger:
+    plan: Plan
+    used: dict[str, int] = field(default_factory=dict)  # component -> largest measured bytes
+    phase_peaks: dict[str, int] = field(default_factory=dict)  # phase -> largest measured peak
+    warnings: list[str] = field(default_factory=list)
+    halvings: list[Halving] = field(default_factory=list)
+
+    def measure(self, component: str, size_bytes: int) -> None:
+        """Record what a component holds now (e.g. right after loading it)."""
+        if component not in self.plan.components:
+            raise KeyError(f"'{component}' is not a planned component ({', '.join(self.plan.components)})")
+        self.used[component] = max(self.used.get(component, 0), int(size_bytes))
+        self._check(f"component {component}", int(size_bytes), self.plan.components[component])
+
+    def phase_peak(self, phase: str, size_bytes: int) -> None:
+        """Record the peak device memory seen during one phase of a step."""
+        if phase not in self.plan.phases:
+            raise KeyError(f"'{phase}' is not a planned phase ({', '.join(self.plan.phases)})")
+        self.phase_peaks[phase] = max(self.phase_peaks.get(phase, 0), int(size_bytes))
+        self._check(f"phase {phase}", int(size_bytes), self.plan.phases[phase].peak_bytes)
+
+    def _check(self, what: str, measured: int, planned: int) -> None:
+        if measured > planned * (1 + OVER_PLAN_TOLERANCE):
+            message = (
+                f"{what} uses {format_bytes(measured)}, {measured / planned - 1:.0%} over its plan of "
+                f"{format_bytes(planned)}" if planned else f"{what} uses {format_bytes(measured)} but was planned at 0 B"
+            )
+            if message not in self.warnings:
+                self.warnings.append(message)
+                log.warning("memory: %s", message)
+
+    def record_halving(self, from_size: int, to_size: int, error: BaseException) -> None:
+        self.halvings.append(Halving(from_size, to_size, str(error).splitlines()[0] if str(error) else
+                                     type(error).__name__, time.time()))
+        log.warning("out of memory at micro-batch %d; retrying the step with %d", from_size, to_size)
+
+    def gauges(self) -> dict[str, dict[str, int]]:
+        """Per component: planned and used bytes, for appliance_memory_{planned,used}_bytes{component}."""
+        return {name: {"planned_bytes": planned, "used_bytes": self.used.get(name, 0)}
+                for name, planned in self.plan.components.items()}
+
+    def to_dict(self) -> dict:
+        return {
+            "budget_bytes": self.plan.budget_bytes,
+            "components": self.gauges(),
+            "phases": {name: {"planned_bytes": phase.peak_bytes, "peak_bytes": self.phase_peaks.get(name, 0)}
+                       for name, phase in self.plan.phases.items()},
+            "warnings": list(self.warnings),
+            "oom_halvings": [{"from": h.from_size, "to": h.to_size, "error": h.error, "time": h.time}
+                             for h in self.halvings],
+        }
+
+
+class OutOfMemoryAtMinimum(RuntimeError):
+    """The step ran out of memory even at the smallest micro-batch."""
+
+
+def run_with_oom_backoff(step_fn: Callable[[int], T], micro_batch_size: int, min_size: int = 1,
+                         ledger: Ledger | None = None) -> tuple[T, int]:
+    """Run `step_fn(micro_batch_size)`; on torch.OutOfMemoryError halve the micro-batch and retry.
+
+    Returns the step's result and the micro-batch size that succeeded, which the
+    caller keeps for the following steps. Each halving is recorded in `ledger`.
+    `step_fn` must be safe to retry: it should zero gradients before it starts.
+    """
+    size = micro_batch_size
+    while True:
+        try:
+            return step_fn(size), size
+        except torch.OutOfMemoryError as error:
+            if size <= min_size:
+                raise OutOfMemoryAtMinimum(
+                    f"out of memory even at micro-batch {size}; lower grpo.group_size or grpo.max_new_tokens"
+                ) from error
+            smaller = max(min_size, size // 2)
+            if ledger is not None:
+                ledger.record_halving(size, smaller, error)
+            _release_cached_memory()
+            size = smaller
+
+
+def _release_cached_memory() -> None:
+    """Give cached blocks back so the retry starts from the live tensors only."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

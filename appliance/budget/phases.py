@@ -1,0 +1,117 @@
+"""Which components hold memory in each phase of a step, for one set of choices.
+
+A step runs generate -> judge -> train. Weights, the adapter and the optimizer
+stay for the whole run. A vLLM engine preallocates its KV cache for its
+lifetime; a transformers engine holds a cache only while it generates. When
+the phases are time-shared, idle engines sleep: vLLM sleep level 1 drops the
+KV cache and (on CUDA) moves the weights to host RAM; elsewhere only caches
+are freed, because on the CPU host RAM is the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from appliance.budget import components as c
+from appliance.budget.workload import Workload
+
+COMPONENTS = (
+    "student_weights", "rollout_weights", "student_lora", "optimizer", "activations",
+    "rollout_kv", "judge_weights", "judge_kv", "runtime",
+)
+
+
+@dataclass(frozen=True)
+class FitChoices:
+    """What the auto-fit decided, each with the reason it was decided so."""
+
+    micro_batch_size: int
+    grad_accumulation: int
+    gradient_checkpointing: bool
+    rollout_weights: str  # "shared" | "merged_copy"
+    time_share: bool
+    rollout_batch: int
+    rollout_kv_bytes: int  # for vLLM: kv_cache_memory_bytes of the rollout engine
+    judge_batch: int
+    judge_kv_bytes: int  # for vLLM: kv_cache_memory_bytes of the judge engine
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "micro_batch_size": self.micro_batch_size, "grad_accumulation": self.grad_accumulation,
+            "gradient_checkpointing": self.gradient_checkpointing, "rollout_weights": self.rollout_weights,
+            "time_share": self.time_share, "rollout_batch": self.rollout_batch,
+            "rollout_kv_bytes": self.rollout_kv_bytes, "judge_batch": self.judge_batch,
+            "judge_kv_bytes": self.judge_kv_bytes, "reasons": dict(self.reasons),
+        }
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    name: str
+    resident: dict[str, int]  # component -> bytes held during this phase
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.resident.values())
+
+    def to_dict(self) -> dict:
+        return {"resident": dict(self.resident), "peak_bytes": self.peak_bytes}
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The bytes the choices imply, before deciding residency."""
+
+    micro_batch_size: int
+    gradient_checkpointing: bool
+    rollout_weights: str
+    time_share: bool
+    rollout_batch: int
+    judge_batch: int
+
+
+def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
+    """Bytes of each component when it is resident (activations: the train phase's)."""
+    dtype = work.dtype_bytes
+    judge_weights = 0
+    if work.judge is not None and not work.judge_shares_student:
+        judge_weights = c.weights_bytes(work.judge, work.judge_quantization, dtype, work.double_quant)
+    judge_shape = work.judge or work.student
+    return {
+        "student_weights": c.weights_bytes(work.student, work.student_quantization, dtype, work.double_quant),
+        "rollout_weights": work.student.total_params * dtype if s.rollout_weights == "merged_copy" else 0,
+        "student_lora": c.student_lora_bytes(work.trainable_params),
+        "optimizer": c.optimizer_bytes(work.trainable_params, work.optimizer),
+        "activations": c.activation_bytes(work.student, s.micro_batch_size, work.sequence_tokens, work.new_tokens + 1, dtype,
+                                          s.gradient_checkpointing, list(work.lora_targets), work.device_kind),
+        "rollout_kv": c.kv_cache_bytes(work.student, s.rollout_batch, work.sequence_tokens, dtype),
+        "judge_weights": judge_weights,
+        "judge_kv": c.kv_cache_bytes(judge_shape, s.judge_batch, work.judge_tokens, dtype) if work.judge else 0,
+    }
+
+
+def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
+    sizes = component_bytes(work, s)
+    offload_asleep = work.device_kind == "cuda"
+    rollout_persistent = work.rollout_engine == "vllm" and not s.time_share
+    judge_persistent = work.judge_engine == "vllm" and not s.time_share
+    working = {
+        "generate": c.generation_working_bytes(work.student, s.rollout_batch, work.prompt_tokens, work.dtype_bytes),
+        "judge": c.generation_working_bytes(work.judge or work.student, s.judge_batch, work.judge_prompt_tokens,
+                                            work.dtype_bytes),
+        "train": sizes["activations"],
+    }
+    names = ["generate", "judge", "train"] if work.judge is not None else ["generate", "train"]
+    phases = {}
+    for name in names:
+        resident = {key: sizes[key] for key in ("student_weights", "student_lora", "optimizer")}
+        awake_or_kept = not (s.time_share and offload_asleep)
+        resident["rollout_weights"] = sizes["rollout_weights"] if name == "generate" or awake_or_kept else 0
+        resident["judge_weights"] = sizes["judge_weights"] if name == "judge" or awake_or_kept else 0
+        resident["rollout_kv"] = sizes["rollout_kv"] if name == "generate" or rollout_persistent else 0
+        resident["judge_kv"] = sizes["judge_kv"] if name == "judge" or judge_persistent else 0
+        resident["activations"] = working[name]
+        resident["runtime"] = c.runtime_bytes(work.device_kind, work.engine_processes, sum(resident.values()))
+        phases[name] = PhasePlan(name, {key: resident[key] for key in COMPONENTS})
+    return phases

@@ -1,0 +1,120 @@
+"""The job as the memory arithmetic sees it: shapes, dtypes, engines and token counts.
+
+One place resolves the job file's `auto` values for a device (compute dtype,
+engines), so that the planner, the auto-fit and the trainer agree on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from appliance.budget.components import DTYPE_BYTES, lora_params
+from appliance.budget.shapes import ModelShape, shape_from_config
+from appliance.config.schema import JobSpec
+
+
+@dataclass(frozen=True)
+class Workload:
+    device_kind: str
+    compute_dtype: str
+    student: ModelShape
+    student_quantization: str
+    lora_rank: int
+    lora_targets: tuple[str, ...]
+    trainable_params: int
+    judge: ModelShape | None
+    judge_quantization: str
+    judge_shares_student: bool
+    # Sequences generated per step (prompts_per_step x group_size) and their lengths.
+    sequences: int
+    prompt_tokens: int
+    new_tokens: int
+    # Judge calls per step and tokens per call (its prompt carries the completions it scores).
+    judge_calls: int
+    judge_prompt_tokens: int
+    judge_new_tokens: int
+    rollout_engine: str  # "hf" | "vllm"
+    judge_engine: str
+    optimizer: str = "adamw_32bit"
+    double_quant: bool = False
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.compute_dtype]
+
+    @property
+    def sequence_tokens(self) -> int:
+        return self.prompt_tokens + self.new_tokens
+
+    @property
+    def judge_tokens(self) -> int:
+        return self.judge_prompt_tokens + self.judge_new_tokens
+
+    @property
+    def engine_processes(self) -> int:
+        """Processes holding a device context: the trainer, plus one per vLLM engine."""
+        engines = {self.rollout_engine} if self.rollout_engine == "vllm" else set()
+        if self.judge is not None and self.judge_engine == "vllm" and not self.judge_shares_student:
+            engines.add("vllm-judge")
+        return 1 + len(engines)
+
+
+def resolve_compute_dtype(setting: str, device_kind: str) -> str:
+    """auto: bf16 on CUDA, fp32 on the CPU (bf16 is many times slower without bf16 units)."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if device_kind == "cuda" else "float32"
+
+
+def resolve_engine(setting: str, device_kind: str) -> str:
+    """auto: vLLM on CUDA, transformers on the CPU."""
+    if setting != "auto":
+        return setting
+    return "vllm" if device_kind == "cuda" else "hf"
+
+
+def workload_of(job: JobSpec, student_config: dict, judge_config: dict | None, device_kind: str,
+                optimizer: str = "adamw_32bit", double_quant: bool = False) -> Workload:
+    student = shape_from_config(student_config, job.student.model)
+    targets = tuple(job.student.lora.target_modules)
+    grpo = job.grpo
+    sequences = grpo.prompts_per_step * grpo.group_size
+    judge_shape, judge_quant, shares, calls, judge_prompt, judge_new = None, "none", False, 0, 0, 0
+    rollout_engine = resolve_engine(job.engine.rollout, device_kind)
+    judge_engine = rollout_engine
+    if job.judge is not None:
+        shares = job.judge.share_student_base
+        if shares:
+            judge_shape, judge_quant = student, job.student.quantization
+        else:
+            if judge_config is None:
+                raise ValueError(f"judge.model: no config.json for '{job.judge.model}' to plan with")
+            judge_shape, judge_quant = shape_from_config(judge_config, job.judge.model), job.judge.quantization
+            judge_engine = resolve_engine(job.engine.judge, device_kind)
+        judge_new = job.judge.max_new_tokens
+        if job.judge.mode == "group":  # one call scores a whole group
+            calls, judge_prompt = grpo.prompts_per_step, grpo.max_prompt_tokens + grpo.group_size * grpo.max_new_tokens
+        else:
+            calls, judge_prompt = sequences, grpo.max_prompt_tokens + grpo.max_new_tokens
+    return Workload(
+        device_kind=device_kind,
+        compute_dtype=resolve_compute_dtype(job.student.compute_dtype, device_kind),
+        student=student,
+        student_quantization=job.student.quantization,
+        lora_rank=job.student.lora.rank,
+        lora_targets=targets,
+        trainable_params=lora_params(student, job.student.lora.rank, list(targets)),
+        judge=judge_shape,
+        judge_quantization=judge_quant,
+        judge_shares_student=shares,
+        sequences=sequences,
+        prompt_tokens=grpo.max_prompt_tokens,
+        new_tokens=grpo.max_new_tokens,
+        judge_calls=calls,
+        judge_prompt_tokens=judge_prompt,
+        judge_new_tokens=judge_new,
+        rollout_engine=rollout_engine,
+        judge_engine=judge_engine,
+        optimizer=optimizer,
+        double_quant=double_quant,
+    )

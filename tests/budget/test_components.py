@@ -1,0 +1,125 @@
+"""Bytes per component: 4-bit packing, LoRA, optimizer, activations, KV, runtime."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.budget import components as c
+from appliance.budget.shapes import ShapeError, fixture_for, load_config, shape_from_config
+
+GIB = 2**30
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def shape(name: str):
+    return shape_from_config(load_config(fixture_for(name)), name)
+
+
+def test_nf4_packs_linear_weights_in_half_a_byte_with_an_fp32_absmax_per_64():
+    qwen = shape("Qwen2.5-7B")
+    linear = qwen.linear_params
+    expected = linear // 2 + (linear // 64) * 4 + qwen.unquantized_params * 2
+    assert c.weights_bytes(qwen, "nf4", 2) == expected
+    # 7.6B parameters in nf4 with bf16 embeddings: about 5.5 GiB, a third of bf16.
+    assert c.weights_bytes(qwen, "nf4", 2) / GIB == pytest.approx(5.45, abs=0.05)
+    assert c.weights_bytes(qwen, "none", 2) == qwen.total_params * 2
+
+
+def test_double_quantization_stores_absmax_in_8_bits():
+    llama = shape("Llama-3.1-8B")
+    single, double = c.weights_bytes(llama, "nf4", 2), c.weights_bytes(llama, "nf4", 2, double_quant=True)
+    blocks = llama.linear_params // 64
+    assert single - double == blocks * 4 - (blocks + -(-blocks // 256) * 4)
+
+
+def test_fp4_costs_the_same_as_nf4_and_int8_one_byte_per_weight_plus_row_scales():
+    qwen3 = shape("Qwen3-8B")
+    assert c.weights_bytes(qwen3, "fp4", 2) == c.weights_bytes(qwen3, "nf4", 2)
+    rows = 36 * (4096 + 1024 + 1024 + 4096 + 12288 + 12288 + 4096)
+    assert c.weights_bytes(qwen3, "int8", 2) == qwen3.linear_params + rows * 4 + qwen3.unquantized_params * 2
+
+
+def test_lm_head_and_embeddings_stay_in_the_compute_dtype_under_nf4():
+    # Gemma-2's 256k x 3584 tied embedding is 1.7 GiB of bf16 next to 3.9 GiB of packed linears.
+    gemma = shape("Gemma-2-9B")
+    assert gemma.embedding_params * 2 / GIB == pytest.approx(1.71, abs=0.01)
+    assert c.weights_bytes(gemma, "nf4", 2) > gemma.embedding_params * 2 + gemma.linear_params // 2
+
+
+def test_lora_rank16_on_attention_of_llama_8b():
+    llama = shape("Llama-3.1-8B")
+    per_layer = 16 * ((4096 + 4096) + (4096 + 1024) + (4096 + 1024) + (4096 + 4096))
+    assert c.lora_params(llama, 16, ATTENTION) == 32 * per_layer == 13_631_488
+    # fp32 parameters and gradients, AdamW 32-bit two fp32 states, paged 8-bit two bytes.
+    assert c.student_lora_bytes(13_631_488) == 13_631_488 * 8
+    assert c.optimizer_bytes(13_631_488) == 13_631_488 * 8
+    assert c.optimizer_bytes(13_631_488, "paged_adamw_8bit") == 13_631_488 * 2
+
+
+def test_lora_all_linear_and_an_unknown_target():
+    llama = shape("Llama-3.1-8B")
+    assert c.lora_params(llama, 8, ["all-linear"]) > c.lora_params(llama, 8, ATTENTION)
+    with pytest.raises(ShapeError, match="c_attn is not a linear layer"):
+        c.lora_params(llama, 8, ["c_attn"])
+
+
+def test_logits_are_batch_x_completion_x_vocab_x_4_bytes_per_copy():
+    qwen = shape("Qwen2.5-7B")
+    one_more_logit_token = (
+        c.activation_bytes(qwen, 4, 1024, 513, 2, True, ATTENTION)
+        - c.activation_bytes(qwen, 4, 1024, 512, 2, True, ATTENTION)
+    )
+    assert one_more_logit_token == c.LOGITS_COPIES_IN_TRAINING * 4 * 152064 * 4
+
+
+def test_gradient_checkpointing_keeps_one_hidden_state_per_layer():
+    qwen = shape("Qwen2.5-7B")
+    full = c.activation_bytes(qwen, 8, 1024, 512, 2, False, ATTENTION)
+    checkpointed = c.activation_bytes(qwen, 8, 1024, 512, 2, True, ATTENTION)
+    logits = c.LOGITS_COPIES_IN_TRAINING * 8 * 512 * 152064 * 4
+    layer_inputs = 28 * 3584 * 2 * 8 * 1024
+    assert checkpointed - logits > layer_inputs
+    assert (full - logits) / (checkpointed - logits) > 5
+
+
+def test_activations_scale_linearly_with_the_micro_batch():
+    qwen = shape("Qwen2.5-7B")
+    one = c.activation_bytes(qwen, 1, 1024, 512, 2, False, ATTENTION)
+    assert c.activation_bytes(qwen, 8, 1024, 512, 2, False, ATTENTION) == pytest.approx(8 * one, rel=1e-6)
+
+
+def test_kv_cache_for_a_rollout_batch():
+    qwen = shape("Qwen2.5-7B")
+    assert c.kv_cache_bytes(qwen, 32, 1024, 2) == 32 * 1024 * 56 * 1024
+
+
+def test_runtime_counts_one_cuda_context_per_process_and_allocator_slack():
+    assert c.runtime_bytes("cuda", 3, 10 * GIB) == 3 * c.CUDA_CONTEXT_BYTES + int(0.05 * 10 * GIB)
+    assert c.runtime_bytes("cpu", 1, 10 * GIB) == c.CPU_RUNTIME_BYTES
+
+
+@pytest.mark.model
+def test_nf4_weights_match_what_bitsandbytes_allocates_for_the_bundled_model(demo_model_dir):
+    """Load the bundled model in nf4 and sum the bytes of every parameter and buffer."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    config = json.loads((demo_model_dir / "config.json").read_text())
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                      bnb_4bit_compute_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(demo_model_dir), quantization_config=quantization,
+                                                 dtype=torch.float32, device_map="cpu")
+    allocated, seen = 0, set()  # tied lm_head and embeddings share one tensor
+    for module in model.modules():
+        for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                allocated += tensor.numel() * tensor.element_size()
+        weight = getattr(module, "weight", None)
+        state = getattr(weight, "quant_state", None)
+        if state is not None:
+            allocated += state.absmax.numel() * state.absmax.element_size()
+    planned = c.weights_bytes(shape_from_config(config), "nf4", 4)
+    assert allocated == pytest.approx(planned, rel=0.02)

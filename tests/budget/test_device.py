@@ -1,0 +1,72 @@
+"""Device probing: cgroup limits, MemTotal, RSS; CUDA is absent on the CI machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.budget.device import cgroup_limit_bytes, cpu_total_bytes, probe_device, process_rss_bytes
+
+MEMINFO = "MemTotal:       24683520 kB\nMemFree:        16000000 kB\n"
+
+
+def files(tmp_path, v2=None, v1=None):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(MEMINFO)
+    v2_path, v1_path = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
+    if v2 is not None:
+        v2_path.write_text(v2 + "\n")
+    if v1 is not None:
+        v1_path.write_text(v1 + "\n")
+    return meminfo, v2_path, v1_path
+
+
+def test_without_a_cgroup_limit_the_cpu_has_memtotal(tmp_path):
+    meminfo, v2, v1 = files(tmp_path, v2="max")
+    assert cgroup_limit_bytes(v2, v1) is None
+    assert cpu_total_bytes(meminfo, v2, v1) == 24683520 * 1024
+
+
+def test_a_cgroup_v2_limit_is_the_cpu_total(tmp_path):
+    meminfo, v2, v1 = files(tmp_path, v2=str(8 * 2**30))
+    assert cpu_total_bytes(meminfo, v2, v1) == 8 * 2**30
+
+
+def test_cgroup_v1_unlimited_sentinel_means_no_limit(tmp_path):
+    meminfo, v2, v1 = files(tmp_path, v1="9223372036854771712")
+    assert cgroup_limit_bytes(v2, v1) is None
+    assert cpu_total_bytes(meminfo, v2, v1) == 24683520 * 1024
+
+
+def test_a_limit_above_the_machine_ram_is_capped_at_memtotal(tmp_path):
+    meminfo, v2, v1 = files(tmp_path, v2=str(64 * 2**30))
+    assert cpu_total_bytes(meminfo, v2, v1) == 24683520 * 1024
+
+
+def test_process_rss_grows_when_this_process_touches_memory():
+    before = process_rss_bytes()
+    block = bytearray(64 * 2**20)
+    for index in range(0, len(block), 4096):
+        block[index] = 1
+    assert process_rss_bytes() - before >= 60 * 2**20
+
+
+def test_probe_cpu_reports_the_machine():
+    device = probe_device("cpu")
+    assert device.kind == "cpu"
+    assert device.total_bytes >= 2**30
+    assert 0 < device.used_bytes < device.total_bytes
+
+
+def test_probe_cuda_without_a_gpu_says_how_to_plan_instead():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="--device-memory"):
+        probe_device("cuda")
+    assert probe_device().kind == "cpu"
+
+
+def test_unknown_device_kind_is_refused():
+    with pytest.raises(ValueError, match="use cpu or cuda"):
+        probe_device("tpu")

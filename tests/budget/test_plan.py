@@ -1,0 +1,170 @@
+"""plan_job on real shapes: the GSM8K GPU example under 80, 24 and 8 GiB, phases and suggestions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from appliance.budget.device import DeviceInfo
+from appliance.budget.plan import plan_job
+from appliance.budget.shapes import fixture_for, load_config
+from appliance.config.load import load_job, parse_job_text
+
+GIB = 2**30
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gsm8k-qwen7b-gpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def job():
+    return load_job(EXAMPLE)
+
+
+@pytest.fixture(scope="module")
+def configs(job):
+    return load_config(fixture_for(job.student.model)), load_config(fixture_for(job.judge.model))
+
+
+def gpu(gib: int) -> DeviceInfo:
+    return DeviceInfo("cuda", gib * GIB, 0, "fake")
+
+
+def replan(job, configs, device, change: str):
+    """Apply a suggestion like 'judge.quantization: nf4' to the job and plan again."""
+    patched = job
+    for item in change.split(" + "):
+        key, value = item.split(": ")
+        section, field = key.split(".")
+        typed = {"true": True, "false": False}.get(value, int(value) if value.isdigit() else value)
+        patched = patched.model_copy(update={section: getattr(patched, section).model_copy(update={field: typed})})
+    return plan_job(patched, *configs, device)
+
+
+def test_80gib_fits_with_every_phase_under_the_90_percent_budget(job, configs):
+    plan = plan_job(job, *configs, gpu(80))
+    assert plan.fits
+    assert plan.budget_bytes == int(0.9 * 80 * GIB)
+    assert plan.peak_bytes == max(phase.peak_bytes for phase in plan.phases.values()) <= plan.budget_bytes
+    assert set(plan.phases) == {"generate", "judge", "train"}
+    assert plan.overflow == [] and plan.suggestions == []
+    # bf16 Qwen3-8B judge weights and the nf4 student are planned from their shapes.
+    assert plan.components["judge_weights"] == 8_190_735_360 * 2
+    assert 5.3 * GIB < plan.components["student_weights"] < 5.6 * GIB
+
+
+def test_80gib_time_shares_because_256_sequences_and_16_long_judge_calls_do_not_fit_together(job, configs):
+    plan = plan_job(job, *configs, gpu(80))
+    assert plan.choices.time_share
+    assert "each phase alone fits" in plan.choices.reasons["time_share"]
+    # While training, the sleeping vLLM engines hold no weights and no KV cache on the GPU.
+    train = plan.phases["train"].resident
+    assert train["judge_weights"] == train["judge_kv"] == train["rollout_kv"] == 0
+    assert plan.phases["judge"].resident["judge_weights"] == plan.components["judge_weights"]
+    # vLLM's KV budget is what 256 sequences of 512 + 768 tokens need at 56 KiB a token.
+    assert plan.choices.rollout_batch == 256
+    assert plan.choices.rollout_kv_bytes == 256 * (512 + 768) * 56 * 1024
+    assert plan.choices.micro_batch_size * plan.choices.grad_accumulation >= 256
+
+
+def test_24gib_refuses_and_each_suggestion_fits_when_applied(job, configs):
+    plan = plan_job(job, *configs, gpu(24))
+    assert not plan.fits
+    assert plan.overflow[0] == "judge_weights"
+    assert "judge.quantization: nf4" in plan.suggestions
+    for suggestion in plan.suggestions:
+        assert replan(job, configs, gpu(24), suggestion).fits, suggestion
+
+
+def test_24gib_with_an_nf4_judge_time_shares_with_smaller_batches(job, configs):
+    at_80 = plan_job(job, *configs, gpu(80))
+    plan = replan(job, configs, gpu(24), "judge.quantization: nf4")
+    assert plan.fits and plan.choices.time_share
+    assert plan.choices.micro_batch_size < at_80.choices.micro_batch_size
+    assert plan.choices.rollout_weights == "shared"
+    assert "would need" in plan.choices.reasons["micro_batch_size"]
+
+
+def test_8gib_refuses_with_the_student_and_judge_weights_overflowing(job, configs):
+    plan = plan_job(job, *configs, gpu(8))
+    assert not plan.fits
+    assert "judge_weights" in plan.overflow
+    text = plan.render()
+    assert "does not fit" in text and "judge_weights" in text
+
+
+def test_suggestions_combine_changes_when_no_single_one_is_enough(configs):
+    job = parse_job_text(
+        "name: t\nstudent: {model: /models/Qwen2.5-7B-Instruct}\n"
+        "judge: {model: /models/Qwen3-8B, quantization: none}\nrewards: [{name: judge}]\n"
+        "grpo: {group_size: 16, prompts_per_step: 16, max_new_tokens: 1024, max_prompt_tokens: 1024}\n"
+        "student: {model: /models/Qwen2.5-7B-Instruct, gradient_checkpointing: false}\n".replace(
+            "student: {model: /models/Qwen2.5-7B-Instruct}\n", "", 1)
+    )
+    plan = plan_job(job, *configs, gpu(16))
+    assert not plan.fits
+    assert len(plan.suggestions) == 1 and " + " in plan.suggestions[0]
+    assert "judge.quantization: nf4" in plan.suggestions[0]
+    assert replan(job, configs, gpu(16), plan.suggestions[0]).fits
+
+
+def test_judge_sharing_the_student_base_holds_no_judge_weights(configs):
+    job = parse_job_text(
+        "name: t\nstudent: {model: /models/Qwen2.5-7B-Instruct}\n"
+        "judge: {model: /models/Qwen2.5-7B-Instruct, share_student_base: true}\nrewards: [{name: judge}]\n"
+    )
+    plan = plan_job(job, configs[0], None, gpu(40))
+    assert plan.components["judge_weights"] == 0
+    assert plan.phases["judge"].resident["judge_kv"] > 0
+
+
+def test_auto_fit_batches_grow_with_the_budget(job, configs):
+    plans = [plan_job(job.model_copy(update={"judge": job.judge.model_copy(update={"quantization": "nf4"})}),
+                      *configs, gpu(gib)) for gib in (24, 40, 80, 160)]
+    assert all(plan.fits for plan in plans)
+    micro = [plan.choices.micro_batch_size for plan in plans]
+    rollout = [plan.choices.rollout_batch for plan in plans]
+    assert micro == sorted(micro) and rollout == sorted(rollout)
+    assert micro[0] < micro[-1]
+    # With room to spare, the engines stay awake and rollouts get a merged bf16 copy.
+    assert not plans[-1].choices.time_share
+    assert plans[-1].choices.rollout_weights == "merged_copy"
+    assert all(set(plan.choices.reasons) >= {"micro_batch_size", "gradient_checkpointing", "rollout_weights",
+                                             "time_share", "rollout_batch"} for plan in plans)
+
+
+def test_checkpointing_is_chosen_only_when_needed(configs):
+    job = parse_job_text(
+        "name: t\nstudent: {model: /models/Qwen2.5-7B-Instruct}\nrewards: [{name: correctness}]\n"
+        "grpo: {group_size: 4, prompts_per_step: 2, max_new_tokens: 128, max_prompt_tokens: 128}\n"
+    )
+    roomy = plan_job(job, configs[0], None, gpu(80))
+    assert roomy.fits and not roomy.choices.gradient_checkpointing
+    assert roomy.choices.micro_batch_size == 8 and roomy.choices.grad_accumulation == 1
+
+
+def test_the_job_file_fixes_micro_batch_and_checkpointing(configs):
+    job = parse_job_text(
+        "name: t\nstudent: {model: /models/Qwen2.5-7B-Instruct, gradient_checkpointing: false}\n"
+        "rewards: [{name: correctness}]\ngrpo: {micro_batch_size: 2}\n"
+    )
+    plan = plan_job(job, configs[0], None, gpu(80))
+    assert plan.choices.micro_batch_size == 2 and plan.choices.grad_accumulation == 16
+    assert not plan.choices.gradient_checkpointing
+    assert "set by" in plan.choices.reasons["micro_batch_size"]
+
+
+def test_a_memory_budget_in_bytes_is_used_as_given(configs):
+    job = parse_job_text(
+        "name: t\nstudent: {model: /models/Qwen2.5-7B-Instruct}\nrewards: [{name: correctness}]\n"
+        "device: {memory_budget: 20GiB}\n"
+    )
+    assert plan_job(job, configs[0], None, gpu(80)).budget_bytes == 20 * GIB
+
+
+def test_to_dict_carries_every_number_in_bytes(job, configs):
+    document = plan_job(job, *configs, gpu(80)).to_dict()
+    assert document["fits"] is True
+    assert set(document["components"]) >= {"student_weights", "student_lora", "optimizer", "activations",
+                                            "rollout_kv", "judge_weights", "judge_kv", "runtime"}
+    assert document["choices"]["rollout_kv_bytes"] == document["phases"]["generate"]["resident"]["rollout_kv"]
+    assert all(isinstance(v, int) for v in document["components"].values())
