@@ -1,0 +1,135 @@
+"""`appliance plan FILE`: the itemized memory plan of a job per phase, against the budget.
+
+Exit 0 when it fits, 3 when it does not (with the overflowing components and
+the job-file changes that would fit), 2 on bad input. Only each model's
+config.json is needed: from `--model-config NAME=PATH`, else the model store
+or the model's folder, else a shipped shape whose name matches the model
+(Qwen2.5-7B-Instruct -> Qwen2.5-7B), so a GPU box can be planned from a laptop.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from appliance.cli.main import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, add_data_dir, data_dir_of
+
+
+class PlanInputError(ValueError):
+    """Bad command-line input; the message says what to change."""
+
+
+def register(subparsers) -> None:
+    plan = subparsers.add_parser(
+        "plan",
+        help="itemized memory plan per phase against the device budget (exit 3 when it does not fit)",
+        description="Plan a job's memory per phase (generate, judge, train) against the budget. "
+                    "Exit 0 when it fits, 3 when it does not, 2 on bad input.",
+    )
+    plan.add_argument("file", type=Path, metavar="FILE")
+    plan.add_argument("--device-memory", metavar="SIZE",
+                      help="plan for a device of this size (e.g. 80GiB) instead of probing this machine; "
+                           "the device is then taken to be CUDA unless --device says otherwise")
+    plan.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                      help="the device kind (default: CUDA when visible, else the CPU)")
+    plan.add_argument("--model-config", action="append", default=[], metavar="NAME=PATH",
+                      help="config.json to use for the model named NAME in the job (repeatable)")
+    plan.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_data_dir(plan)
+    plan.set_defaults(handler=_plan)
+
+
+def _overrides(items: list[str]) -> dict[str, Path]:
+    overrides = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise PlanInputError(f"--model-config '{item}': write NAME=path/to/config.json")
+        overrides[name] = Path(path)
+    return overrides
+
+
+def _matches(reference: str, name: str) -> bool:
+    return name == reference or name == reference.rstrip("/").rsplit("/", 1)[-1]
+
+
+def resolve_config(key: str, reference: str, data_dir: Path, overrides: dict[str, Path]) -> tuple[dict, str]:
+    """The config.json of a job's model, and where it came from."""
+    from appliance.budget.shapes import fixture_for, fixture_names, load_config
+    from appliance.models.store import ModelStoreError, resolve_model
+
+    for name, path in overrides.items():
+        if _matches(reference, name):
+            return load_config(path), str(path)
+    try:
+        folder = resolve_model(reference, data_dir, verify=False)
+        return load_config(folder / "config.json"), str(folder / "config.json")
+    except ModelStoreError as exc:
+        store_problem = str(exc)
+    fixture = fixture_for(reference)
+    if fixture is not None:
+        return load_config(fixture), f"shipped shape {fixture.stem}"
+    raise PlanInputError(
+        f"{key}: no config.json for '{reference}' ({store_problem}; no shipped shape matches: "
+        f"{', '.join(fixture_names())}); pass --model-config {reference}=path/to/config.json"
+    )
+
+
+def _device(args):
+    from appliance.budget.device import DeviceInfo, probe_device
+    from appliance.config.sizes import parse_bytes
+
+    if args.device_memory:
+        try:
+            total = parse_bytes(args.device_memory)
+        except ValueError as exc:
+            raise PlanInputError(f"--device-memory: {exc}") from None
+        if total <= 0:
+            raise PlanInputError("--device-memory: the device size must be above zero")
+        return DeviceInfo(args.device or "cuda", total, 0, "(--device-memory)")
+    try:
+        return probe_device(args.device)
+    except RuntimeError as exc:
+        raise PlanInputError(str(exc)) from None
+
+
+def _plan(args) -> int:
+    from appliance.budget.plan import plan_job
+    from appliance.budget.shapes import ShapeError
+    from appliance.config.load import JobFileError, load_job
+
+    try:
+        job = load_job(args.file)
+    except JobFileError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        overrides = _overrides(args.model_config)
+        data_dir = data_dir_of(args)
+        student_config, student_source = resolve_config("student.model", job.student.model, data_dir, overrides)
+        judge_config, judge_source = None, None
+        if job.judge is not None and not job.judge.share_student_base:
+            judge_config, judge_source = resolve_config("judge.model", job.judge.model, data_dir, overrides)
+        device = _device(args)
+        plan = plan_job(job, student_config, judge_config, device)
+    except (PlanInputError, ShapeError, ValueError) as exc:
+        print(f"error: {args.file}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        document = plan.to_dict()
+        document["file"] = str(args.file)
+        document["model_configs"] = {"student": student_source, "judge": judge_source}
+        print(json.dumps(document, indent=2))
+    else:
+        print(f"{args.file}: job '{job.name}'")
+        print(f"student {job.student.model} ({student_source})"
+              + (f", judge {job.judge.model} ({judge_source or 'student base'})" if job.judge else ""))
+        print(plan.render())
+    if not plan.fits:
+        if not args.json:
+            print(f"error: {args.file}: does not fit the {plan.budget_bytes / 2**30:.2f} GiB budget; "
+                  + ("change " + " or ".join(plan.suggestions) if plan.suggestions else "use a larger device"),
+                  file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
+    return EXIT_OK
