@@ -73,9 +73,9 @@ class TaskSpec(Spec):
     few_shot: list[FewShotExample] = []
     # builtin:multiply operand range (inclusive).
     operand_min: int = 2
-    operand_max: int = 12
+    operand_max: int = 20
     # Problems kept out of training for evaluation (first N of the shuffled set).
-    held_out: Annotated[int, Field(ge=0)] = 200
+    held_out: Annotated[int, Field(ge=0)] = 100
     seed: int = 0
 
     @model_validator(mode="after")

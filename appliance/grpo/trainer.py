@@ -152,7 +152,7 @@ class Trainer:
 
     def _metrics(self, scored: ScoredRollout, stats: UpdateStats, generated_tokens: int, seconds: dict) -> dict:
         lengths = [len(c.token_ids) for c in scored.flat]
-        per_function = scored.scores.stats()
+        per_function = {name: {"mean": s.mean, "std": s.std} for name, s in scored.scores.stats().items()}
         generate_seconds = seconds.get("generate", 0.0)
         return {
             "step": self.step,
@@ -224,6 +224,10 @@ class Trainer:
         if improved:
             self.checkpoints.update_best(path / "adapter", {"step": self.step, metric_name: value})
         return path
+
+    def rewards_for_eval(self) -> list[WeightedReward]:
+        """Rule rewards only: evaluation does not spend judge calls."""
+        return [reward for reward in self.rewards if reward.name != "judge"]
 
     def run(self) -> list[dict]:
         records = []

@@ -86,7 +86,7 @@ class GrpoUpdater:
             self.optimizer.zero_grad(set_to_none=True)
             for micro, old_logp in zip(micro_batches, old):
                 output = self._micro_step(micro, old_logp, normalizer, diffs)
-                stats.loss += float(output.loss)
+                stats.loss += float(output.loss.detach())
                 stats.kl += output.kl_mean / len(micro_batches)
                 stats.clip_ratio += output.clip_ratio / len(micro_batches)
                 stats.micro_batches += 1

@@ -68,4 +68,22 @@ def load_causal_lm(model_dir: Path, quantization: str = "none", compute_dtype: t
     model.eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
+    keep_trainable_4bit_layout(model)
     return model
+
+
+def keep_trainable_4bit_layout(model) -> None:
+    """Stop bitsandbytes from repacking 4-bit weights for its CPU inference kernel.
+
+    On CPUs with AVX512-BF16, bitsandbytes 0.50 converts a Linear4bit's weights
+    in place the first time it runs in eval mode without gradients (bf16 absmax,
+    a kernel without autograd). Generation would then change the weights the
+    trainer backpropagates through; keep the one training-capable layout.
+    """
+    try:
+        from bitsandbytes.nn import Linear4bit
+    except ImportError:
+        return
+    for module in model.modules():
+        if isinstance(module, Linear4bit):
+            module.support_avx512bf16_for_cpu = False

@@ -1,0 +1,76 @@
+"""`appliance eval FILE [--adapter DIR] [--data JSONL] [--limit N] [--json]`: greedy accuracy of a policy.
+
+Without --adapter the base model is evaluated (the adapter disabled). --adapter
+takes a checkpoint folder (checkpoints/step-NNNNNN), its adapter/ folder, or best/.
+Without --data the job's held-out problems are used.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+from appliance.cli.main import EXIT_BAD_INPUT, EXIT_OK, add_data_dir, data_dir_of
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("eval", help="greedy accuracy and mean rewards on a dataset")
+    parser.add_argument("file", type=Path, help="job YAML file (model, task, rewards)")
+    parser.add_argument("--adapter", type=Path, default=None, help="checkpoint, adapter or best/ folder")
+    parser.add_argument("--data", type=Path, default=None, help="JSONL with question/answer rows (default: held-out)")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_data_dir(parser)
+    parser.set_defaults(handler=_eval)
+
+
+def adapter_folder(path: Path) -> Path:
+    """Accept a checkpoint folder, its adapter/ folder, or best/."""
+    for candidate in (path, path / "adapter"):
+        if (candidate / "adapter_model.safetensors").is_file():
+            return candidate
+    raise FileNotFoundError(f"{path} holds no adapter_model.safetensors (give a checkpoint, adapter or best/ folder)")
+
+
+def _eval(args) -> int:
+    from appliance.config.checks import load_checked_job
+    from appliance.config.load import JobFileError
+    from appliance.engines.hf import HFEngine
+    from appliance.grpo.evaluate import evaluate
+    from appliance.grpo.student import Student
+    from appliance.models.loading import default_device
+    from appliance.models.store import ModelStoreError, resolve_model
+    from appliance.rewards.registry import build_rewards
+    from appliance.tasks.base import TaskError
+    from appliance.tasks.jsonl import load_jsonl_problems
+    from appliance.tasks.load import load_task
+
+    data_dir = data_dir_of(args)
+    try:
+        spec = load_checked_job(args.file, data_dir)
+        task = load_task(spec.task, args.file.resolve().parent)
+        problems = load_jsonl_problems(args.data) if args.data else task.held_out
+        adapter = adapter_folder(args.adapter) if args.adapter else None
+        student = Student(spec.student, resolve_model(spec.student.model, data_dir), default_device())
+        if adapter:
+            student.load_adapter(adapter)
+    except (JobFileError, ModelStoreError, TaskError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    problems = [p for p in problems if p.answer is not None][: args.limit]  # no reference: no accuracy
+    rewards = build_rewards([r for r in spec.rewards if r.name != "judge"], args.file.resolve().parent)
+    engine = HFEngine(student.model, student.tokenizer, name=spec.student.model)
+    with nullcontext() if adapter else student.model.disable_adapter():
+        result = evaluate(engine, task, problems, rewards, spec.grpo.max_new_tokens)
+    report = {"job": spec.name, "adapter": str(adapter) if adapter else None, **result.to_dict()}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    print(f"{spec.name} ({'adapter ' + str(adapter) if adapter else 'base model'}) on {result.problems} problems: "
+          f"accuracy {result.accuracy:.1%}, format compliance {result.format_compliance:.1%}, "
+          f"{result.seconds:.1f} s")
+    for name, value in result.reward_means.items():
+        print(f"  {name:<16} {value:.3f}")
+    return EXIT_OK

