@@ -28,11 +28,17 @@ CPU_LIBRARIES_BYTES = 450 * 2**20
 # ... plus what from_pretrained leaves resident besides the weights (mapped
 # safetensors pages, allocator arenas): measured 320 MiB.
 CPU_LOAD_RESIDUE_BYTES = 320 * 2**20
-CPU_RUNTIME_BYTES = CPU_LIBRARIES_BYTES + CPU_LOAD_RESIDUE_BYTES
+# ... plus what the first forward pass through bitsandbytes' CPU path and oneDNN
+# keeps for the life of the process: measured 280 MiB.
+CPU_FIRST_USE_BYTES = 280 * 2**20
+CPU_RUNTIME_BYTES = CPU_LIBRARIES_BYTES + CPU_LOAD_RESIDUE_BYTES + CPU_FIRST_USE_BYTES
 # CUDA context, cuBLAS workspaces and kernels of one process on the GPU.
 CUDA_CONTEXT_BYTES = 600 * 2**20
 # Caching-allocator fragmentation on the GPU, as a fraction of everything else in a phase.
 CUDA_ALLOCATOR_SLACK = 0.05
+
+# vLLM's default max_num_batched_tokens with chunked prefill: tokens per forward pass.
+VLLM_MAX_BATCHED_TOKENS = 8192
 
 OPTIMIZER_BYTES_PER_PARAM = {"adamw_32bit": 2 * 4, "paged_adamw_8bit": 2 * 1}
 
@@ -41,9 +47,9 @@ OPTIMIZER_BYTES_PER_PARAM = {"adamw_32bit": 2 * 4, "paged_adamw_8bit": 2 * 1}
 LOGITS_COPIES_IN_TRAINING = 4
 # On the CPU, RSS grows past the live tensors: glibc keeps freed blocks in its
 # arenas, bitsandbytes' CPU path dequantizes weights into temporaries and
-# oneDNN keeps scratch buffers. Measured: 1.55x the tensor arithmetic for
-# SmolLM2-135M nf4 + LoRA, 32 x 72 tokens (bench/memory_plan.py).
-CPU_ACTIVATION_OVERHEAD = 1.55
+# oneDNN keeps scratch buffers. Measured: 1.62x the tensor arithmetic for
+# SmolLM2-135M nf4 + LoRA, 32 x 72 tokens, logits for 25 (bench/memory_plan.py).
+CPU_ACTIVATION_OVERHEAD = 1.62
 
 
 def weights_bytes(shape: ModelShape, quantization: str, dtype_bytes: int, double_quant: bool = False) -> int:
@@ -133,17 +139,21 @@ def activation_bytes(
     return int((layers + logits) * overhead)
 
 
-def generation_working_bytes(shape: ModelShape, batch: int, prompt_tokens: int, dtype_bytes: int) -> int:
+def generation_working_bytes(shape: ModelShape, batch: int, prompt_tokens: int, dtype_bytes: int,
+                             engine: str = "hf") -> int:
     """Transient memory of generation besides the KV cache.
 
     Both engines compute logits for the last position only (transformers sets
     `logits_to_keep=1`); sampling keeps fp32 logits and probabilities per
-    sequence. Prefill runs one layer at a time over the whole prompt: its
-    hidden states, q/k/v and the SwiGLU intermediates are the largest
-    temporaries.
+    sequence. Prefill runs one layer at a time: its hidden states, q/k/v and
+    SwiGLU intermediates are the largest temporaries. transformers prefills the
+    whole batch at once; vLLM at most `VLLM_MAX_BATCHED_TOKENS` per forward.
     """
     sampling = 2 * batch * shape.vocab * FP32
-    prefill = batch * prompt_tokens * (3 * shape.hidden + 3 * shape.intermediate) * dtype_bytes
+    tokens = batch * prompt_tokens
+    if engine == "vllm":
+        tokens = min(tokens, VLLM_MAX_BATCHED_TOKENS)
+    prefill = tokens * (3 * shape.hidden + 3 * shape.intermediate) * dtype_bytes
     return sampling + prefill
 
 

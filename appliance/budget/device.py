@@ -77,3 +77,24 @@ def probe_device(kind: str | None = None) -> DeviceInfo:
         if kind == "cuda":
             raise RuntimeError("no CUDA device is visible; plan with --device-memory SIZE or use --device cpu")
     return DeviceInfo("cpu", cpu_total_bytes(), process_rss_bytes(), os.uname().machine)
+
+
+def reset_peak(kind: str) -> None:
+    """Start a new peak measurement (before a phase): CUDA's allocator peak, or the process's VmHWM."""
+    if kind == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        # Linux: writing 5 to clear_refs resets VmHWM to the current RSS.
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_bytes(kind: str, status: Path = SELF_STATUS) -> int:
+    """Peak memory since the last reset_peak: reserved by PyTorch on CUDA, or resident (VmHWM) on the CPU."""
+    if kind == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_reserved())
+    return _kib_field(status.read_text(), "VmHWM") or 0
+

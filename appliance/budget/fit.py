@@ -3,11 +3,12 @@
 The open choices are searched with cheap arithmetic (see `candidates`) and the
 best plan that fits is kept. "Best" ranks what costs the most
 time first: a bigger rollout batch (generation dominates a GRPO step), then a
-bigger judge batch, then keeping every engine awake (no wake/sleep per step),
-then training throughput (micro-batch tokens up to about 16k, past which a
-GPU is saturated; checkpointing costs about a third more compute), and last a
-merged rollout copy of the weights (faster generation, worth the memory once
-nothing more important needs it). Values the
+bigger judge batch, then training throughput (micro-batch tokens up to about
+16k, past which a GPU is saturated; checkpointing costs about a third more
+compute), then keeping every engine awake (sleep and wake cost seconds per
+step, less than a starved trainer), and last a merged rollout copy of the
+weights (faster generation, worth the memory once nothing more important
+needs it). Values the
 job file sets are taken as given. Each choice records why it was made.
 """
 
@@ -42,7 +43,7 @@ def _rank(s: Sizing, sequence_tokens: int) -> tuple:
     # Past ~16k tokens a micro-batch no longer speeds training up; a merged copy still speeds generation.
     tokens = min(s.micro_batch_size * sequence_tokens, SATURATING_MICRO_BATCH_TOKENS)
     train = tokens * (CHECKPOINTING_COMPUTE_COST if s.gradient_checkpointing else 1.0)
-    return (s.rollout_batch, s.judge_batch, not s.time_share, train, s.rollout_weights == "merged_copy")
+    return (s.rollout_batch, s.judge_batch, train, not s.time_share, s.rollout_weights == "merged_copy")
 
 
 def _largest(values: list[int], fits) -> int | None:

@@ -97,9 +97,10 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
     rollout_persistent = work.rollout_engine == "vllm" and not s.time_share
     judge_persistent = work.judge_engine == "vllm" and not s.time_share
     working = {
-        "generate": c.generation_working_bytes(work.student, s.rollout_batch, work.prompt_tokens, work.dtype_bytes),
+        "generate": c.generation_working_bytes(work.student, s.rollout_batch, work.prompt_tokens, work.dtype_bytes,
+                                               work.rollout_engine),
         "judge": c.generation_working_bytes(work.judge or work.student, s.judge_batch, work.judge_prompt_tokens,
-                                            work.dtype_bytes),
+                                            work.dtype_bytes, work.judge_engine),
         "train": sizes["activations"],
     }
     names = ["generate", "judge", "train"] if work.judge is not None else ["generate", "train"]

@@ -50,6 +50,16 @@ class Plan:
             "suggestions": list(self.suggestions),
         }
 
+    def refusal(self) -> str:
+        """One sentence for stderr or an API error: why the job is refused and what to change."""
+        if self.fits:
+            return ""
+        worst = max(self.phases.values(), key=lambda p: p.peak_bytes)
+        change = ("change " + " or ".join(self.suggestions) if self.suggestions
+                  else "no change to the job fits; use a larger device or a smaller model")
+        return (f"the {worst.name} phase needs {format_bytes(worst.peak_bytes)}, more than the "
+                f"{format_bytes(self.budget_bytes)} budget (overflowing: {', '.join(self.overflow)}); {change}")
+
     def render(self) -> str:
         """The plan for people: one column per phase, GiB on screen."""
         names = list(self.phases)

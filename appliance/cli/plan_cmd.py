@@ -128,8 +128,6 @@ def _plan(args) -> int:
         print(plan.render())
     if not plan.fits:
         if not args.json:
-            print(f"error: {args.file}: does not fit the {plan.budget_bytes / 2**30:.2f} GiB budget; "
-                  + ("change " + " or ".join(plan.suggestions) if plan.suggestions else "use a larger device"),
-                  file=sys.stderr)
+            print(f"error: {args.file}: does not fit: {plan.refusal()}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT
     return EXIT_OK

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.budget.device import cgroup_limit_bytes, cpu_total_bytes, probe_device, process_rss_bytes
+from appliance.budget.device import (
+    cgroup_limit_bytes, cpu_total_bytes, peak_bytes, probe_device, process_rss_bytes, reset_peak,
+)
 
 MEMINFO = "MemTotal:       24683520 kB\nMemFree:        16000000 kB\n"
 
@@ -70,3 +72,15 @@ def test_probe_cuda_without_a_gpu_says_how_to_plan_instead():
 def test_unknown_device_kind_is_refused():
     with pytest.raises(ValueError, match="use cpu or cuda"):
         probe_device("tpu")
+
+
+def test_cpu_peak_covers_a_freed_block_and_resets_for_the_next_phase():
+    reset_peak("cpu")
+    block = bytearray(256 * 2**20)
+    for index in range(0, len(block), 4096):
+        block[index] = 1
+    with_block = peak_bytes("cpu")
+    del block
+    assert with_block - process_rss_bytes() >= 200 * 2**20
+    reset_peak("cpu")
+    assert peak_bytes("cpu") < with_block - 200 * 2**20

@@ -28,7 +28,8 @@ def test_24gib_exits_3_with_the_overflow_and_a_change_that_fits(capsys, tmp_path
     captured = capsys.readouterr()
     assert "overflowing: judge_weights 15.26 GiB" in captured.out
     assert "judge.quantization: nf4" in captured.out
-    assert "does not fit the 21.60 GiB budget; change judge.quantization: nf4" in captured.err
+    assert "more than the 21.60 GiB budget (overflowing: judge_weights); change judge.quantization: nf4" \
+        in captured.err
 
 
 def test_24gib_with_the_suggested_change_fits_time_shared(capsys, tmp_path):
