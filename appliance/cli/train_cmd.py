@@ -50,7 +50,8 @@ def _train(args) -> int:
         step = trainer.resume()
         print(f"resumed '{spec.name}' at step {step}" if step else f"no checkpoint in {job_dir}; starting at step 0")
     print(f"job '{spec.name}' in {job_dir}: {spec.grpo.steps} steps, micro-batch {trainer.micro_batch_size}, "
-          f"gradient checkpointing {'on' if trainer.choices.gradient_checkpointing else 'off'}", flush=True)
+          f"gradient checkpointing {'on' if trainer.choices.gradient_checkpointing else 'off'}, "
+          f"rollouts on {trainer.choices.rollout_weights} weights", flush=True)
     summary: dict = {"job_dir": str(job_dir)}
     held_out = trainer.task.held_out[: args.eval_limit] if args.eval_limit else trainer.task.held_out
     if args.eval and trainer.step == 0:

@@ -95,7 +95,14 @@ def decide_choices(spec: JobSpec, device: str, student_dir: Path, judge_dir: Pat
         reasons["gradient_checkpointing"] = plan.choices.reasons.get("gradient_checkpointing", "budget plan")
     else:
         checkpointing, reasons["gradient_checkpointing"] = False, "default"
-    return RuntimeChoices(device, micro, checkpointing, reasons), plan
+    if spec.engine.rollout_weights != "auto":
+        weights, reasons["rollout_weights"] = spec.engine.rollout_weights, "set in the job file"
+    elif plan is not None:
+        weights = plan.choices.rollout_weights
+        reasons["rollout_weights"] = plan.choices.reasons.get("rollout_weights", "budget plan")
+    else:
+        weights, reasons["rollout_weights"] = "shared", "default"
+    return RuntimeChoices(device, micro, checkpointing, weights, reasons), plan
 
 
 def rollout_engine_kind(spec: JobSpec, device: str) -> str:
@@ -113,7 +120,7 @@ def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Pa
     task = load_task(spec.task, job_file_dir)
     choices, plan = decide_choices(spec, device, student_dir, judge_dir)
     student = Student(spec.student, student_dir, device, choices.gradient_checkpointing)
-    engine = make_rollout_engine(spec, student, student_dir, device)
+    engine = make_rollout_engine(spec, student, student_dir, device, choices.rollout_weights)
     judge = make_judge(spec, student, judge_dir, job_dir, device) if spec.judge else None
     rewards = build_rewards(spec.rewards, job_file_dir, judge=judge)
     trainer = Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, progress=progress)
@@ -121,12 +128,16 @@ def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Pa
     return trainer
 
 
-def make_rollout_engine(spec: JobSpec, student: Student, student_dir: Path, device: str):
+def make_rollout_engine(spec: JobSpec, student: Student, student_dir: Path, device: str, rollout_weights: str):
     kind = rollout_engine_kind(spec, device)
     if kind == "vllm":
         from appliance.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine.for_student(spec, student_dir, student)
+    if rollout_weights == "merged_copy":
+        from appliance.engines.merged_copy import MergedCopyEngine
+
+        return MergedCopyEngine(student, student_dir, name=spec.student.model)
     return HFEngine(student.model, student.tokenizer, name=spec.student.model)
 
 

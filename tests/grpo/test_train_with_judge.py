@@ -1,0 +1,46 @@
+"""A short GRPO run whose reward includes the local judge (the bundled model judging itself)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from appliance.cli.main import main
+
+pytestmark = pytest.mark.model
+
+
+def _job(share_student_base: bool) -> dict:
+    return {
+        "name": "judge-run",
+        "student": {"model": "smollm2-135m-instruct", "quantization": "nf4", "lora": {"rank": 8, "alpha": 16}},
+        "judge": {"model": "smollm2-135m-instruct", "mode": "pointwise", "max_new_tokens": 24,
+                  "share_student_base": share_student_base},
+        "task": {"dataset": "builtin:multiply", "held_out": 100,
+                 "system_prompt": "Reply with the answer in the form <answer>N</answer>."},
+        "rewards": [{"name": "correctness", "weight": 1.0}, {"name": "judge", "weight": 1.0}],
+        "grpo": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 12, "steps": 2, "micro_batch_size": 8},
+        "checkpoint": {"every": 2},
+    }
+
+
+def test_training_with_judge_reward_completes_and_logs_every_call(tmp_path, store_data_dir, capsys):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(_job(share_student_base=True)))
+    assert main(["train", str(job_file), "--data-dir", str(store_data_dir), "--restart"]) == 0
+    job_dir = store_data_dir / "jobs" / "judge-run"
+    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for record in metrics:
+        judge = record["rewards"]["judge"]
+        assert 0.0 <= judge["mean"] <= 1.0 and judge["std"] >= 0.0
+    calls = [json.loads(line) for line in (job_dir / "judge.jsonl").read_text().splitlines()]
+    assert {call["step"] for call in calls} == {1, 2}
+    # pointwise: one logged call per completion judged (4 x 2 per step), cached repeats excepted
+    assert 1 <= len(calls) <= 16
+    for call in calls:
+        assert call["outcome"] in ("ok", "parse_error", "timeout")
+        assert {"mode", "prompt", "raw_output", "scores", "retries", "latency_seconds"} <= set(call)
+    assert (job_dir / "checkpoints" / "step-000002" / "adapter" / "adapter_model.safetensors").is_file()

@@ -1,0 +1,46 @@
+"""The learning test: GRPO on examples/multiply.yaml makes the bundled model measurably better.
+
+Trains the real 4-bit + LoRA student on the CPU with the demo job (exactly as
+`make demo` does) and compares greedy held-out accuracy before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+
+MIN_ACCURACY_GAIN = 0.15
+MIN_FORMAT_COMPLIANCE = 0.90
+
+
+def test_multiply_demo_improves_held_out_accuracy(tmp_path, store_data_dir):
+    data_dir = tmp_path / "data"
+    (data_dir / "models").mkdir(parents=True)
+    for model in (store_data_dir / "models").iterdir():
+        if not model.name.startswith("."):
+            os.symlink(model, data_dir / "models" / model.name)
+    result = subprocess.run(
+        [sys.executable, "-m", "appliance", "train", str(REPO_ROOT / "examples" / "multiply.yaml"),
+         "--data-dir", str(data_dir), "--eval"],
+        capture_output=True, text=True, timeout=20 * 60,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((data_dir / "jobs" / "multiply-demo" / "eval.json").read_text())
+    before, after = summary["before"], summary["after"]
+    print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}, "
+          f"format {before['format_compliance']:.3f} -> {after['format_compliance']:.3f}")
+    assert before["problems"] >= 100 and after["problems"] == before["problems"]
+    assert after["accuracy"] - before["accuracy"] >= MIN_ACCURACY_GAIN
+    assert after["format_compliance"] >= MIN_FORMAT_COMPLIANCE
+    metrics = [json.loads(line) for line in (data_dir / "jobs" / "multiply-demo" / "metrics.jsonl").read_text().splitlines()]
+    first, last = metrics[: len(metrics) // 3], metrics[-(len(metrics) // 3):]
+    assert sum(m["reward_mean"] for m in last) / len(last) > sum(m["reward_mean"] for m in first) / len(first)
