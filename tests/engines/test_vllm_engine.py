@@ -101,12 +101,13 @@ def test_sampled_logprobs_match_transformers(engine, hf_model):
     assert metric_after - (metric_before or 0.0) == generated
 
 
-def save_random_adapter(demo_model_dir, adapter_dir, seed: int, lora_b_std: float = 0.02):
+def save_random_adapter(demo_model_dir, adapter_dir, seed: int, lora_b_std: float = 0.05):
     """A peft LoRA (r=8 on q/k/v/o) whose B matrices are random, so it changes outputs; returns the peft model."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    torch.manual_seed(seed)  # lora_A's initialisation
     base = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32)
     config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     model = get_peft_model(base, config)
@@ -148,3 +149,27 @@ def test_adapter_update_moves_logprob_like_peft(engine, hf_model, demo_model_dir
     engine.generate([prompt_text], Sampling(max_new_tokens=2, temperature=1.0, seed=0))
     assert engine.last_served_adapter_version == 2
     assert set(engine.llm.llm_engine.list_loras()) == {2}
+
+
+def test_judge_engine_beside_the_student_keeps_metrics_apart(engine, demo_model_dir):
+    """vLLM unregisters the first LLM's vllm:* collectors when a second starts; each engine still reads its own."""
+    from appliance.engines.base import Sampling
+    from appliance.engines.vllm_engine import VLLMEngine
+    from appliance.engines.vllm_metrics import sample_value
+
+    student_before = sample_value(engine.metrics_snapshot()["families"], "vllm:generation_tokens_total", model_name="student")
+    judge = VLLMEngine(demo_model_dir, model_name="judge", kv_cache_bytes=GIB, max_model_len=512, dtype="float32", enable_lora=False)
+    try:
+        print(f"\njudge engine start: {judge.start_seconds:.1f} s")
+        prompt = judge.render_chat([{"role": "user", "content": "Score this answer from 0 to 10: 56"}])
+        (group,) = judge.generate([prompt], Sampling(max_new_tokens=4, temperature=0.0))
+        judge_snapshot, student_snapshot = judge.metrics_snapshot(), engine.metrics_snapshot()
+    finally:
+        judge.close()
+
+    assert len(group[0].token_ids) >= 1
+    assert judge_snapshot["model_name"] == "judge"
+    assert sample_value(judge_snapshot["families"], "vllm:generation_tokens_total", model_name="judge") == len(group[0].token_ids)
+    assert sample_value(judge_snapshot["families"], "vllm:generation_tokens_total", model_name="student") is None
+    assert student_before is not None
+    assert sample_value(student_snapshot["families"], "vllm:generation_tokens_total", model_name="student") == student_before
