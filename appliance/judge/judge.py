@@ -32,7 +32,8 @@ from appliance.engines.base import Completion, EngineCounters, GenerationEngine,
 from appliance.judge.cache import VerdictCache, cache_key
 from appliance.judge.log import JudgeLog
 from appliance.judge.parse import JudgeOutputError, parse_group, parse_pointwise
-from appliance.judge.prompts import group_ids, group_messages, pointwise_messages, retry_messages
+from appliance.judge.prompts import (GROUP_PREFILL, POINTWISE_PREFILL, group_ids, group_messages, pointwise_messages,
+                                     retry_messages)
 
 if TYPE_CHECKING:
     from appliance.rewards.registry import RewardSample
@@ -50,6 +51,8 @@ class _Request:
     parse: Callable[[str], list[float]]
     max_new_tokens: int
     sample_indices: list[int]
+    # The start of the answer, written into the prompt (prompts.POINTWISE_PREFILL / GROUP_PREFILL).
+    prefill: str = ""
     prompt_text: str = ""
     outputs: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -65,12 +68,13 @@ class _Request:
         return retry_messages(self.messages, self.outputs[-1], self.errors[-1])
 
     def record(self, completion: Completion, seconds: float) -> None:
-        self.outputs.append(completion.text)
+        answer = self.prefill + completion.text
+        self.outputs.append(answer)
         self.tokens_in += len(completion.prompt_token_ids)
         self.tokens_out += len(completion.token_ids)
         self.latency_seconds += seconds
         try:
-            self.scores = self.parse(completion.text)
+            self.scores = self.parse(answer)
         except JudgeOutputError as error:
             self.errors.append(str(error))
 
@@ -162,6 +166,7 @@ class Judge:
                     parse=lambda text: [parse_pointwise(text).score],
                     max_new_tokens=self.spec.max_new_tokens,
                     sample_indices=[index],
+                    prefill=POINTWISE_PREFILL,
                 )
         return scores, list(requests.values())
 
@@ -188,6 +193,7 @@ class Judge:
                 # max_new_tokens is the budget per judged response.
                 max_new_tokens=self.spec.max_new_tokens * len(indices),
                 sample_indices=indices,
+                prefill=GROUP_PREFILL,
             ))
         return scores, requests
 
@@ -200,7 +206,7 @@ class Judge:
         pending = list(requests)
         attempt = 0
         while pending:
-            prompts = [self.engine.render_chat(request.next_messages()) for request in pending]
+            prompts = [self.engine.render_chat(request.next_messages()) + request.prefill for request in pending]
             for request, prompt in zip(pending, prompts):
                 request.prompt_text = request.prompt_text or prompt
             sampling = Sampling(max_new_tokens=max(r.max_new_tokens for r in pending), n=1,
@@ -236,6 +242,7 @@ class Judge:
             "step": self.step,
             "mode": self.spec.mode,
             "prompt": request.prompt_text,
+            # The answer as parsed: the prefill the prompt ended with, then the generated text.
             "raw_output": request.outputs[-1] if request.outputs else "",
             "earlier_outputs": request.outputs[:-1],
             "errors": request.errors,

@@ -27,6 +27,14 @@ SYSTEM_PROMPT = "You are a careful, strict grader. You answer with a single JSON
 POINTWISE_FORMAT = 'Reply with only this JSON object: {"score": <integer from 0 to 10>, "reason": "<one short sentence>"}'
 
 
+# The judge's answer is started for it: the prompt ends with the opening of the
+# JSON, so even a small model continues with a score instead of answering the
+# question itself (measured on SmolLM2-135M: 13 of 16 pointwise answers had no
+# JSON without it). The parsers read prefill + generated text.
+POINTWISE_PREFILL = '{"score": '
+GROUP_PREFILL = '{"scores": [{"id": "1", "score": '
+
+
 def group_format(ids: list[str]) -> str:
     example = ", ".join(f'{{"id": "{i}", "score": <0-10>, "explanation": "<short>"}}' for i in ids[:2])
     more = ", ..." if len(ids) > 2 else ""

@@ -23,7 +23,11 @@ def sample(completion: str, group: int = 0, prompt: str = "What is 6 x 7?", refe
 
 
 def scripted(table: dict[str, str | tuple[str, ...]]):
-    """Answer by the first marker found in the prompt; a tuple gives the answers for attempt 1, 2, ..."""
+    """Answer by the first marker found in the prompt; a tuple gives the answers for attempt 1, 2, ...
+
+    Answers are what the model generates after the prefill the prompt ends with
+    ('{"score": ' pointwise, '{"scores": [{"id": "1", "score": ' in group mode).
+    """
     def answer(prompt: str) -> str:
         attempt = prompt.count(RETRY_MARK)
         for marker, texts in table.items():
@@ -40,7 +44,7 @@ def advantages(scores: list[float], groups: list[int]) -> list[float]:
 
 
 def test_pointwise_judges_a_step_in_one_generate_call(scripted_engine):
-    engine = scripted_engine(scripted({"A1": '{"score": 9, "reason": "right"}', "A2": '{"score": 2, "reason": "wrong"}',
+    engine = scripted_engine(scripted({"A1": '9, "reason": "right"}', "A2": '2, "reason": "wrong"}\nDone.',
                                        "B1": '```json\n{"score": 5}\n```'}))
     judge = Judge(spec(), engine, log_path=None)
     scores = judge([sample("A1"), sample("A2"), sample("B1", group=1, prompt="What is 2 x 3?", reference="6")])
@@ -48,11 +52,12 @@ def test_pointwise_judges_a_step_in_one_generate_call(scripted_engine):
     assert len(engine.calls) == 1 and len(engine.calls[0][0]) == 3
     assert judge.outcomes == {"ok": 3, "parse_error": 0, "timeout": 0}
     assert "Reference answer:\n42" in engine.calls[0][0][0] and "Reference answer:\n6" in engine.calls[0][0][2]
+    # The answer is started for the model, so it continues with a score.
+    assert all(prompt.endswith('</user>\n{"score": ') for prompt in engine.calls[0][0])
 
 
 def test_a_bad_answer_is_retried_at_lower_temperature_with_the_problem_fed_back(scripted_engine):
-    engine = scripted_engine(scripted({"A1": ('{"score": 15}', '{"score": 8, "reason": "ok"}'),
-                                       "A2": '{"score": 4}'}))
+    engine = scripted_engine(scripted({"A1": ('15}', '8, "reason": "ok"}'), "A2": '4}'}))
     judge = Judge(spec(temperature=0.8, retries=2), engine, log_path=None)
     assert judge([sample("A1"), sample("A2")]) == pytest.approx([0.8, 0.4])
     assert [sampling.temperature for _, sampling in engine.calls] == pytest.approx([0.8, 0.4])
@@ -62,8 +67,8 @@ def test_a_bad_answer_is_retried_at_lower_temperature_with_the_problem_fed_back(
 
 
 def test_exhausted_retries_fall_back_to_a_score_with_zero_advantage(scripted_engine):
-    engine = scripted_engine(scripted({"A1": '{"score": 9}', "A2": '{"score": 3}', "A3": "I think it is fine.",
-                                       "B1": '{"score": NaN}', "B2": '{"score": "high"}'}))
+    engine = scripted_engine(scripted({"A1": '9}', "A2": '3}', "A3": "I think it is fine.",
+                                       "B1": 'NaN}', "B2": '"high"}'}))
     judge = Judge(spec(retries=2), engine, log_path=None)
     groups = [0, 0, 0, 1, 1]
     samples = [sample("A1"), sample("A2"), sample("A3"),
@@ -80,7 +85,7 @@ def test_exhausted_retries_fall_back_to_a_score_with_zero_advantage(scripted_eng
 
 
 def test_zero_retries_means_one_attempt(scripted_engine):
-    engine = scripted_engine(scripted({"A1": "", "A2": '{"score": 6}'}))
+    engine = scripted_engine(scripted({"A1": "", "A2": '6}'}))
     judge = Judge(spec(retries=0), engine, log_path=None)
     assert judge([sample("A1"), sample("A2")]) == pytest.approx([0.6, 0.6])
     assert len(engine.calls) == 1 and judge.outcomes["parse_error"] == 1
@@ -88,7 +93,7 @@ def test_zero_retries_means_one_attempt(scripted_engine):
 
 def test_no_retry_starts_after_the_timeout(scripted_engine):
     now = [1000.0]
-    engine = scripted_engine(scripted({"A1": '{"score": 99}', "A2": '{"score": 1}'}),
+    engine = scripted_engine(scripted({"A1": '99}', "A2": '1}'}),
                              on_generate=lambda: now.__setitem__(0, now[0] + 30.0))
     judge = Judge(spec(retries=3, timeout_seconds=20.0), engine, log_path=None, clock=lambda: now[0])
     scores = judge([sample("A1"), sample("A2")])
@@ -97,12 +102,12 @@ def test_no_retry_starts_after_the_timeout(scripted_engine):
     assert scores == pytest.approx([0.1, 0.1])
 
 
-GROUP_ANSWER = '{"scores": [{"id": "1", "score": 2, "explanation": "wrong"}, {"id": "2", "score": 10, "explanation": "right"}]}'
+GROUP_ANSWER = '2, "explanation": "wrong"}, {"id": "2", "score": 10, "explanation": "right"}]}'
 
 
 def test_group_mode_sends_each_group_once_with_response_blocks(scripted_engine):
     engine = scripted_engine(scripted({"What is 6 x 7?": GROUP_ANSWER,
-                                       "What is 2 x 3?": '[{"id": 1, "score": 7}, {"id": 2, "score": 7}, {"id": 3, "score": 0}]'}))
+                                       "What is 2 x 3?": '7}, {"id": 2, "score": 7}, {"id": 3, "score": 0},]}'}))
     judge = Judge(spec(mode="group", max_new_tokens=50), engine, log_path=None)
     samples = [sample("forty"), sample("42"),
                sample("6", group=1, prompt="What is 2 x 3?", reference="6"),
@@ -113,12 +118,13 @@ def test_group_mode_sends_each_group_once_with_response_blocks(scripted_engine):
     assert len(engine.calls) == 1 and len(prompts) == 2
     assert prompts[0].count("What is 6 x 7?") == 1
     assert '<response id="1">\nforty\n</response>' in prompts[0] and '<response id="2">\n42\n</response>' in prompts[0]
+    assert prompts[1].endswith('</user>\n{"scores": [{"id": "1", "score": ')
     assert sampling.max_new_tokens == 150  # the per-response budget times the largest group
     assert judge.outcomes["ok"] == 2
 
 
 def test_group_with_a_missing_id_is_retried_then_scored_as_a_constant(scripted_engine):
-    engine = scripted_engine(scripted({"What is 6 x 7?": '{"scores": [{"id": "1", "score": 9}]}'}))
+    engine = scripted_engine(scripted({"What is 6 x 7?": '9}]}'}))
     judge = Judge(spec(mode="group", retries=1), engine, log_path=None)
     scores = judge([sample("a"), sample("b"), sample("c")])
     assert "missing ids: 2, 3" in engine.calls[1][0][0]
@@ -133,7 +139,7 @@ def test_a_completion_cannot_forge_response_blocks(scripted_engine):
 
 
 def test_identical_pairs_are_judged_once_per_job(scripted_engine):
-    engine = scripted_engine(scripted({"A1": '{"score": 9}', "A2": '{"score": 3}'}))
+    engine = scripted_engine(scripted({"A1": '9}', "A2": '3}'}))
     judge = Judge(spec(), engine, log_path=None)
     assert judge([sample("A1"), sample("A1"), sample("A2")]) == pytest.approx([0.9, 0.9, 0.3])
     assert len(engine.calls[0][0]) == 2
@@ -152,7 +158,7 @@ def test_failures_are_not_cached(scripted_engine):
 
 
 def test_cache_off_judges_every_sample(scripted_engine):
-    engine = scripted_engine(scripted({"A1": '{"score": 9}'}))
+    engine = scripted_engine(scripted({"A1": '9}'}))
     judge = Judge(spec(cache=False), engine, log_path=None)
     judge([sample("A1"), sample("A1")])
     judge([sample("A1")])
@@ -169,7 +175,7 @@ def test_group_cache_is_keyed_by_the_whole_group(scripted_engine):
 
 
 def test_log_has_one_line_per_request_with_its_fields(scripted_engine, tmp_path):
-    engine = scripted_engine(scripted({"A1": ("oops", '{"score": 7, "reason": "ok"}'), "A2": '{"score": 1}'}))
+    engine = scripted_engine(scripted({"A1": ("oops", '7, "reason": "ok"}'), "A2": '1}'}))
     log_path = tmp_path / "jobs" / "7" / "judge.jsonl"
     judge = Judge(spec(), engine, log_path=log_path)
     judge.set_step(12)
@@ -181,25 +187,25 @@ def test_log_has_one_line_per_request_with_its_fields(scripted_engine, tmp_path)
     assert {"step", "mode", "prompt", "raw_output", "scores", "outcome", "retries", "latency_seconds",
             "tokens_in", "tokens_out"} <= set(first)
     assert (first["step"], first["mode"], first["outcome"], first["retries"]) == (12, "pointwise", "ok", 1)
-    assert first["raw_output"] == '{"score": 7, "reason": "ok"}' and first["earlier_outputs"] == ["oops"]
+    assert first["raw_output"] == '{"score": 7, "reason": "ok"}' and first["earlier_outputs"] == ['{"score": oops']
     assert "A1" in first["prompt"] and first["scores"] == [0.7]
     assert first["tokens_in"] > 0 and first["tokens_out"] > 0
     assert lines[1]["assigned"] == [0.1, 0.1]
 
 
 def test_counters_for_metrics(scripted_engine):
-    engine = scripted_engine(scripted({"A1": "one two three", "A2": '{"score": 1}'}))
+    engine = scripted_engine(scripted({"A1": "one two three", "A2": '1}'}))
     judge = Judge(spec(retries=1), engine, log_path=None)
     judge([sample("A1"), sample("A2")])
     stats = judge.stats()
     assert stats["outcomes"] == {"ok": 1, "parse_error": 1, "timeout": 0}
     assert (stats["calls"], stats["requests"], stats["failures"], stats["failure_rate"]) == (2, 2, 1, 0.5)
-    assert stats["generated_tokens"] == 3 + 2 + 3  # A1 twice, A2 once (the scripted engine counts words)
+    assert stats["generated_tokens"] == 3 + 1 + 3  # A1 twice, A2 once (the scripted engine counts words)
     assert stats["prompt_tokens"] == judge.counters.prompt_tokens > 0
 
 
 def test_judge_is_the_judge_batch_reward(scripted_engine, tmp_path):
-    engine = scripted_engine(scripted({"A1": '{"score": 10}', "A2": '{"score": 0}'}))
+    engine = scripted_engine(scripted({"A1": '10}', "A2": '0}'}))
     judge = Judge(spec(), engine, log_path=None)
     assert isinstance(judge, BatchReward) and judge.name == "judge"
     rewards = build_rewards([RewardSpec(name="judge", weight=2.0)], tmp_path, judge=judge)
