@@ -46,10 +46,13 @@ OPTIMIZER_BYTES_PER_PARAM = {"adamw_32bit": 2 * 4, "paged_adamw_8bit": 2 * 1}
 # log-probs and the gradient of the logits are alive at once.
 LOGITS_COPIES_IN_TRAINING = 4
 # On the CPU, RSS grows past the live tensors: glibc keeps freed blocks in its
-# arenas, bitsandbytes' CPU path dequantizes weights into temporaries and
-# oneDNN keeps scratch buffers. Measured: 1.62x the tensor arithmetic for
-# SmolLM2-135M nf4 + LoRA, 32 x 72 tokens, logits for 25 (bench/memory_plan.py).
-CPU_ACTIVATION_OVERHEAD = 1.62
+# arenas, bitsandbytes' CPU path dequantizes each weight into temporaries in
+# forward and again in backward, oneDNN keeps scratch buffers. Fitted to two
+# runs of bench/memory_plan.py (SmolLM2-135M nf4 + LoRA, 32 x 72 tokens, with
+# and without checkpointing): RSS = 1.15 x the tensor arithmetic + 3.1 x
+# layers x (hidden + intermediate) elements per token.
+CPU_ACTIVATION_OVERHEAD = 1.15
+CPU_RETAINED_PER_TOKEN_LAYER_WIDTHS = 3.1
 
 
 def weights_bytes(shape: ModelShape, quantization: str, dtype_bytes: int, double_quant: bool = False) -> int:
@@ -135,8 +138,10 @@ def activation_bytes(
     else:
         layers = shape.layers * per_layer
     logits = LOGITS_COPIES_IN_TRAINING * micro_batch * logit_tokens * shape.vocab * FP32
-    overhead = CPU_ACTIVATION_OVERHEAD if device_kind == "cpu" else 1.0
-    return int((layers + logits) * overhead)
+    if device_kind != "cpu":
+        return layers + logits
+    retained = CPU_RETAINED_PER_TOKEN_LAYER_WIDTHS * shape.layers * (shape.hidden + shape.intermediate)
+    return int((layers + logits) * CPU_ACTIVATION_OVERHEAD + retained * dtype_bytes * tokens)
 
 
 def generation_working_bytes(shape: ModelShape, batch: int, prompt_tokens: int, dtype_bytes: int,

@@ -6,6 +6,12 @@ plan by more than 10%, and exports both for the Prometheus gauges
 appliance_memory_planned_bytes / appliance_memory_used_bytes{component}.
 `run_with_oom_backoff` keeps a run going through an out-of-memory error by
 halving the micro-batch and retrying the step.
+
+In the step loop:
+
+    reset_peak(device.kind); run the phase; ledger.phase_peak("generate", peak_bytes(device.kind))
+
+(`reset_peak` and `peak_bytes` are in appliance.budget.device.)
 """
 
 from __future__ import annotations

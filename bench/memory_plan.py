@@ -1,0 +1,188 @@
+"""Plan vs measured memory on the CPU with the bundled model: the budget manager's calibration check.
+
+Runs, in this process, what one GRPO step does to memory with SmolLM2-135M-
+Instruct as a 4-bit (nf4) student with LoRA r16 on q/k/v/o: generate 32
+completions of 24 tokens after 48-token prompts, optionally judge each with
+the same model unquantized (--judge), then one forward+backward+AdamW step on
+all 32 sequences of 72 tokens in one micro-batch (--sequences changes the 32). It records the peak RSS of
+each phase (VmHWM, reset between phases) and of the whole run (ru_maxrss),
+and prints them next to `plan_job`'s plan for the same workload.
+
+    python bench/memory_plan.py [--data-dir DIR] [--judge] [--gradient-checkpointing] [--sequences N] [--json]
+
+The done-criterion of the budget manager is the whole-run peak within +-15% of
+the plan's peak.
+"""
+
+from __future__ import annotations
+
+import appliance.offline  # noqa: F401  (must precede every ML import)
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+from appliance.budget.device import process_rss_bytes, probe_device
+from appliance.budget.plan import plan_job
+from appliance.config.load import parse_job_text
+from appliance.config.sizes import format_bytes
+
+PROMPT_TOKENS, NEW_TOKENS, JUDGE_NEW_TOKENS, GROUP_SIZE = 48, 24, 8, 8
+VmHWM = "VmHWM"
+
+
+def job_text(judge: bool, checkpointing: bool, sequences: int) -> str:
+    judge_section = (
+        "judge: {model: smollm2-135m-instruct, quantization: none, mode: pointwise, "
+        f"max_new_tokens: {JUDGE_NEW_TOKENS}}}\n" if judge else ""
+    )
+    rewards = "[{name: correctness}, {name: judge}]" if judge else "[{name: correctness}]"
+    return (
+        "name: memory-bench\n"
+        "student: {model: smollm2-135m-instruct, quantization: nf4, compute_dtype: float32, "
+        f"gradient_checkpointing: {str(checkpointing).lower()}, "
+        "lora: {rank: 16, alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj]}}\n"
+        + judge_section
+        + f"rewards: {rewards}\n"
+        f"grpo: {{group_size: {GROUP_SIZE}, prompts_per_step: {sequences // GROUP_SIZE}, max_new_tokens: {NEW_TOKENS}, "
+        f"max_prompt_tokens: {PROMPT_TOKENS}, micro_batch_size: {sequences}}}\n"
+        "engine: {rollout: hf, judge: hf, rollout_weights: shared}\n"
+        "device: {memory_budget: 100%}\n"
+    )
+
+
+def high_water_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(VmHWM + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_high_water() -> None:
+    """Linux: writing 5 to clear_refs resets VmHWM to the current RSS."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def keep_4bit_weights_trainable(model) -> None:
+    """Stop bitsandbytes from repacking 4-bit weights for CPU inference on the first eval forward.
+
+    After that repacking (bitsandbytes 0.50, CPUs with AVX512-BF16) training runs
+    through `gemv_4bit`, which has no autograd kernel: gradients through frozen
+    4-bit layers are silently dropped (the layer-0 LoRA gradient changes by 100%).
+    The trainer must do the same; measuring without it would calibrate a wrong run.
+    """
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+
+
+def run(data_dir: Path, judge: bool, checkpointing: bool, sequences: int = 32) -> dict:
+    job = parse_job_text(job_text(judge, checkpointing, sequences), "<bench>")
+    measured: dict[str, int] = {}
+    started = time.monotonic()
+
+    import torch
+    import transformers  # noqa: F401
+    import peft  # noqa: F401
+    import bitsandbytes  # noqa: F401
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from appliance.models.store import resolve_model
+
+    measured["libraries"] = process_rss_bytes()
+    model_dir = resolve_model("smollm2-135m-instruct", data_dir, verify=False)
+    config = json.loads((model_dir / "config.json").read_text())
+    plan = plan_job(job, config, config if judge else None, probe_device("cpu"))
+
+    torch.manual_seed(0)
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                      bnb_4bit_compute_dtype=torch.float32)
+    student = AutoModelForCausalLM.from_pretrained(str(model_dir), quantization_config=quantization,
+                                                   dtype=torch.float32, device_map="cpu")
+    keep_4bit_weights_trainable(student)
+    student = get_peft_model(student, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    judge_model = None
+    if judge:
+        judge_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, device_map="cpu")
+    measured["loaded"] = process_rss_bytes()
+
+    prompts = torch.randint(100, 40000, (sequences, PROMPT_TOKENS))
+    reset_high_water()
+    with torch.no_grad():
+        completed = student.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
+                                     max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=2)
+    measured["generate"] = high_water_bytes()
+
+    if judge_model is not None:
+        reset_high_water()
+        with torch.no_grad():
+            judge_model.generate(input_ids=completed, attention_mask=torch.ones_like(completed), do_sample=False,
+                                 max_new_tokens=JUDGE_NEW_TOKENS, min_new_tokens=JUDGE_NEW_TOKENS, pad_token_id=2)
+        measured["judge"] = high_water_bytes()
+
+    reset_high_water()
+    student.train()
+    if checkpointing:
+        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        student.enable_input_require_grads()
+    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-5)
+    advantages = torch.randn(sequences, 1)
+    # Logits for the completion only (plus the position that predicts its first token), as a GRPO trainer does.
+    logits = student(input_ids=completed, logits_to_keep=NEW_TOKENS + 1).logits[:, :-1]
+    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, completed[:, PROMPT_TOKENS:, None]).squeeze(-1)
+    loss = -(logprobs * advantages).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    measured["train"] = high_water_bytes()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    phases = {name: {"planned_bytes": phase.peak_bytes, "measured_bytes": measured.get(name)}
+              for name, phase in plan.phases.items()}
+    return {
+        "workload": {"sequences": sequences, "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
+                     "judge": judge, "gradient_checkpointing": checkpointing},
+        "plan": plan.to_dict(),
+        "measured_bytes": measured,
+        "phases": phases,
+        "planned_peak_bytes": plan.peak_bytes,
+        "measured_peak_bytes": peak,
+        "ratio": peak / plan.peak_bytes,
+        "seconds": time.monotonic() - started,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".test-cache" / "data")
+    parser.add_argument("--judge", action="store_true", help="also judge every completion with the unquantized model")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--sequences", type=int, default=32, help="sequences per step, a multiple of 8 (default 32)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    result = run(args.data_dir, args.judge, args.gradient_checkpointing, args.sequences)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{'':<12}{'planned':>14}{'measured':>14}{'measured/planned':>18}")
+    for name, row in result["phases"].items():
+        m = row["measured_bytes"]
+        print(f"{name:<12}{format_bytes(row['planned_bytes']):>14}{format_bytes(m) if m else '-':>14}"
+              f"{m / row['planned_bytes'] if m else float('nan'):>18.2f}")
+    print(f"{'peak':<12}{format_bytes(result['planned_peak_bytes']):>14}"
+          f"{format_bytes(result['measured_peak_bytes']):>14}{result['ratio']:>18.2f}")
+    for key, value in result["measured_bytes"].items():
+        print(f"  RSS after {key}: {format_bytes(value)}")
+    print(f"  ({result['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
