@@ -71,6 +71,8 @@ def test_24gib_refuses_and_each_suggestion_fits_when_applied(job, configs):
     assert not plan.fits
     assert plan.overflow[0] == "judge_weights"
     assert "judge.quantization: nf4" in plan.suggestions
+    assert plan.refusal().startswith("the judge phase needs ")
+    assert plan.refusal().endswith("budget (overflowing: judge_weights); change judge.quantization: nf4")
     for suggestion in plan.suggestions:
         assert replan(job, configs, gpu(24), suggestion).fits, suggestion
 
