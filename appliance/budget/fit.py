@@ -125,17 +125,18 @@ def _reasons(work: Workload, s: Sizing, phases: dict[str, PhasePlan], budget: in
         return {key: note for key in ("micro_batch_size", "grad_accumulation", "gradient_checkpointing",
                                       "rollout_weights", "time_share", "rollout_batch", "judge_batch")}
 
-    def bigger(value: int, limit: int, **key) -> str:
+    def next_size_up(field: str, value: int, limit: int) -> str:
+        """Why not the next larger candidate: it would not fit (or there is none)."""
         if value >= limit:
             return f"all {limit} at once fit"
-        name, = key
-        return f"{value * 2 if value * 2 <= limit else limit} would need {gib(_with(work, s, **{name: min(limit, value * 2)}))} > {budget_text}"
+        larger = min(v for v in halvings(limit) if v > value)
+        return f"{larger} would need {gib(_with(work, s, **{field: larger}))} > {budget_text}"
 
     reasons = {}
     if micro_batch:
         reasons["micro_batch_size"] = "set by grpo.micro_batch_size in the job"
     else:
-        reasons["micro_batch_size"] = f"sequences per forward/backward: {bigger(s.micro_batch_size, work.sequences, micro_batch_size=1)}"
+        reasons["micro_batch_size"] = f"sequences per forward/backward: {next_size_up('micro_batch_size', s.micro_batch_size, work.sequences)}"
     reasons["grad_accumulation"] = f"{work.sequences} sequences per step / micro-batch {s.micro_batch_size}, rounded up"
     if checkpointing is not None:
         reasons["gradient_checkpointing"] = "set by student.gradient_checkpointing in the job"
@@ -162,12 +163,12 @@ def _reasons(work: Workload, s: Sizing, phases: dict[str, PhasePlan], budget: in
     if s.time_share:
         together = _with(work, s, time_share=False)
         reasons["time_share"] = (
-            f"on: with every engine awake the step needs {gib(together)} > {budget_text}; "
+            f"on: with every engine awake the step needs {gib(together)} > {budget_text} at these batch sizes; "
             "each phase alone fits, idle engines sleep"
         )
     else:
         reasons["time_share"] = "off: every engine stays awake within the budget (no wake/sleep per step)"
-    reasons["rollout_batch"] = f"sequences generated at once: {bigger(s.rollout_batch, work.sequences, rollout_batch=1)}"
+    reasons["rollout_batch"] = f"sequences generated at once: {next_size_up('rollout_batch', s.rollout_batch, work.sequences)}"
     if work.judge is not None:
-        reasons["judge_batch"] = f"judge calls at once: {bigger(s.judge_batch, work.judge_calls, judge_batch=1)}"
+        reasons["judge_batch"] = f"judge calls at once: {next_size_up('judge_batch', s.judge_batch, work.judge_calls)}"
     return reasons
