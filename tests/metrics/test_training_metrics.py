@@ -1,0 +1,172 @@
+"""The appliance_* metrics, scraped over real HTTP after feeding them trainer records, plan, ledger, judge."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from appliance.budget.device import DeviceInfo
+from appliance.budget.ledger import Ledger
+from appliance.budget.phases import COMPONENTS
+from appliance.budget.plan import plan_job
+from appliance.budget.shapes import load_config
+from appliance.config.load import load_job
+from appliance.metrics import MetricsRecordError
+from appliance.models.provision import DEMO_MODEL_NAME
+from appliance.models.store import ModelStore
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multiply.yaml"
+GiB = 2**30
+
+
+def trainer_record(step: int, checkpoint: bool = False, **overrides) -> dict:
+    """A metrics.jsonl record with the keys Trainer._metrics writes, plus the integrator's two counts."""
+    record = {
+        "step": step, "reward_mean": 0.25 * step, "reward_std": 0.4, "rewards": {
+            "correctness": {"mean": 0.1 * step, "std": 0.3}, "answer_format": {"mean": 0.9, "std": 0.1}},
+        "loss": -0.012 * step, "kl": 0.003 * step, "clip_ratio": 0.05, "grad_norm": 0.8, "learning_rate": 2e-4,
+        "groups_informative": 3, "groups_total": 4, "trained_sequences": 24, "trained_tokens": 600,
+        "micro_batch_size": 8, "completion_length_mean": 12.5, "completion_length_max": 24,
+        "generated_tokens": 400 + step, "tokens_per_second": 50.0 * step, "logprob_diff_mean": 0.0,
+        "logprob_diff_max": 0.01,
+        "seconds": {"generate": 8.0, "reward": 0.02, "train": 20.0, "sync": 0.3, "step": 28.32},
+        "memory": {"peak_rss_bytes": 3 * GiB, "cuda_max_allocated_bytes": 0},
+        "time": 1.79e9 + step, "completions": 32, "prompt_tokens": 1200,
+    }
+    if checkpoint:
+        record["seconds"]["checkpoint"] = 1.5
+    record.update(overrides)
+    return record
+
+
+@pytest.fixture(scope="module")
+def plan(store_data_dir):
+    job = load_job(EXAMPLE)
+    student_config = load_config(ModelStore(store_data_dir).get(DEMO_MODEL_NAME).path / "config.json")
+    return plan_job(job, student_config, None, DeviceInfo("cpu", 24 * GiB, 3 * GiB, "x86_64"))
+
+
+def test_two_trainer_steps_add_up_in_the_counters_and_the_gauges_show_the_last(metrics, scrape):
+    metrics.observe_step(trainer_record(1))
+    metrics.observe_step(trainer_record(2, checkpoint=True))
+    got = scrape()
+
+    assert got.value("appliance_generated_tokens_total", role="student") == 401 + 402
+    assert got.value("appliance_prompt_tokens_total", role="student") == 2400
+    assert got.value("appliance_completions_total") == 64
+    assert got.value("appliance_train_steps_total") == 2
+    assert got.value("appliance_reward_mean") == 0.5
+    assert got.value("appliance_reward_std") == 0.4
+    assert got.value("appliance_loss") == pytest.approx(-0.024)
+    assert got.value("appliance_kl") == pytest.approx(0.006)
+    assert got.value("appliance_clip_ratio") == 0.05
+    assert got.value("appliance_generation_tokens_per_second", role="student") == 100.0
+    assert got.value("appliance_step_duration_seconds_count", phase="train") == 2
+    assert got.value("appliance_step_duration_seconds_sum", phase="train") == 40.0
+    assert got.value("appliance_step_duration_seconds_bucket", phase="train", le="30.0") == 2
+    assert got.value("appliance_step_duration_seconds_bucket", phase="train", le="10.0") == 0
+    assert got.value("appliance_step_duration_seconds_count", phase="checkpoint") == 1
+    phases = {labels["phase"] for labels in got.label_sets("appliance_step_duration_seconds")}
+    assert phases == {"generate", "reward", "train", "sync", "checkpoint"}  # "step" is the total, not a phase
+
+
+def test_completions_can_be_passed_when_the_record_does_not_count_them(metrics, scrape):
+    record = trainer_record(1)
+    del record["completions"], record["prompt_tokens"]
+    metrics.observe_step(record, completions=32)
+    got = scrape()
+    assert got.value("appliance_completions_total") == 32
+    assert got.value("appliance_prompt_tokens_total", role="student") is None
+
+
+def test_a_record_without_a_needed_key_is_refused_naming_the_key_and_step(metrics):
+    record = trainer_record(7)
+    del record["kl"]
+    with pytest.raises(MetricsRecordError, match="step 7 has no 'kl'"):
+        metrics.observe_step(record)
+
+
+def test_plan_ledger_device_and_disk_fill_the_memory_gauges(metrics, scrape, plan, tmp_path):
+    ledger = Ledger(plan)
+    ledger.measure("student_weights", 150_000_000)
+    ledger.measure("rollout_weights", 270_000_000)
+    metrics.observe_plan(plan)
+    metrics.observe_ledger(ledger)
+    metrics.observe_device(DeviceInfo("cpu", 24 * GiB, 5 * GiB, "x86_64"))
+    metrics.observe_disk(tmp_path)
+    got = scrape()
+
+    for component in COMPONENTS:
+        assert got.value("appliance_memory_planned_bytes", component=component) == plan.components[component]
+    assert plan.components["student_weights"] > 0 and plan.components["judge_weights"] == 0
+    assert {labels["component"] for labels in got.label_sets("appliance_memory_used_bytes")} == set(COMPONENTS)
+    assert got.value("appliance_memory_used_bytes", component="student_weights") == 150_000_000
+    assert got.value("appliance_memory_used_bytes", component="rollout_weights") == 270_000_000
+    assert got.value("appliance_memory_used_bytes", component="optimizer") == 0
+    assert got.value("appliance_memory_budget_bytes") == plan.budget_bytes == int(0.9 * 24 * GiB)
+    assert got.value("appliance_device_memory_total_bytes") == 24 * GiB
+    assert got.value("appliance_device_memory_used_bytes") == 5 * GiB
+    free = got.value("appliance_disk_free_bytes")
+    assert 0 < free and abs(free - shutil.disk_usage(tmp_path).free) < 256 * 2**20
+
+
+def test_judge_counters_only_go_up_and_a_new_judge_counts_on(metrics, scrape):
+    totals = [
+        ({"ok": 3, "parse_error": 1, "timeout": 0}, 90, 300, 2.0),
+        ({"ok": 7, "parse_error": 1, "timeout": 2}, 250, 800, 5.0),
+        ({"ok": 7, "parse_error": 1, "timeout": 2}, 250, 800, 5.0),  # a step without judging
+        ({"ok": 2, "parse_error": 0, "timeout": 0}, 40, 100, 1.0),  # a new Judge (next job): totals restart
+    ]
+    seen = []
+    for outcomes, generated, prompt, seconds in totals:
+        stats = {"outcomes": dict(outcomes), "generated_tokens": generated, "prompt_tokens": prompt,
+                 "seconds": seconds, "tokens_per_second": generated / seconds}
+        metrics.observe_judge(stats, outcomes)
+        got = scrape()
+        seen.append({outcome: got.value("appliance_judge_requests_total", outcome=outcome) for outcome in outcomes})
+        seen[-1]["generated"] = got.value("appliance_generated_tokens_total", role="judge")
+        seen[-1]["prompt"] = got.value("appliance_prompt_tokens_total", role="judge")
+
+    assert [s["ok"] for s in seen] == [3, 7, 7, 9]
+    assert [s["timeout"] for s in seen] == [0, 2, 2, 2]
+    assert [s["parse_error"] for s in seen] == [1, 1, 1, 1]
+    assert [s["generated"] for s in seen] == [90, 250, 250, 290]
+    assert [s["prompt"] for s in seen] == [300, 800, 800, 900]
+    assert got.value("appliance_generation_tokens_per_second", role="judge") == 40.0
+    # Judging time per step: 2 s, 3 s, nothing, then 1 s from the new judge.
+    assert got.value("appliance_step_duration_seconds_count", phase="judge") == 3
+    assert got.value("appliance_step_duration_seconds_sum", phase="judge") == 6.0
+
+
+def test_build_info_jobs_and_no_job_or_step_label_anywhere(metrics, scrape, plan):
+    metrics.observe_step(trainer_record(1, checkpoint=True))
+    metrics.observe_plan(plan)
+    metrics.observe_ledger(Ledger(plan))
+    metrics.observe_judge({"generated_tokens": 5, "prompt_tokens": 9, "seconds": 0.5}, {"ok": 1})
+    metrics.set_jobs({"running": 1, "queued": 2})
+    metrics.set_jobs({"running": 1, "succeeded": 1})
+    got = scrape()
+
+    assert got.label_sets("appliance_build_info") == [
+        {"version": "0.1.0", "student_model": "smollm2-135m-instruct", "judge_model": "qwen2.5-7b-instruct"}]
+    assert got.value("appliance_build_info", version="0.1.0", student_model="smollm2-135m-instruct",
+                     judge_model="qwen2.5-7b-instruct") == 1
+    assert got.value("appliance_jobs", state="queued") == 0
+    assert got.value("appliance_jobs", state="succeeded") == 1
+    assert got.value("appliance_jobs", state="running") == 1
+    assert "job" not in got.all_label_names() and "step" not in got.all_label_names()
+    appliance_families = {name for name in got.families if name.startswith("appliance_")}
+    assert appliance_families == {
+        "appliance_generated_tokens", "appliance_prompt_tokens", "appliance_completions", "appliance_train_steps",
+        "appliance_step_duration_seconds", "appliance_generation_tokens_per_second", "appliance_reward_mean",
+        "appliance_reward_std", "appliance_kl", "appliance_loss", "appliance_clip_ratio",
+        "appliance_memory_planned_bytes", "appliance_memory_used_bytes", "appliance_memory_budget_bytes",
+        "appliance_device_memory_total_bytes", "appliance_device_memory_used_bytes", "appliance_judge_requests",
+        "appliance_jobs", "appliance_disk_free_bytes", "appliance_build_info",
+        # prometheus_client's creation timestamps of the counters and the histogram
+        "appliance_generated_tokens_created", "appliance_prompt_tokens_created", "appliance_completions_created",
+        "appliance_train_steps_created", "appliance_step_duration_seconds_created",
+        "appliance_judge_requests_created",
+    }
