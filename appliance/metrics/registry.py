@@ -74,6 +74,7 @@ class TrainingMetrics:
         r.register(self.engines)
         # Judge totals are cumulative; counters advance by the difference to the last totals seen.
         self._judge_seen: dict[str, float] = {}
+        self._job_states: set[str] = set()
 
     # ----- the trainer's metrics.jsonl record ---------------------------------------------------
 
@@ -82,7 +83,8 @@ class TrainingMetrics:
 
         `completions` (or the record's "completions" key) counts the student's
         completions of the step, and the record's "prompt_tokens" the prompt
-        tokens; when absent, those counters are left as they are.
+        tokens; when absent, those counters are left as they are. The judge
+        phase of step_duration_seconds comes from `observe_judge`, not from here.
         """
         step = record.get("step", "?")
 
@@ -161,12 +163,9 @@ class TrainingMetrics:
 
     def set_jobs(self, counts: Mapping[str, int]) -> None:
         """The daemon's job count per state; states not given are set to 0."""
-        for state in set(counts) | {labels[0] for labels in self._label_values(self.jobs)}:
+        self._job_states |= set(counts)
+        for state in self._job_states:
             self.jobs.labels(state=state).set(counts.get(state, 0))
-
-    @staticmethod
-    def _label_values(gauge: Gauge) -> list[tuple[str, ...]]:
-        return [tuple(sample.labels.values()) for family in gauge.collect() for sample in family.samples]
 
     def add_engine_snapshot(self, snapshot: dict) -> None:
         """A vLLM engine's `metrics_snapshot()`; replaces the earlier one of the same model_name."""
