@@ -124,9 +124,30 @@ def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Pa
     engine = make_rollout_engine(spec, student, student_dir, device, choices.rollout_weights, plan)
     judge = make_judge(spec, student, judge_dir, job_dir, device, plan) if spec.judge else None
     rewards = build_rewards(spec.rewards, job_file_dir, judge=judge)
-    trainer = Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, progress=progress)
+    ledger = measure_loaded(plan, student, engine) if plan is not None else None
+    trainer = Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger,
+                      progress=progress)
     trainer.plan = plan
     return trainer
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def measure_loaded(plan, student: Student, engine):
+    """The ledger, with what the loaded models really hold (warns past 10% over plan)."""
+    from appliance.budget.ledger import Ledger
+
+    ledger = Ledger(plan)
+    lora = [p for p in student.model.parameters() if p.requires_grad]
+    frozen = [p for p in student.model.parameters() if not p.requires_grad]
+    ledger.measure("student_weights", _tensor_bytes(frozen) + _tensor_bytes(student.model.buffers()))
+    ledger.measure("student_lora", 2 * _tensor_bytes(lora))  # parameters + gradients
+    copy = getattr(engine, "model", None)
+    if copy is not None and copy is not student.model and "rollout_weights" in plan.components:
+        ledger.measure("rollout_weights", _tensor_bytes(copy.parameters()))
+    return ledger
 
 
 def make_rollout_engine(spec: JobSpec, student: Student, student_dir: Path, device: str, rollout_weights: str,

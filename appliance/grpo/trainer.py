@@ -107,21 +107,23 @@ class Trainer:
                         top_p=grpo.top_p, seed=sampling_seed(grpo.seed, self.step + 1))
 
     def _update(self, scored: ScoredRollout) -> UpdateStats:
+        """The optimizer step; an out-of-memory error halves the micro-batch and retries (the run goes on)."""
+        from appliance.budget.ledger import run_with_oom_backoff
+
         samples = scored.train_samples(use_engine_logprobs=getattr(self.engine, "kind", "hf") != "hf")
-        while True:
-            try:
-                return self.updater.step(samples, self.micro_batch_size)
-            except torch.OutOfMemoryError as error:
-                self.optimizer.zero_grad(set_to_none=True)
-                if self.micro_batch_size <= 1:
-                    raise
-                halved = max(1, self.micro_batch_size // 2)
-                self.oom_halvings.append({"step": self.step + 1, "from": self.micro_batch_size, "to": halved,
-                                          "error": str(error)[:200]})
-                self.records.log(f"step {self.step + 1}: out of memory, micro-batch {self.micro_batch_size} -> {halved}")
-                self.micro_batch_size = halved
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+        halvings_before = len(self.ledger.halvings) if self.ledger is not None else 0
+
+        def attempt(micro_batch_size: int) -> UpdateStats:
+            self.optimizer.zero_grad(set_to_none=True)
+            return self.updater.step(samples, micro_batch_size)
+
+        stats, used = run_with_oom_backoff(attempt, self.micro_batch_size, ledger=self.ledger)
+        if used != self.micro_batch_size:
+            self.records.log(f"step {self.step + 1}: out of memory, micro-batch {self.micro_batch_size} -> {used}")
+            self.oom_halvings.append({"step": self.step + 1, "from": self.micro_batch_size, "to": used,
+                                      "halvings": (len(self.ledger.halvings) - halvings_before) if self.ledger else None})
+            self.micro_batch_size = used
+        return stats
 
     def _sync_engine(self) -> None:
         """Hand the new adapter to the rollout engine: in memory for transformers, a folder for vLLM."""
@@ -142,17 +144,23 @@ class Trainer:
             self.judge.set_step(self.step + 1)
         problems = self.stream.next_batch(self.spec.grpo.prompts_per_step)
         tokens_before = self.engine.counters.generated_tokens
+        prompt_tokens_before = self.engine.counters.prompt_tokens
         self.engine.wake()
+        self._start_phase()
         scored = rollout(self.engine, self.task, problems, self._sampling(), self.rewards, self.spec.grpo.scale_rewards)
+        self._end_phase("judge" if self.judge is not None else "generate")
         generated_tokens = self.engine.counters.generated_tokens - tokens_before
+        prompt_tokens = self.engine.counters.prompt_tokens - prompt_tokens_before
         self.engine.sleep()
         train_started = time.monotonic()
+        self._start_phase()
         stats = self._update(scored)
+        self._end_phase("train")
         trained = time.monotonic()
         self.step += 1
         self._sync_engine()
         synced = time.monotonic()
-        record = self._metrics(scored, stats, generated_tokens, {
+        record = self._metrics(scored, stats, generated_tokens, prompt_tokens, {
             **scored.seconds, "train": trained - train_started, "sync": synced - trained,
         })
         record["seconds"]["step"] = time.monotonic() - started
@@ -165,7 +173,20 @@ class Trainer:
         self.progress(record)
         return record
 
-    def _metrics(self, scored: ScoredRollout, stats: UpdateStats, generated_tokens: int, seconds: dict) -> dict:
+    def _start_phase(self) -> None:
+        if self.ledger is not None:
+            from appliance.budget.device import reset_peak
+
+            reset_peak(self.ledger.plan.device.kind)
+
+    def _end_phase(self, phase: str) -> None:
+        if self.ledger is not None and phase in self.ledger.plan.phases:
+            from appliance.budget.device import peak_bytes
+
+            self.ledger.phase_peak(phase, peak_bytes(self.ledger.plan.device.kind))
+
+    def _metrics(self, scored: ScoredRollout, stats: UpdateStats, generated_tokens: int, prompt_tokens: int,
+                 seconds: dict) -> dict:
         lengths = [len(c.token_ids) for c in scored.flat]
         per_function = {name: {"mean": s.mean, "std": s.std} for name, s in scored.scores.stats().items()}
         generate_seconds = seconds.get("generate", 0.0)
@@ -187,11 +208,14 @@ class Trainer:
             "completion_length_mean": _mean(lengths),
             "completion_length_max": max(lengths) if lengths else 0,
             "generated_tokens": generated_tokens,
+            "prompt_tokens": prompt_tokens,
+            "completions": len(lengths),
             "tokens_per_second": generated_tokens / generate_seconds if generate_seconds > 0 else 0.0,
             "logprob_diff_mean": stats.logprob_diff_mean,
             "logprob_diff_max": stats.logprob_diff_max,
             "seconds": seconds,
             "memory": {"peak_rss_bytes": peak_rss_bytes(),
+                       "phase_peak_bytes": dict(self.ledger.phase_peaks) if self.ledger is not None else {},
                        "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0},
             "time": time.time(),
         }
