@@ -49,7 +49,7 @@ class MergedCopyEngine(HFEngine):
             if isinstance(module, LoraLayer) and base is not None:
                 self._lora_layers[name] = module
                 self._base_weights[name] = _dequantized(base)
-            elif hasattr(module, "quant_state") or getattr(getattr(module, "weight", None), "quant_state", None) is not None:
+            elif name in copy_modules and getattr(getattr(module, "weight", None), "quant_state", None) is not None:
                 copy_modules[name].weight.data.copy_(_dequantized(module).to(copy_modules[name].weight.dtype))
         self._copy_modules = copy_modules
         super().__init__(copy, student.tokenizer, name, max_batch_size)
