@@ -1,0 +1,95 @@
+"""One side of the GRPO step benchmark: workload P through our trainer, in this process.
+
+    python bench/ours_worker.py --out RESULT.json [--rollout-weights auto|shared|merged_copy]
+        [--warmup 1] [--measured 3] [--store DATA_DIR]
+
+Builds the trainer the way `appliance train` does (`build_trainer`) in a
+throw-away data dir whose model store links to `--store`'s, calls
+`train_step()` warm-up + measured times, and writes per-step seconds and this
+process's peak RSS (ru_maxrss) to `--out`. Run by bench/grpo_step.py.
+"""
+
+from __future__ import annotations
+
+import appliance.offline  # noqa: F401  (must precede every ML import)
+
+import argparse
+import json
+import os
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from workload import TORCH_THREADS, job_spec
+
+DEFAULT_STORE = Path(__file__).resolve().parent.parent / ".test-cache" / "data"
+
+
+def link_model_store(store: Path, data_dir: Path) -> None:
+    (data_dir / "models").mkdir(parents=True)
+    for model in (store / "models").iterdir():
+        if not model.name.startswith("."):
+            os.symlink(model, data_dir / "models" / model.name)
+
+
+def run(rollout_weights: str, warmup: int, measured: int, store: Path) -> dict:
+    from appliance.grpo.job import build_trainer, prepare_job_dir
+
+    torch.set_num_threads(TORCH_THREADS)
+    spec = job_spec(rollout_weights, steps=warmup + measured)
+    with tempfile.TemporaryDirectory(prefix="bench-grpo-") as scratch:
+        data_dir = Path(scratch)
+        link_model_store(store, data_dir)
+        job_dir = prepare_job_dir(data_dir, spec, resume=False, restart=False)
+        load_started = time.monotonic()
+        trainer = build_trainer(spec, data_dir, data_dir, job_dir)
+        load_seconds = time.monotonic() - load_started
+        steps = []
+        try:
+            for index in range(warmup + measured):
+                started = time.monotonic()
+                record = trainer.train_step()
+                steps.append({
+                    "step": record["step"], "warmup": index < warmup, "seconds": time.monotonic() - started,
+                    "phases": {k: v for k, v in record["seconds"].items() if k != "step"},
+                    "completions": record["completions"], "generated_tokens": record["generated_tokens"],
+                    "reward_mean": record["reward_mean"], "loss": record["loss"],
+                    "trained_sequences": record["trained_sequences"],
+                    "completion_length_mean": record["completion_length_mean"],
+                })
+                print(f"ours step {record['step']}: {steps[-1]['seconds']:.1f} s, reward {record['reward_mean']:.3f}",
+                      flush=True)
+        finally:
+            close = getattr(trainer.engine, "close", None)
+            if close is not None:
+                close()
+        choices = trainer.choices
+    return {
+        "side": f"ours ({rollout_weights})",
+        "requested_rollout_weights": rollout_weights,
+        "choices": {"rollout_weights": choices.rollout_weights, "micro_batch_size": choices.micro_batch_size,
+                    "gradient_checkpointing": choices.gradient_checkpointing, "reasons": choices.reasons},
+        "load_seconds": load_seconds,
+        "torch_threads": torch.get_num_threads(),
+        "steps": steps,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rollout-weights", choices=["auto", "shared", "merged_copy"], default="auto")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--measured", type=int, default=3)
+    parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help="data dir whose models/ holds the model")
+    args = parser.parse_args()
+    result = run(args.rollout_weights, args.warmup, args.measured, args.store)
+    args.out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

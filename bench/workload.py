@@ -1,0 +1,59 @@
+"""Workload P of the GRPO step benchmark, shared by both workers so that they train on the same thing.
+
+SmolLM2-135M-Instruct as NF4 + LoRA r16 (alpha 32) on q/k/v/o, fp32 compute,
+2 prompts x 8 completions per step, at most 32 new tokens, temperature 1.0,
+lr 2e-4, DAPO loss without KL, rewards `correctness` (1.0) + `answer_format`
+(0.5) on `builtin:multiply` prompts. This module imports only the job schema
+and the task loader, so it runs in the TRL venv as well as in ours.
+"""
+
+from __future__ import annotations
+
+import appliance.offline  # noqa: F401  (must precede every ML import)
+
+from pathlib import Path
+
+from appliance.config.schema import JobSpec
+from appliance.tasks.load import load_task
+from appliance.tasks.stream import ProblemStream
+
+MODEL_NAME = "smollm2-135m-instruct"
+TORCH_THREADS = 2
+SYSTEM_PROMPT = "Reply with the answer in the form <answer>N</answer>."
+REWARD_WEIGHTS = {"correctness": 1.0, "answer_format": 0.5}
+
+
+def job_dict(rollout_weights: str = "auto", steps: int = 4) -> dict:
+    """Our job file for workload P; `rollout_weights` is the only knob the bench varies on our side."""
+    return {
+        "name": "bench-grpo-step",
+        "student": {"model": MODEL_NAME, "quantization": "nf4", "compute_dtype": "float32",
+                    "lora": {"rank": 16, "alpha": 32, "dropout": 0.0,
+                             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}},
+        "task": {"dataset": "builtin:multiply", "system_prompt": SYSTEM_PROMPT},
+        "rewards": [{"name": name, "weight": weight} for name, weight in REWARD_WEIGHTS.items()],
+        "grpo": {"group_size": 8, "prompts_per_step": 2, "max_new_tokens": 32, "temperature": 1.0,
+                 "learning_rate": 2.0e-4, "loss": "dapo", "beta": 0.0,
+                 # Far past the measured steps, so that no end-of-run checkpoint lands inside a timed step.
+                 "steps": steps + 1000},
+        "engine": {"rollout": "hf", "rollout_weights": rollout_weights},
+        "checkpoint": {"every": 100000},
+    }
+
+
+def job_spec(rollout_weights: str = "auto", steps: int = 4) -> JobSpec:
+    return JobSpec.model_validate(job_dict(rollout_weights, steps))
+
+
+def prompts_in_step_order(steps: int) -> list[dict]:
+    """The problems our trainer draws in its first `steps` steps, in order, as TRL dataset rows.
+
+    Each row has chat `prompt` messages and the reference `answer`; fed to TRL
+    unshuffled, its step k gets the same two prompts as our step k.
+    """
+    spec = job_spec(steps=steps)
+    task = load_task(spec.task, Path.cwd())
+    stream = ProblemStream(task.train, seed=spec.task.seed)
+    problems = stream.next_batch(steps * spec.grpo.prompts_per_step)
+    return [{"prompt": task.messages(problem), "answer": problem.answer, "question": problem.question}
+            for problem in problems]
