@@ -30,7 +30,7 @@ demo: venv
 	$(BIN)/appliance train examples/multiply.yaml --restart --eval
 
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not model and not slow and not vllm"

@@ -173,14 +173,20 @@ class Trainer:
         self.progress(record)
         return record
 
+    def _measures_phases(self) -> bool:
+        # Per-phase peaks need an allocator that reports them (CUDA). On the CPU, memory freed by one
+        # phase stays in the process (glibc keeps it), so only the whole run's peak RSS is comparable
+        # with the plan: it is in every metrics record next to the planned peak.
+        return self.ledger is not None and self.ledger.plan.device.kind == "cuda"
+
     def _start_phase(self) -> None:
-        if self.ledger is not None:
+        if self._measures_phases():
             from appliance.budget.device import reset_peak
 
             reset_peak(self.ledger.plan.device.kind)
 
     def _end_phase(self, phase: str) -> None:
-        if self.ledger is not None and phase in self.ledger.plan.phases:
+        if self._measures_phases() and phase in self.ledger.plan.phases:
             from appliance.budget.device import peak_bytes
 
             self.ledger.phase_peak(phase, peak_bytes(self.ledger.plan.device.kind))
@@ -215,6 +221,7 @@ class Trainer:
             "logprob_diff_max": stats.logprob_diff_max,
             "seconds": seconds,
             "memory": {"peak_rss_bytes": peak_rss_bytes(),
+                       "planned_peak_bytes": self.ledger.plan.peak_bytes if self.ledger is not None else None,
                        "phase_peak_bytes": dict(self.ledger.phase_peaks) if self.ledger is not None else {},
                        "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0},
             "time": time.time(),

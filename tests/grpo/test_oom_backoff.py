@@ -19,7 +19,8 @@ def test_forced_oom_is_survived_by_halving_the_micro_batch(tmp_path, store_data_
         "task": {"dataset": "builtin:multiply", "held_out": 100,
                  "system_prompt": "Reply with the answer in the form <answer>N</answer>.",
                  "few_shot": [{"question": "What is 2 * 9?", "answer": "2 * 9 = 18, so <answer>18</answer>"}]},
-        "rewards": [{"name": "correctness", "weight": 1.0}, {"name": "answer_format", "weight": 0.5}],
+        # Completion lengths differ within a group, so every group carries signal and step 1 trains.
+        "rewards": [{"name": "length", "weight": 1.0, "params": {"target": 6}}],
         "grpo": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 10, "steps": 2, "micro_batch_size": 8,
                  "max_prompt_tokens": 96, "temperature": 1.5},
         "engine": {"rollout_weights": "shared"},
@@ -30,8 +31,7 @@ def test_forced_oom_is_survived_by_halving_the_micro_batch(tmp_path, store_data_
     trainer.updater.inject_oom_once = True
     first = trainer.train_step()
     second = trainer.train_step()
-    if first["trained_sequences"] == 0:
-        pytest.skip("no informative group in step 1 to train on")  # the sampled rewards were all equal
+    assert first["trained_sequences"] > 0
     assert first["micro_batch_size"] == 4 and trainer.micro_batch_size == 4
     assert [(h.from_size, h.to_size) for h in trainer.ledger.halvings] == [(8, 4)]
     assert "out of memory, micro-batch 8 -> 4" in (job_dir / "log.txt").read_text()
