@@ -37,6 +37,21 @@ def demo_model_dir(store_data_dir: Path) -> Path:
     return ModelStore(store_data_dir).verify(DEMO_MODEL_NAME).path
 
 
+def link_model_store(source_data_dir: Path, data_dir: Path) -> Path:
+    """A fresh data dir whose models/ points at the provisioned store (no copy, no re-hashing)."""
+    (data_dir / "models").mkdir(parents=True, exist_ok=True)
+    for model in (source_data_dir / "models").iterdir():
+        if not model.name.startswith("."):
+            os.symlink(model, data_dir / "models" / model.name)
+    return data_dir
+
+
+@pytest.fixture
+def fresh_data_dir(tmp_path: Path, store_data_dir: Path) -> Path:
+    """An empty data dir (no jobs) that sees the bundled model."""
+    return link_model_store(store_data_dir, tmp_path / "data")
+
+
 class NetworkBlocked(RuntimeError):
     pass
 

@@ -7,7 +7,6 @@ Trains the real 4-bit + LoRA student on the CPU with the demo job (exactly as
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +23,8 @@ MIN_FORMAT_COMPLIANCE = 0.90
 MIN_FORMAT_GAIN = 0.20
 
 
-def test_multiply_demo_improves_held_out_accuracy(tmp_path, store_data_dir):
-    data_dir = tmp_path / "data"
-    (data_dir / "models").mkdir(parents=True)
-    for model in (store_data_dir / "models").iterdir():
-        if not model.name.startswith("."):
-            os.symlink(model, data_dir / "models" / model.name)
+def test_multiply_demo_improves_held_out_accuracy(fresh_data_dir):
+    data_dir = fresh_data_dir
     result = subprocess.run(
         [sys.executable, "-m", "appliance", "train", str(REPO_ROOT / "examples" / "multiply.yaml"),
          "--data-dir", str(data_dir), "--eval"],

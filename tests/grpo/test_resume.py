@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import link_model_store
 
 pytestmark = pytest.mark.model
 
@@ -39,19 +39,12 @@ def _steps(job_dir: Path, table: str) -> dict[int, list[dict]]:
     return by_step
 
 
-def _link_store(source: Path, data_dir: Path) -> None:
-    (data_dir / "models").mkdir(parents=True)
-    for model in (source / "models").iterdir():
-        if not model.name.startswith("."):
-            os.symlink(model, data_dir / "models" / model.name)
-
-
 def test_kill_after_checkpoint_and_resume_matches_uninterrupted_run(tmp_path, store_data_dir):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(JOB))
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     for data_dir in (straight, interrupted):
-        _link_store(store_data_dir, data_dir)
+        link_model_store(store_data_dir, data_dir)
 
     run = _train(job_file, straight)
     output, _ = run.communicate(timeout=900)

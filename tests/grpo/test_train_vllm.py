@@ -9,8 +9,6 @@ which truncated importance sampling corrects (see the closing note of issue 6).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -48,14 +46,10 @@ def _trainer_logprobs(student, prompt_ids, continuation):
         return student.completion_logprobs(batch, temperature=1.0)[0].tolist()
 
 
-def test_two_vllm_steps_sync_the_adapter_and_agree_with_the_trainer(tmp_path, store_data_dir):
+def test_two_vllm_steps_sync_the_adapter_and_agree_with_the_trainer(tmp_path, fresh_data_dir):
     spec = _spec()
-    job_dir = prepare_job_dir(tmp_path, spec, resume=False, restart=False)
-    (tmp_path / "models").mkdir(exist_ok=True)
-    for model in (store_data_dir / "models").iterdir():
-        if not model.name.startswith("."):
-            os.symlink(model, tmp_path / "models" / model.name)
-    trainer = build_trainer(spec, tmp_path, tmp_path, job_dir)
+    job_dir = prepare_job_dir(fresh_data_dir, spec, resume=False, restart=False)
+    trainer = build_trainer(spec, tmp_path, fresh_data_dir, job_dir)
     engine, student = trainer.engine, trainer.student
     try:
         assert engine.kind == "vllm"
