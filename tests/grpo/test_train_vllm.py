@@ -59,8 +59,12 @@ def test_two_vllm_steps_sync_the_adapter_and_agree_with_the_trainer(tmp_path, fr
         served_before = sum(engine.continuation_logprobs(prompt_ids, continuation))
         trained_before = sum(_trainer_logprobs(student, prompt_ids, continuation))
 
-        records = [trainer.train_step(), trainer.train_step()]
-        assert engine.last_served_adapter_version == 2
+        records = []
+        for step in (1, 2):
+            records.append(trainer.train_step())
+            assert engine.adapter_version == step  # the new adapter is loaded after each step ...
+            # ... and the step's rollouts came from the previous one (none before the first update).
+            assert engine.last_served_adapter_version == (step - 1 or None)
         assert [r["step"] for r in records] == [1, 2]
         trained = [r for r in records if r["trained_sequences"] > 0]
         assert trained, "no informative group in two steps"
