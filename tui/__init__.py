@@ -1,0 +1,1 @@
+"""appliance-tui: the Textual operator client (talks only to the daemon's control API)."""
