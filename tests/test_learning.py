@@ -17,8 +17,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
-# What the 135M model reaches in the demo's 30 steps on this CPU (closing note of issue 3 has the curve).
-MIN_ACCURACY_GAIN = 0.0
+# Measured on this CPU: held-out accuracy 28% -> 81%, format 51% -> 100% in the demo's 30 steps.
+MIN_ACCURACY_GAIN = 0.15
 MIN_FORMAT_COMPLIANCE = 0.90
 MIN_FORMAT_GAIN = 0.20
 
