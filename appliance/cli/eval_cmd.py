@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 from appliance.cli.main import EXIT_BAD_INPUT, EXIT_OK, add_data_dir, data_dir_of
@@ -37,8 +36,7 @@ def adapter_folder(path: Path) -> Path:
 def _eval(args) -> int:
     from appliance.config.checks import load_checked_job
     from appliance.config.load import JobFileError
-    from appliance.engines.hf import HFEngine
-    from appliance.grpo.evaluate import evaluate
+    from appliance.grpo.evaluate import evaluate_student
     from appliance.grpo.student import Student
     from appliance.models.loading import default_device
     from appliance.models.store import ModelStoreError, resolve_model
@@ -61,9 +59,7 @@ def _eval(args) -> int:
         return EXIT_BAD_INPUT
     problems = [p for p in problems if p.answer is not None][: args.limit]  # no reference: no accuracy
     rewards = build_rewards([r for r in spec.rewards if r.name != "judge"], args.file.resolve().parent)
-    engine = HFEngine(student.model, student.tokenizer, name=spec.student.model)
-    with nullcontext() if adapter else student.model.disable_adapter():
-        result = evaluate(engine, task, problems, rewards, spec.grpo.max_new_tokens)
+    result = evaluate_student(student, task, problems, rewards, spec.grpo.max_new_tokens, use_adapter=adapter is not None)
     report = {"job": spec.name, "adapter": str(adapter) if adapter else None, **result.to_dict()}
     if args.json:
         print(json.dumps(report, indent=2))

@@ -124,13 +124,7 @@ class RunExporter:
 
 
 def _evaluate(trainer, problems, adapter: bool) -> dict:
-    from contextlib import nullcontext
+    from appliance.grpo.evaluate import evaluate_student
 
-    from appliance.engines.hf import HFEngine
-    from appliance.grpo.evaluate import evaluate
-
-    engine = HFEngine(trainer.student.model, trainer.student.tokenizer, name="eval")
-    context = nullcontext() if adapter else trainer.student.model.disable_adapter()
-    with context:
-        result = evaluate(engine, trainer.task, problems, trainer.rewards_for_eval(), trainer.spec.grpo.max_new_tokens)
-    return result.to_dict()
+    return evaluate_student(trainer.student, trainer.task, problems, trainer.rewards_for_eval(),
+                            trainer.spec.grpo.max_new_tokens, use_adapter=adapter).to_dict()

@@ -6,6 +6,8 @@ compliance counts completions with an `<answer>` block holding a number.
 
 from __future__ import annotations
 
+import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 from appliance.engines.base import GenerationEngine, Sampling
@@ -31,8 +33,6 @@ class EvalResult:
 
 def evaluate(engine: GenerationEngine, task: Task, problems: list[Problem], rewards: list[WeightedReward],
              max_new_tokens: int, examples: int = 5) -> EvalResult:
-    import time
-
     started = time.monotonic()
     _, groups = generate_groups(engine, task, problems, Sampling(max_new_tokens=max_new_tokens, temperature=0.0))
     completions = [group[0] for group in groups]
@@ -53,3 +53,13 @@ def evaluate(engine: GenerationEngine, task: Task, problems: list[Problem], rewa
         examples=[{"question": p.question, "reference": p.answer, "completion": c.text, "correct": ok}
                   for p, c, ok in list(zip(problems, completions, correct))[:examples]],
     )
+
+
+def evaluate_student(student, task: Task, problems: list[Problem], rewards: list[WeightedReward],
+                     max_new_tokens: int, use_adapter: bool) -> EvalResult:
+    """Greedy evaluation through the student's own weights, with its adapter on or switched off (the base)."""
+    from appliance.engines.hf import HFEngine
+
+    engine = HFEngine(student.model, student.tokenizer, name="eval")
+    with nullcontext() if use_adapter else student.model.disable_adapter():
+        return evaluate(engine, task, problems, rewards, max_new_tokens)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import appliance.offline  # noqa: F401
 
-import json
 import math
 import resource
 import shutil
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +77,6 @@ class Trainer:
         self.step = 0
         self.best_value: float | None = None
         self.micro_batch_size = choices.micro_batch_size
-        self.oom_halvings: list[dict] = []
 
     # ----- resume -------------------------------------------------------------------------------
 
@@ -111,7 +110,6 @@ class Trainer:
         from appliance.budget.ledger import run_with_oom_backoff
 
         samples = scored.train_samples(use_engine_logprobs=getattr(self.engine, "kind", "hf") != "hf")
-        halvings_before = len(self.ledger.halvings) if self.ledger is not None else 0
 
         def attempt(micro_batch_size: int) -> UpdateStats:
             self.optimizer.zero_grad(set_to_none=True)
@@ -120,8 +118,6 @@ class Trainer:
         stats, used = run_with_oom_backoff(attempt, self.micro_batch_size, ledger=self.ledger)
         if used != self.micro_batch_size:
             self.records.log(f"step {self.step + 1}: out of memory, micro-batch {self.micro_batch_size} -> {used}")
-            self.oom_halvings.append({"step": self.step + 1, "from": self.micro_batch_size, "to": used,
-                                      "halvings": (len(self.ledger.halvings) - halvings_before) if self.ledger else None})
             self.micro_batch_size = used
         return stats
 
@@ -293,16 +289,9 @@ def _lookup(record: dict, dotted: str):
 
 def _mean(values) -> float:
     values = list(values)
-    return sum(values) / len(values) if values else 0.0
+    return statistics.fmean(values) if values else 0.0
 
 
 def _std(values) -> float:
     values = list(values)
-    if len(values) < 2:
-        return 0.0
-    mean = _mean(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-
-
-def write_json(path: Path, data: dict) -> None:
-    Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return statistics.stdev(values) if len(values) >= 2 else 0.0
