@@ -192,3 +192,28 @@ def test_sigterm_interrupts_the_job_with_a_checkpoint_and_a_restart_resumes_it(m
     daemon.start()
     daemon.wait_state(job_id, "succeeded")
     assert steps_of(daemon.data_dir / "jobs" / job_id) == [1, 2, 3, 4]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_checkpoint_that_would_fill_the_disk_pauses_the_job_and_resume_finishes_it(make_daemon, tmp_path):
+    import subprocess
+
+    daemon = make_daemon()
+    jobs = daemon.data_dir / "jobs"
+    # 2 MiB holds the job's files but not one checkpoint (adapter + optimizer state are over 3 MiB).
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(jobs)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        job_id = submit(daemon, tmp_path, "diskfull", steps=2)
+        job = daemon.wait_state(job_id, "paused")
+        assert "not enough disk space to write a checkpoint" in job.reason and str(jobs / job_id) in job.reason
+        assert worker_pids(daemon.data_dir) == []
+        assert not any((jobs / job_id / "checkpoints").glob("step-*"))  # nothing half-written
+        subprocess.run(["mount", "-o", "remount,size=256m", str(jobs)], check=True)
+        daemon.client().resume(job_id)
+        daemon.wait_state(job_id, "succeeded")
+        assert steps_of(jobs / job_id) == [1, 2]
+    finally:
+        daemon.close()
+        subprocess.run(["umount", "-l", str(jobs)], capture_output=True)
