@@ -192,7 +192,7 @@ class Daemon:
             self.proc.wait()
             return None
 
-    def wait_state(self, job_id: str, states, timeout: float = 240.0):
+    def wait_state(self, job_id: str, states, timeout: float = 900.0):
         states = {states} if isinstance(states, str) else set(states)
         client = self.client()
 
@@ -203,7 +203,7 @@ class Daemon:
             return job if job.state in states else None
         return wait_for(reached, timeout, f"job {job_id} to become {'/'.join(sorted(states))}", interval=0.3)
 
-    def wait_step(self, job_id: str, step: int, timeout: float = 240.0):
+    def wait_step(self, job_id: str, step: int, timeout: float = 900.0):
         client = self.client()
         return wait_for(lambda: (job := client.job(job_id)).step >= step and job, timeout,
                         f"job {job_id} to finish step {step}", interval=0.2)
