@@ -163,7 +163,7 @@ class HFEngine:
         past = None
         if shared >= MIN_SHARED_PREFIX_TOKENS:
             prefix = torch.tensor([batch[0][:shared]], device=self.device)
-            past = self.model(input_ids=prefix, use_cache=True).past_key_values
+            past = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
             past.batch_repeat_interleave(len(batch))
         else:
             shared = 0
@@ -171,9 +171,12 @@ class HFEngine:
         width = max(len(ids) for ids in suffixes)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in suffixes], device=self.device)
-        logits = self.model(input_ids=input_ids, past_key_values=past, use_cache=past is not None).logits
-        last = torch.tensor([len(ids) - 1 for ids in suffixes], device=self.device)
-        return torch.log_softmax(logits[torch.arange(len(batch), device=self.device), last].float(), dim=-1)
+        # Only the rows' last positions go through the LM head (a fifth of the model's compute at this size).
+        positions = sorted({len(ids) - 1 for ids in suffixes})
+        logits = self.model(input_ids=input_ids, past_key_values=past, use_cache=past is not None,
+                            logits_to_keep=torch.tensor(positions, device=self.device)).logits
+        column = torch.tensor([positions.index(len(ids) - 1) for ids in suffixes], device=self.device)
+        return torch.log_softmax(logits[torch.arange(len(batch), device=self.device), column].float(), dim=-1)
 
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
         """The shared-weights engine already sees the trainer's adapter; only the version moves."""

@@ -9,6 +9,10 @@ closing marker that carry a key derived from the response's own text (a
 SHA-256 digest). To close its block early a response would have to contain a
 digest of itself, so the prompt structure survives any response; the rubric
 says that the text between the markers is data to grade, never instructions.
+Chat-template control tokens of the `<|...|>` family (`<|im_end|>`,
+`<|eot_id|>`, ...) are broken up with a word joiner inside a response, so the
+tokenizer reads them as text and a response cannot end the user turn and
+write the judge's answer itself.
 
 Two answer shapes: *probability* scoring reads the next-token distribution
 after the answer's opening (`{"score": ` pointwise, `{"id": "k", "score": `
@@ -92,8 +96,17 @@ def block_key(text: str, salt: str = "") -> str:
     raise AssertionError("unreachable: 100 digests of a text all occur inside it")
 
 
+WORD_JOINER = "\u2060"
+
+
+def neutralise_control_tokens(text: str) -> str:
+    """`<|im_end|>` -> `<\u2060|im_end|\u2060>`: the same text to a reader, no special token to a tokenizer."""
+    return text.replace("<|", "<" + WORD_JOINER + "|").replace("|>", "|" + WORD_JOINER + ">")
+
+
 def response_block(text: str, response_id: str | None = None) -> str:
     """One response between markers it cannot close."""
+    text = neutralise_control_tokens(text)
     key = block_key(text, response_id or "")
     id_part = f' id="{response_id}"' if response_id is not None else ""
     return f'<response{id_part} key="{key}">\n{text.strip()}\n</response key="{key}">'
