@@ -79,7 +79,7 @@ def test_bundled_model_judges_real_completions(engine, completions, tmp_path, mo
         # An unjudged group gets one constant, so it adds no advantage.
         assert all(len(set(line["assigned"])) == 1 for line in lines if line["outcome"] != "ok")
         assert all(QUESTIONS[0][0] in line["prompt"] or QUESTIONS[1][0] in line["prompt"] for line in lines)
-        assert all('<response id="2">' in line["prompt"] for line in lines)
+        assert all('<response id="2" key=' in line["prompt"] for line in lines)
     stats = judge.stats()
     assert stats["generated_tokens"] > 0 and stats["tokens_per_second"] > 0
     assert stats["failures"] == judge.outcomes["parse_error"] + judge.outcomes["timeout"]
