@@ -6,6 +6,7 @@ fed to a `Judge` the way a training step would feed it: in batches of about
 `batch_rows` rows, the rows of one question forming one group (so group mode
 judges them in one prompt). Every number comes from the judge's own log
 (judge.jsonl in a temporary folder): outcome, latency and tokens per request.
+Seconds per completion is the whole run's wall time over the rows (throughput).
 
 `appliance judge eval` (cli/judge_cmd.py) prints these reports; the shipped set
 is `appliance/judge/data/judge_set.jsonl` (made by bench/make_judge_set.py).
@@ -134,7 +135,9 @@ class JudgeReport:
     failure_rate: float
     failures: int
     seconds_per_completion: float
-    latency_p50_seconds: float  # per judged completion: a request's latency / the completions it scored
+    # Per judge request (one response pointwise, one group): the wall time of the engine calls it waited
+    # for, retries included; a step's requests share their calls, so this is what a step waits.
+    latency_p50_seconds: float
     latency_p95_seconds: float
     prompt_tokens_per_completion: float
     generated_tokens_per_completion: float
@@ -188,8 +191,7 @@ def evaluate_judge(rows: list[LabelledRow], make_judge: Callable[[Path], Any], t
         seconds = clock() - started
         records = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
     stats = judge.stats()
-    latencies = [record["latency_seconds"] / max(len(record["assigned"]), 1) for record in records
-                 for _ in record["assigned"]]
+    latencies = [record["latency_seconds"] for record in records]
     labels = [row.label for row in rows]
     binary = set(labels) <= {0.0, 1.0}
     correct = [(score >= threshold) == (label >= 0.5) for score, label in zip(scores, labels)]

@@ -289,8 +289,8 @@ class Judge:
                 request.readings = [read_score(lp, PROBABILITY_MAX, self.spec.min_score_mass)
                                     for lp in logprobs[position:position + count]]
                 position += count
-                # The call's time and prompt tokens, shared out by the request's share of its prompts.
-                request.latency_seconds = elapsed * count / len(prompts)
+                # Latency: the wall time the request waited (as in generate mode); prompt tokens: its share.
+                request.latency_seconds = elapsed
                 request.tokens_in = round(prompt_tokens * count / len(prompts))
                 request.errors = [reading.error for reading in request.readings if reading.error]
                 request.scores = [reading.score for reading in request.readings]
