@@ -75,6 +75,12 @@ def test_bundled_model_judges_real_completions(engine, completions, tmp_path, mo
             assert all(0.0 <= s <= 1.0 for s in line["scores"])
         else:
             assert line["scores"] is None and line["errors"]
+        for answer in line["earlier_outputs"] + [line["raw_output"]]:
+            if mode == "pointwise" and "}" in answer:
+                # Generation stopped at the closing brace: at most the rest of that one token follows it.
+                assert len(answer.split("}", 1)[1]) <= 3, answer
+            if mode == "group":
+                assert '"id": "3"' not in answer  # never more ids than the 2 responses
     if mode == "group":
         # An unjudged group gets one constant, so it adds no advantage.
         assert all(len(set(line["assigned"])) == 1 for line in lines if line["outcome"] != "ok")
