@@ -78,7 +78,7 @@ def test_bundled_model_judges_real_completions(engine, completions, tmp_path, mo
         for answer in line["earlier_outputs"] + [line["raw_output"]]:
             if mode == "pointwise" and "}" in answer:
                 # Generation stopped at the closing brace: at most the rest of that one token follows it.
-                assert len(answer.split("}", 1)[1]) <= 3, answer
+                assert len(answer.split("}", 1)[1]) <= 8, answer
             if mode == "group":
                 assert '"id": "3"' not in answer  # never more ids than the 2 responses
     if mode == "group":
