@@ -22,6 +22,11 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    # Generation ends after any of these strings (kept in the text; both engines).
+    stop: tuple[str, ...] = ()
+    # The generated text must match this regular expression: vLLM enforces it with
+    # structured outputs; engines without constrained decoding ignore it (use `stop`).
+    regex: str | None = None
 
 
 @dataclass
@@ -62,6 +67,14 @@ class GenerationEngine(Protocol):
 
     def generate(self, prompts: list[str], sampling: Sampling) -> list[list[Completion]]:
         """Sample `sampling.n` completions for each prompt; result[i] belongs to prompts[i]."""
+
+    def next_token_logprobs(self, prompts: list[str], candidates: list[str]) -> list[dict[str, float]]:
+        """log p(candidate | prompt) for each candidate as the very next token after each prompt.
+
+        The raw model distribution (temperature 1, no top-p), one forward pass per
+        prompt, no sampling. Every candidate must be a single token after the
+        prompt (`scoring.single_token_ids` checks it; ValueError otherwise).
+        """
 
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
         """Serve LoRA adapter `version` from `adapter_dir` from now on (None: the base model)."""
