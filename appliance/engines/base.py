@@ -34,7 +34,9 @@ class Completion:
     text: str
     # log p(token) under the sampling distribution of the engine, one per token.
     logprobs: list[float]
-    finish_reason: str  # "stop" (EOS) or "length"
+    finish_reason: str  # "stop" (EOS) or "length"; from a remote engine also "timeout" or "error"
+    # Why a remote request failed (finish_reason "timeout" or "error"); None otherwise.
+    error: str | None = None
 
 
 @dataclass

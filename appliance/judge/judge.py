@@ -68,11 +68,16 @@ class _Request:
         return retry_messages(self.messages, self.outputs[-1], self.errors[-1])
 
     def record(self, completion: Completion, seconds: float) -> None:
+        self.latency_seconds += seconds
+        if completion.error is not None:
+            # A remote engine's request failed after its own retries: an outcome to count, not an answer to retry.
+            self.errors.append(completion.error)
+            self.outcome = "timeout" if completion.finish_reason == "timeout" else "parse_error"
+            return
         answer = self.prefill + completion.text
         self.outputs.append(answer)
         self.tokens_in += len(completion.prompt_token_ids)
         self.tokens_out += len(completion.token_ids)
-        self.latency_seconds += seconds
         try:
             self.scores = self.parse(answer)
         except JudgeOutputError as error:
@@ -220,7 +225,7 @@ class Judge:
                 request.record(completions[0], elapsed)
                 self.counters.prompt_tokens += len(completions[0].prompt_token_ids)
                 self.counters.generated_tokens += len(completions[0].token_ids)
-            pending = [request for request in pending if request.scores is None]
+            pending = [request for request in pending if request.scores is None and request.outcome == "ok"]
             attempt += 1
             if pending and attempt > self.spec.retries:
                 for request in pending:
