@@ -57,6 +57,13 @@ class JudgeSpec(Spec):
     quantization: Literal["none", "nf4", "int8"] = "none"
     mode: Literal["pointwise", "group"] = "pointwise"
     rubric: str | None = None
+    # probabilities: the score is read from the judge's next-token distribution (one forward pass,
+    # no sampling); generate: the judge writes a score and a short reason; auto: probabilities
+    # when the judge's engine gives next-token log-probabilities (both built-in engines do).
+    scoring: Literal["auto", "probabilities", "generate"] = "auto"
+    # Probability scoring: a reading with less probability than this on the score tokens is a
+    # failure (neutral score), not a score.
+    min_score_mass: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
     # Judge with the student's base weights (adapter disabled): weights held once.
     share_student_base: bool = False
     max_new_tokens: PositiveInt = 128

@@ -22,6 +22,11 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    # Generation ends after any of these strings (kept in the text; both engines).
+    stop: tuple[str, ...] = ()
+    # The generated text must match this regular expression: vLLM enforces it with
+    # structured outputs; engines without constrained decoding ignore it (use `stop`).
+    regex: str | None = None
 
 
 @dataclass
@@ -52,18 +57,39 @@ class EngineCounters:
         return self.generated_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
 
 
+class UnansweredLogprobs(dict):
+    """An empty next-token reading for a prompt whose request failed (remote engines): why, and how.
+
+    `finish_reason` is "timeout" or "error", as on a failed Completion; the judge
+    counts it as an outcome instead of a reading.
+    """
+
+    def __init__(self, finish_reason: str, error: str):
+        super().__init__()
+        self.finish_reason = finish_reason
+        self.error = error
+
+
 @runtime_checkable
 class GenerationEngine(Protocol):
     """What the step loop and the judge need from a generator."""
 
     counters: EngineCounters
-    kind: str  # "hf" | "vllm"
+    kind: str  # "hf" | "vllm" | "remote"
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Apply the model's chat template with the generation prompt appended."""
 
     def generate(self, prompts: list[str], sampling: Sampling) -> list[list[Completion]]:
         """Sample `sampling.n` completions for each prompt; result[i] belongs to prompts[i]."""
+
+    def next_token_logprobs(self, prompts: list[str], candidates: list[str]) -> list[dict[str, float]]:
+        """log p(candidate | prompt) for each candidate as the very next token after each prompt.
+
+        The raw model distribution (temperature 1, no top-p), one forward pass per
+        prompt, no sampling. Every candidate must be a single token after the
+        prompt (`scoring.single_token_ids` checks it; ValueError otherwise).
+        """
 
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
         """Serve LoRA adapter `version` from `adapter_dir` from now on (None: the base model)."""

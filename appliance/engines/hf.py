@@ -3,6 +3,14 @@
 One batched `generate` per call (left padding, EOS stop), returning token ids,
 text and the log-probability of each sampled token under the distribution it
 was sampled from (temperature and top-p applied). Greedy when temperature is 0.
+`Sampling.stop` strings end generation (transformers' stop_strings); `regex`
+is not enforced here (no constrained decoding in this engine).
+
+`next_token_logprobs` is one forward pass over a batch of prompts with no
+sampling. Prompts are right-padded (the last real token is read, and with a
+causal mask the padding after it changes nothing); when the prompts share a
+long token prefix (a group judged by one prompt, one id each) the prefix is run
+once and its KV cache repeated over the batch.
 """
 
 from __future__ import annotations
@@ -15,6 +23,10 @@ from pathlib import Path
 import torch
 
 from appliance.engines.base import Completion, EngineCounters, Sampling
+from appliance.engines.scoring import shared_prefix_length, single_token_ids
+
+# Below this many shared tokens a plain batch is as fast as computing the prefix once.
+MIN_SHARED_PREFIX_TOKENS = 16
 
 
 # Sample from the policy itself: switch off every logits processor a model's generation_config.json
@@ -105,6 +117,7 @@ class HFEngine:
             pad_token_id=self.tokenizer.pad_token_id,
             return_dict_in_generate=True,
             output_scores=True,
+            **({"stop_strings": list(sampling.stop), "tokenizer": self.tokenizer} if sampling.stop else {}),
         )
         prompt_width = encoded["input_ids"].shape[1]
         generated = output.sequences[:, prompt_width:]
@@ -132,6 +145,52 @@ class HFEngine:
                 finish_reason=finish,
             ))
         return completions
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    @torch.no_grad()
+    def next_token_logprobs(self, prompts: list[str], candidates: list[str]) -> list[dict[str, float]]:
+        if not prompts:
+            return []
+        started = time.monotonic()
+        candidate_ids = torch.tensor(single_token_ids(self._encode, prompts[0], candidates), device=self.device)
+        encoded = [self._encode(prompt) for prompt in prompts]
+        results: list[dict[str, float]] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(encoded), self.max_batch_size):
+                logprobs = self._last_logprobs(encoded[start:start + self.max_batch_size])
+                chosen = logprobs[:, candidate_ids].tolist()
+                results.extend(dict(zip(candidates, row)) for row in chosen)
+        finally:
+            self.model.train(was_training)
+        self.counters.prompt_tokens += sum(len(ids) for ids in encoded)
+        self.counters.generate_seconds += time.monotonic() - started
+        self.counters.calls += 1
+        return results
+
+    def _last_logprobs(self, batch: list[list[int]]) -> torch.Tensor:
+        """log_softmax of the logits after each sequence's last token: [len(batch), vocab]."""
+        shared = shared_prefix_length(batch) if len(batch) > 1 else 0
+        past = None
+        if shared >= MIN_SHARED_PREFIX_TOKENS:
+            prefix = torch.tensor([batch[0][:shared]], device=self.device)
+            past = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+            past.batch_repeat_interleave(len(batch))
+        else:
+            shared = 0
+        suffixes = [ids[shared:] for ids in batch]
+        width = max(len(ids) for ids in suffixes)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in suffixes], device=self.device)
+        # Only the rows' last positions go through the LM head (a fifth of the model's compute at this size).
+        positions = sorted({len(ids) - 1 for ids in suffixes})
+        logits = self.model(input_ids=input_ids, past_key_values=past, use_cache=past is not None,
+                            logits_to_keep=torch.tensor(positions, device=self.device)).logits
+        column = torch.tensor([positions.index(len(ids) - 1) for ids in suffixes], device=self.device)
+        return torch.log_softmax(logits[torch.arange(len(batch), device=self.device), column].float(), dim=-1)
 
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
         """The shared-weights engine already sees the trainer's adapter; only the version moves."""

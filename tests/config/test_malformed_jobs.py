@@ -133,6 +133,20 @@ CASES = [
           model: smollm2-135m-instruct
           mode: ruler
         """), "judge.mode", 5, "'group'"),
+    Case("unknown-judge-scoring", job("""\
+        name: t
+        student: {model: smollm2-135m-instruct}
+        judge:
+          model: smollm2-135m-instruct
+          scoring: logprobs
+        """), "judge.scoring", 5, "'probabilities'"),
+    Case("judge-score-mass-above-1", job("""\
+        name: t
+        student: {model: smollm2-135m-instruct}
+        judge:
+          model: smollm2-135m-instruct
+          min_score_mass: 1.5
+        """), "judge.min_score_mass", 5, "less than or equal to 1"),
     Case("bad-job-name", job("""\
         name: my job
         student: {model: smollm2-135m-instruct}

@@ -100,42 +100,61 @@ def test_openai_client_package_talks_to_the_server(server):
     assert len(reply.choices[0].logprobs.content[0].top_logprobs) == 2
 
 
-def test_remote_judge_scores_and_logs_as_the_local_judge(server, local_engine, token_file, tmp_path, no_network):
-    """Same model behind the endpoint, greedy: the same answers, scores and judge.jsonl fields."""
+@pytest.mark.parametrize("scoring", ["probabilities", "generate"])
+def test_remote_judge_scores_and_logs_as_the_local_judge(server, local_engine, token_file, tmp_path, no_network,
+                                                         scoring):
+    """Same model behind the endpoint: the same scores, readings or answers, and judge.jsonl fields."""
     remote_engine = OpenAIRemoteEngine.from_judge_spec(judge_spec(server.url, token_file))
-    remote = Judge(judge_spec(server.url, token_file), remote_engine, log_path=tmp_path / "remote" / "judge.jsonl")
-    local = Judge(JudgeSpec(model=SERVED, max_new_tokens=12, retries=0, cache=False), local_engine,
+    remote = Judge(judge_spec(server.url, token_file, scoring=scoring), remote_engine,
+                   log_path=tmp_path / "remote" / "judge.jsonl")
+    local = Judge(JudgeSpec(model=SERVED, max_new_tokens=12, retries=0, cache=False, scoring=scoring), local_engine,
                   log_path=tmp_path / "local" / "judge.jsonl")
+    assert remote.scoring == local.scoring == scoring
     try:
-        # One sample per call: a batch of one has no padding, so greedy outputs are bit-for-bit comparable.
+        # One sample per call: a batch of one has no padding, so the two forward passes see the same tokens.
         remote_scores = [remote([sample])[0] for sample in SAMPLES]
         local_scores = [local([sample])[0] for sample in SAMPLES]
     finally:
         remote.close(), local.close(), remote_engine.close()
     remote_log, local_log = read_log(tmp_path / "remote" / "judge.jsonl"), read_log(tmp_path / "local" / "judge.jsonl")
     assert len(remote_log) == len(local_log) == len(SAMPLES)
-    assert all(len(r["raw_output"]) > len('{"score": ') for r in remote_log)  # the endpoint really generated
-    assert [r["raw_output"] for r in remote_log] == [r["raw_output"] for r in local_log]
-    assert [r["outcome"] for r in remote_log] == [r["outcome"] for r in local_log]
-    assert remote_scores == pytest.approx(local_scores)
     assert set(remote_log[0]) == set(local_log[0])
-    assert [r["tokens_out"] for r in remote_log] == [r["tokens_out"] for r in local_log]
+    assert [r["outcome"] for r in remote_log] == [r["outcome"] for r in local_log]
     assert remote.outcomes == local.outcomes
+    if scoring == "generate":
+        assert all(len(r["raw_output"]) > len('{"score": ') for r in remote_log)  # the endpoint really generated
+        assert [r["raw_output"] for r in remote_log] == [r["raw_output"] for r in local_log]
+        assert [r["tokens_out"] for r in remote_log] == [r["tokens_out"] for r in local_log]
+        assert remote_scores == pytest.approx(local_scores)
+    else:
+        assert remote.outcomes["ok"] == len(SAMPLES)  # probability scoring always reads a score from this model
+        # Read from the endpoint's top-20 logprobs: digits outside the top 20 count as 0 there.
+        for remote_record, local_record in zip(remote_log, local_log):
+            remote_dist = remote_record["distributions"][0]
+            local_dist = local_record["distributions"][0]
+            assert remote_dist["mass"] == pytest.approx(local_dist["mass"], abs=1e-3)
+            for value, probability in local_dist["probabilities"].items():
+                assert remote_dist["probabilities"].get(value, 0.0) == pytest.approx(probability, abs=2e-3)
+        assert remote_scores == pytest.approx(local_scores, abs=2e-3)
+    assert [r["tokens_in"] for r in remote_log] == [r["tokens_in"] for r in local_log]
     assert TOKEN not in (tmp_path / "remote" / "judge.jsonl").read_text()
     assert no_network == []
 
 
-def test_timeouts_are_counted_outcomes(server, token_file, tmp_path):
-    spec = judge_spec(server.url, token_file, request_timeout_seconds=0.001, retries=1)
+@pytest.mark.parametrize("scoring", ["probabilities", "generate"])
+def test_timeouts_are_counted_outcomes(server, token_file, tmp_path, scoring):
+    spec = judge_spec(server.url, token_file, request_timeout_seconds=0.001, retries=1, scoring=scoring)
     engine = OpenAIRemoteEngine.from_judge_spec(spec)
     judge = Judge(spec, engine, log_path=tmp_path / "judge.jsonl")
+    failures_at_load = dict(engine.failures)  # probability scoring checks its scale once at load
     try:
         scores = judge(SAMPLES)
     finally:
         judge.close(), engine.close()
     assert scores == [0.5, 0.5]  # neutral: no group was judged
     assert judge.outcomes == {"ok": 0, "parse_error": 0, "timeout": 2}
-    assert engine.failures["timeout"] == 2
+    assert engine.failures["timeout"] - failures_at_load["timeout"] == 2
+    assert engine.failures["error"] == 0
     records = read_log(tmp_path / "judge.jsonl")
     assert [r["outcome"] for r in records] == ["timeout", "timeout"]
     assert all("timeout" in r["errors"][0] for r in records)
@@ -159,13 +178,16 @@ class GarbageHandler(BaseHTTPRequestHandler):
         pass
 
 
+GARBAGE = [
+    (200, b"<html>not json</html>"),
+    (200, json.dumps({"choices": [{"message": {"content": None}}]}).encode()),
+    (503, b"overloaded"), (503, b"overloaded"),  # retried once, then counted
+]
+
+
 @pytest.fixture
 def garbage_endpoint():
-    GarbageHandler.answers = [
-        (200, b"<html>not json</html>"),
-        (200, json.dumps({"choices": [{"message": {"content": None}}]}).encode()),
-        (503, b"overloaded"), (503, b"overloaded"),  # retried once, then counted
-    ]
+    GarbageHandler.answers = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), GarbageHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -175,10 +197,12 @@ def garbage_endpoint():
     thread.join(timeout=5)
 
 
-def test_garbage_answers_are_counted_not_fatal(garbage_endpoint, token_file, tmp_path):
-    spec = judge_spec(garbage_endpoint, token_file, retries=1, concurrency=1)
+@pytest.mark.parametrize("scoring", ["probabilities", "generate"])
+def test_garbage_answers_are_counted_not_fatal(garbage_endpoint, token_file, tmp_path, scoring):
+    spec = judge_spec(garbage_endpoint, token_file, retries=1, concurrency=1, scoring=scoring)
     engine = OpenAIRemoteEngine(garbage_endpoint, SERVED, token=TOKEN, concurrency=1, retries=1, backoff_seconds=0.01)
     judge = Judge(spec, engine, log_path=tmp_path / "judge.jsonl")
+    GarbageHandler.answers = list(GARBAGE)  # from here on (the judge's load-time scale check got "{}")
     samples = SAMPLES + [RewardSample(prompt="What is 2 x 2?", completion="4", reference="4", group=2)]
     try:
         scores = judge(samples)
@@ -195,10 +219,10 @@ def test_engine_sends_prefill_as_assistant_continuation(server):
     try:
         prompt = engine.render_chat([{"role": "user", "content": "Rate 2 x 3 = 6 from 0 to 9."}]) + '{"score": '
         [[completion]] = engine.generate([prompt], Sampling(max_new_tokens=2, temperature=0.0))
-        top = engine.next_token_top_logprobs([prompt], top=5)[0]
+        digits = engine.next_token_logprobs([prompt], [str(value) for value in range(10)])[0]
     finally:
         engine.close()
-    # The first generated token is the endpoint's most likely next token after the prefill.
-    assert completion.text.startswith(max(top, key=top.get))
-    assert len(top) == 5 and all(value <= 0.0 for value in top.values())
+    # Greedy, the first generated token is the most likely next token: here a digit, the most likely one.
+    assert completion.text[0] == max(digits, key=digits.get)
+    assert set(digits) == {str(value) for value in range(10)} and all(value <= 0.0 for value in digits.values())
     assert completion.prompt_token_ids and len(completion.token_ids) == len(completion.logprobs) == 2

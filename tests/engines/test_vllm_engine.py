@@ -173,3 +173,43 @@ def test_judge_engine_beside_the_student_keeps_metrics_apart(engine, demo_model_
     assert sample_value(judge_snapshot["families"], "vllm:generation_tokens_total", model_name="student") is None
     assert student_before is not None
     assert sample_value(student_snapshot["families"], "vllm:generation_tokens_total", model_name="student") == student_before
+
+
+# Probability scoring: expected scores on 0..1. Both sides are fp32 and the per-token
+# logprob gap above is ~6e-5 nats at most, which moves a 0-9 expected score by ~1e-4
+# of the scale; 2e-3 (0.018 points on the 0-9 scale) leaves room for other CPUs' kernels,
+# while a wrong prompt, position or token mapping moves scores by 0.02-0.3 (the judge's
+# scores on the shipped set spread with std ~0.13).
+EXPECTED_SCORE_BOUND = 2e-3
+
+
+def test_judge_probability_scores_match_transformers_and_reasoned_answers_are_constrained(engine, hf_model,
+                                                                                        demo_model_dir):
+    from appliance.config.schema import JudgeSpec
+    from appliance.engines.hf import HFEngine
+    from appliance.judge import Judge
+    from appliance.judge.harness import load_rows, shipped_set_path
+    from appliance.models.loading import load_tokenizer
+    from appliance.rewards.registry import RewardSample
+
+    if engine.adapter_version is not None:
+        engine.update_adapter(None, engine.adapter_version + 1)  # judge with the base weights, like transformers
+    reference = HFEngine(hf_model, load_tokenizer(demo_model_dir), "reference")
+    rows = load_rows(shipped_set_path())[:4]  # two multiply questions, two answers each
+    samples = [RewardSample(prompt=r.question, completion=r.response, reference=r.reference, group=i // 2)
+               for i, r in enumerate(rows)]
+    gaps = []
+    for mode in ("pointwise", "group"):
+        spec = JudgeSpec(model="smollm2-135m-instruct", mode=mode, scoring="probabilities", cache=False)
+        vllm_judge, hf_judge = Judge(spec, engine), Judge(spec, reference)
+        vllm_scores, hf_scores = vllm_judge(samples), hf_judge(samples)
+        assert vllm_judge.outcomes["ok"] == hf_judge.outcomes["ok"] == (4 if mode == "pointwise" else 2)
+        gaps += [abs(a - b) for a, b in zip(vllm_scores, hf_scores)]
+    print(f"\nvLLM vs transformers expected scores: max gap {max(gaps):.2e}")
+    assert max(gaps) <= EXPECTED_SCORE_BOUND
+
+    reasoned = Judge(JudgeSpec(model="smollm2-135m-instruct", mode="group", scoring="generate", retries=0), engine)
+    scores = reasoned(samples)
+    # The answer is constrained to exactly the group's ids by structured outputs: parsed on the first try.
+    assert reasoned.outcomes == {"ok": 2, "parse_error": 0, "timeout": 0} and reasoned.retries == 0
+    assert all(0.0 <= s <= 1.0 for s in scores)

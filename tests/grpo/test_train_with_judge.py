@@ -1,4 +1,11 @@
-"""A short GRPO run whose reward includes the local judge (the bundled model judging itself)."""
+"""A short GRPO run whose reward includes the local judge (the bundled model judging itself).
+
+The judge is the issue's bar: group (RULER-style) mode with probability
+scoring, so every judge.jsonl line must be `ok` with a distribution per
+response, and the judge's scores must differ within each group (a judge that
+failed would give a whole group one neutral score, and the judge weight would
+train nothing).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ def _job(share_student_base: bool) -> dict:
     return {
         "name": "judge-run",
         "student": {"model": "smollm2-135m-instruct", "quantization": "nf4", "lora": {"rank": 8, "alpha": 16}},
-        "judge": {"model": "smollm2-135m-instruct", "mode": "pointwise", "max_new_tokens": 24,
+        "judge": {"model": "smollm2-135m-instruct", "mode": "group", "scoring": "probabilities",
                   "share_student_base": share_student_base},
         "task": {"dataset": "builtin:multiply", "held_out": 100,
                  "system_prompt": "Reply with the answer in the form <answer>N</answer>."},
@@ -37,10 +44,12 @@ def test_training_with_judge_reward_completes_and_logs_every_call(tmp_path, stor
         judge = record["rewards"]["judge"]
         assert 0.0 <= judge["mean"] <= 1.0 and judge["std"] >= 0.0
     calls = [json.loads(line) for line in (job_dir / "judge.jsonl").read_text().splitlines()]
-    assert {call["step"] for call in calls} == {1, 2}
-    # pointwise: one logged call per completion judged (4 x 2 per step), cached repeats excepted
-    assert 1 <= len(calls) <= 16
+    # group mode: one logged call per group, 2 groups per step
+    assert sorted(call["step"] for call in calls) == [1, 1, 2, 2]
     for call in calls:
-        assert call["outcome"] in ("ok", "parse_error", "timeout")
-        assert {"mode", "prompt", "raw_output", "scores", "retries", "latency_seconds"} <= set(call)
+        assert call["outcome"] == "ok" and call["scoring"] == "probabilities" and call["mode"] == "group"
+        assert {"prompt", "raw_output", "scores", "retries", "latency_seconds"} <= set(call)
+        assert len(call["distributions"]) == len(call["assigned"]) == 4
+        assert all(reading["mass"] >= 0.5 and reading["probabilities"] for reading in call["distributions"])
+        assert max(call["assigned"]) - min(call["assigned"]) > 1e-3  # the scores vary within the group
     assert (job_dir / "checkpoints" / "step-000002" / "adapter" / "adapter_model.safetensors").is_file()

@@ -1,4 +1,4 @@
-"""The bundled SmolLM2-135M-Instruct judging its own real completions, in both modes, on the CPU.
+"""The bundled SmolLM2-135M-Instruct judging its own real completions in reasoned (generate) mode, on the CPU.
 
 A 135M model is a weak judge: its parse failures must be counted and
 logged, never fatal, and every score must still be a valid 0..1 value.
@@ -53,7 +53,8 @@ def check_scores(scores, samples):
 @pytest.mark.parametrize("mode", ["pointwise", "group"])
 def test_bundled_model_judges_real_completions(engine, completions, tmp_path, mode):
     log_path = tmp_path / "jobs" / "1" / "judge.jsonl"
-    spec = JudgeSpec(model="smollm2-135m-instruct", mode=mode, max_new_tokens=24, retries=1, timeout_seconds=3600)
+    spec = JudgeSpec(model="smollm2-135m-instruct", mode=mode, scoring="generate", max_new_tokens=24, retries=1,
+                     timeout_seconds=3600)
     judge = Judge(spec, engine, log_path=log_path)
     judge.set_step(3)
     scores = judge(completions)
@@ -78,7 +79,7 @@ def test_bundled_model_judges_real_completions(engine, completions, tmp_path, mo
         # An unjudged group gets one constant, so it adds no advantage.
         assert all(len(set(line["assigned"])) == 1 for line in lines if line["outcome"] != "ok")
         assert all(QUESTIONS[0][0] in line["prompt"] or QUESTIONS[1][0] in line["prompt"] for line in lines)
-        assert all('<response id="2">' in line["prompt"] for line in lines)
+        assert all('<response id="2" key=' in line["prompt"] for line in lines)
     stats = judge.stats()
     assert stats["generated_tokens"] > 0 and stats["tokens_per_second"] > 0
     assert stats["failures"] == judge.outcomes["parse_error"] + judge.outcomes["timeout"]

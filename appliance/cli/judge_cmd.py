@@ -1,0 +1,119 @@
+"""`appliance judge eval FILE.jsonl [--job JOB.yaml] [--scoring ...] [--mode ...] [--json]`: how good is the judge.
+
+Runs the job's judge (without --job: the bundled model, default settings) over
+labelled rows and reports AUC, accuracy at --threshold, Spearman, failure rate,
+latency p50/p95 and tokens (appliance/judge/harness.py). --mode and --scoring
+take one value or a comma list (`--mode pointwise,group --scoring
+probabilities,generate` runs every mode side by side on one loaded engine).
+FILE `shipped` is the labelled set inside the package.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from appliance.cli.main import EXIT_BAD_INPUT, EXIT_OK, add_data_dir, data_dir_of
+
+MODES = ("pointwise", "group")
+SCORINGS = ("auto", "probabilities", "generate")
+DEFAULT_JUDGE_MODEL = "smollm2-135m-instruct"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("judge", help="judge tools: eval a judge on labelled rows")
+    commands = parser.add_subparsers(dest="judge_command", metavar="COMMAND", required=True)
+    evaluate = commands.add_parser("eval", help="AUC, accuracy, failure rate, latency and tokens of a judge")
+    evaluate.add_argument("file", help="labelled JSONL (question, reference, response, label), or 'shipped'")
+    evaluate.add_argument("--job", type=Path, default=None, help="job YAML whose judge section is evaluated")
+    evaluate.add_argument("--mode", default=None, help="pointwise | group (or a comma list); default: the job's")
+    evaluate.add_argument("--scoring", default=None, help="auto | probabilities | generate (or a comma list)")
+    evaluate.add_argument("--threshold", type=float, default=0.5, help="score at or above which a row counts as 1")
+    evaluate.add_argument("--limit", type=int, default=None, help="the first N rows only")
+    evaluate.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_data_dir(evaluate)
+    evaluate.set_defaults(handler=_eval)
+
+
+def _choices(value: str | None, allowed: tuple[str, ...], option: str, default: str) -> list[str]:
+    values = [v.strip() for v in (value or default).split(",") if v.strip()]
+    wrong = [v for v in values if v not in allowed]
+    if wrong or not values:
+        raise ValueError(f"{option}: {', '.join(wrong) or '(empty)'} is not one of {', '.join(allowed)}")
+    return values
+
+
+def _eval(args) -> int:
+    from appliance.config.load import JobFileError
+    from appliance.errors import ApplianceError
+    from appliance.judge.harness import evaluate_judge, format_table, load_rows, shipped_set_path
+    from appliance.models.store import ModelStoreError
+
+    data_dir = data_dir_of(args)
+    try:
+        rows = load_rows(shipped_set_path() if args.file == "shipped" else Path(args.file))[: args.limit]
+        spec, job = _judge_spec(args, data_dir)
+        modes = _choices(args.mode, MODES, "--mode", spec.mode)
+        scorings = _choices(args.scoring, SCORINGS, "--scoring", spec.scoring)
+        if not 0.0 <= args.threshold <= 1.0:
+            raise ValueError(f"--threshold must be between 0 and 1, got {args.threshold}")
+        engine = _judge_engine(spec, job, data_dir)
+    except (ApplianceError, JobFileError, ModelStoreError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from appliance.judge.judge import Judge
+
+    reports = []
+    try:
+        for mode in modes:
+            for scoring in scorings:
+                variant = spec.model_copy(update={"mode": mode, "scoring": scoring})
+                reports.append(evaluate_judge(rows, lambda log_path, v=variant: Judge(v, engine, log_path),
+                                              threshold=args.threshold))
+    except ApplianceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        engine.close()
+    if args.json:
+        print(json.dumps({"file": args.file, "judge_model": spec.model, "rows": len(rows),
+                          "reports": [report.to_dict() for report in reports]}, indent=2))
+    else:
+        print(f"judge {spec.model} on {len(rows)} rows of {args.file}")
+        print(format_table(reports))
+    return EXIT_OK
+
+
+def _judge_spec(args, data_dir: Path):
+    """The job's judge section (paths made absolute), or the bundled model with default settings."""
+    from appliance.config.checks import load_checked_job
+    from appliance.config.schema import JudgeSpec
+
+    if args.job is None:
+        return JudgeSpec(model=DEFAULT_JUDGE_MODEL), None
+    job = load_checked_job(args.job, data_dir)
+    if job.judge is None:
+        raise ValueError(f"{args.job}: the job has no 'judge' section to evaluate")
+    return job.judge, job
+
+
+def _judge_engine(spec, job, data_dir: Path):
+    """The judge engine the job would use: its own weights (a judge sharing the student's base loads them)."""
+    from appliance.models.loading import default_device
+    from appliance.models.store import resolve_model
+
+    # A judge that shares the student's base judges with those weights: the student's model.
+    model = job.student.model if (job is not None and spec.share_student_base) else spec.model
+    model_dir = resolve_model(model, data_dir)
+    device = default_device()
+    kind = job.engine.judge if job is not None else "auto"
+    if kind == "vllm" or (kind == "auto" and device.startswith("cuda")):
+        from appliance.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_dir, model_name=f"{spec.model}-judge", kv_cache_bytes=1 << 30, device=device,
+                          enable_lora=False)
+    from appliance.engines.hf import HFEngine
+
+    quantization = "none" if (job is not None and spec.share_student_base) else spec.quantization
+    return HFEngine.load(model_dir, quantization, device=device, name=spec.model)

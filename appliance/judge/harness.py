@@ -1,0 +1,231 @@
+"""Judge quality on labelled rows: AUC, accuracy at a threshold, Spearman, failures, latency, tokens.
+
+A labelled row is `{"question", "reference", "response", "label"}` (label 0/1,
+or a grade: any number, higher is better; optional "id", "task"). The rows are
+fed to a `Judge` the way a training step would feed it: in batches of about
+`batch_rows` rows, the rows of one question forming one group (so group mode
+judges them in one prompt). Every number comes from the judge's own log
+(judge.jsonl in a temporary folder): outcome, latency and tokens per request.
+
+`appliance judge eval` (cli/judge_cmd.py) prints these reports; the shipped set
+is `appliance/judge/data/judge_set.jsonl` (made by bench/make_judge_set.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+from appliance.errors import ApplianceError
+
+DEFAULT_THRESHOLD = 0.5
+
+
+class LabelledSetError(ApplianceError):
+    """A labelled-set file cannot be used; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class LabelledRow:
+    question: str
+    reference: str | None
+    response: str
+    label: float
+    id: str = ""
+    task: str = ""
+
+
+def shipped_set_path() -> Path:
+    return Path(str(resources.files("appliance.judge") / "data" / "judge_set.jsonl"))
+
+
+def load_rows(path: Path) -> list[LabelledRow]:
+    """Read and check every row; one error naming the file, line and field on the first bad one."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise LabelledSetError(f"{path}: cannot read the labelled set ({error})") from None
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as error:
+            raise LabelledSetError(f"{path}:{number}: not a JSON object ({error})") from None
+        if not isinstance(row, dict):
+            raise LabelledSetError(f"{path}:{number}: expected a JSON object with question, response and label")
+        for key in ("question", "response"):
+            if not isinstance(row.get(key), str):
+                raise LabelledSetError(f"{path}:{number}: '{key}' must be a string")
+        label = row.get("label")
+        if isinstance(label, bool) or not isinstance(label, (int, float)) or not math.isfinite(label):
+            raise LabelledSetError(f"{path}:{number}: 'label' must be a number (0/1, or a grade), got {label!r}")
+        reference = row.get("reference")
+        rows.append(LabelledRow(row["question"], None if reference is None else str(reference), row["response"],
+                                float(label), str(row.get("id", number)), str(row.get("task", ""))))
+    if not rows:
+        raise LabelledSetError(f"{path}: no rows")
+    return rows
+
+
+def auc(scores: list[float], labels: list[float]) -> float | None:
+    """Area under the ROC curve for binary labels (ties count half); None without both classes."""
+    positives = [s for s, y in zip(scores, labels) if y >= 0.5]
+    negatives = [s for s, y in zip(scores, labels) if y < 0.5]
+    if not positives or not negatives:
+        return None
+    ranks = _ranks(scores)
+    positive_rank_sum = sum(r for r, y in zip(ranks, labels) if y >= 0.5)
+    n_pos, n_neg = len(positives), len(negatives)
+    return (positive_rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman rank correlation (average ranks for ties); None when either side is constant."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    if len(set(rx)) < 2 or len(set(ry)) < 2:
+        return None
+    return statistics.correlation(rx, ry)
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            ranks[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(frozen=True)
+class JudgeReport:
+    """One judge configuration over a labelled set."""
+
+    mode: str
+    scoring: str
+    rows: int
+    requests: int
+    auc: float | None
+    accuracy: float | None  # at `threshold`, binary labels only
+    threshold: float
+    spearman: float | None
+    failure_rate: float
+    failures: int
+    seconds_per_completion: float
+    latency_p50_seconds: float  # per judged completion: a request's latency / the completions it scored
+    latency_p95_seconds: float
+    prompt_tokens_per_completion: float
+    generated_tokens_per_completion: float
+    score_mean: float
+    score_std: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def batches(rows: list[LabelledRow], batch_rows: int) -> list[list[int]]:
+    """Row indices in step-sized batches; the rows of one question stay together (one group)."""
+    groups: dict[tuple, list[int]] = {}
+    for index, row in enumerate(rows):
+        groups.setdefault((row.question, row.reference), []).append(index)
+    result: list[list[int]] = []
+    current: list[int] = []
+    for members in groups.values():
+        if current and len(current) + len(members) > batch_rows:
+            result.append(current)
+            current = []
+        current.extend(members)
+    if current:
+        result.append(current)
+    return result
+
+
+def evaluate_judge(rows: list[LabelledRow], make_judge: Callable[[Path], Any], threshold: float = DEFAULT_THRESHOLD,
+                   batch_rows: int = 16, clock: Callable[[], float] = time.monotonic) -> JudgeReport:
+    """Run the judge that `make_judge(log_path)` builds over the rows and score it against the labels."""
+    from appliance.rewards.registry import RewardSample
+
+    scores: list[float] = [0.0] * len(rows)
+    with tempfile.TemporaryDirectory(prefix="judge-eval-") as folder:
+        log_path = Path(folder) / "judge.jsonl"
+        judge = make_judge(log_path)
+        started = clock()
+        try:
+            for batch in batches(rows, batch_rows):
+                group_of = {}
+                samples = []
+                for index in batch:
+                    row = rows[index]
+                    group = group_of.setdefault((row.question, row.reference), len(group_of))
+                    samples.append(RewardSample(prompt=row.question, completion=row.response,
+                                                reference=row.reference, group=group))
+                for index, score in zip(batch, judge(samples)):
+                    scores[index] = score
+        finally:
+            judge.close()
+        seconds = clock() - started
+        records = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+    stats = judge.stats()
+    latencies = [record["latency_seconds"] / max(len(record["assigned"]), 1) for record in records
+                 for _ in record["assigned"]]
+    labels = [row.label for row in rows]
+    binary = set(labels) <= {0.0, 1.0}
+    correct = [(score >= threshold) == (label >= 0.5) for score, label in zip(scores, labels)]
+    return JudgeReport(
+        mode=judge.spec.mode,
+        scoring=judge.scoring,
+        rows=len(rows),
+        requests=stats["requests"],
+        auc=auc(scores, labels) if binary else None,
+        accuracy=sum(correct) / len(correct) if binary else None,
+        threshold=threshold,
+        spearman=spearman(scores, labels),
+        failure_rate=stats["failure_rate"],
+        failures=stats["failures"],
+        seconds_per_completion=seconds / len(rows),
+        latency_p50_seconds=_percentile(latencies, 0.5),
+        latency_p95_seconds=_percentile(latencies, 0.95),
+        prompt_tokens_per_completion=stats["prompt_tokens"] / len(rows),
+        generated_tokens_per_completion=stats["generated_tokens"] / len(rows),
+        score_mean=statistics.fmean(scores),
+        score_std=statistics.pstdev(scores),
+    )
+
+
+def format_table(reports: list[JudgeReport]) -> str:
+    """The reports side by side, one line per mode, for people."""
+    def number(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    header = (f"{'mode':<10} {'scoring':<13} {'rows':>5} {'AUC':>6} {'acc@t':>6} {'rho':>6} {'fail':>6} "
+              f"{'s/compl':>8} {'p50 s':>7} {'p95 s':>7} {'tok in':>7} {'tok out':>7}")
+    lines = [header]
+    for r in reports:
+        lines.append(
+            f"{r.mode:<10} {r.scoring:<13} {r.rows:>5} {number(r.auc, '.3f'):>6} {number(r.accuracy, '.3f'):>6} "
+            f"{number(r.spearman, '.3f'):>6} {r.failure_rate:>6.1%} {r.seconds_per_completion:>8.3f} "
+            f"{r.latency_p50_seconds:>7.3f} {r.latency_p95_seconds:>7.3f} "
+            f"{r.prompt_tokens_per_completion:>7.0f} {r.generated_tokens_per_completion:>7.1f}")
+    return "\n".join(lines)
