@@ -201,6 +201,17 @@ class CheckpointSpec(Spec):
     best_mode: Literal["max", "min"] | None = None
 
 
+class TrackingSpec(Spec):
+    """Experiment-tracker sinks for the step records; off by default, never online."""
+
+    # TensorBoard event files in <job dir>/tensorboard/ (needs the `tensorboard` package).
+    tensorboard: bool = False
+    # A Weights & Biases run in offline mode in <job dir>/wandb/, uploaded later from a connected
+    # machine with `wandb sync` (needs the `wandb` package).
+    wandb: bool = False
+    wandb_project: Annotated[str, Field(min_length=1, max_length=128)] = "appliance"
+
+
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -214,6 +225,7 @@ class JobSpec(Spec):
     engine: EngineSpec = EngineSpec()
     device: DeviceSpec = DeviceSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
+    tracking: TrackingSpec = TrackingSpec()
 
     @field_validator("name")
     @classmethod

@@ -118,8 +118,11 @@ def find_adapter(job: JobSource, selector: str = "best") -> AdapterSource:
                               "use --checkpoint latest or step-N, or wait for a checkpoint")
         state = _read_json(adapter / "best.json") or _read_json(best / "best.json")
         step = int(state.get("step", 0))
-        metric = next((key for key in state if key != "step"), None)
-        value = state.get(metric) if metric else None
+        if "metric" in state:  # {"step", "metric", "value", "mode"}
+            metric, value = state.get("metric"), state.get("value")
+        else:  # older runs: {"step", <metric>: value}
+            metric = next((key for key in state if key != "step"), None)
+            value = state.get(metric) if metric else None
         return AdapterSource("best", adapter, step, metric, float(value) if isinstance(value, (int, float)) else None)
     if selector == "latest":
         if not checkpoints:

@@ -70,7 +70,7 @@ def job_folder(data_dir: Path, name: str = "unit-job") -> Path:
     best.mkdir()
     (best / "adapter_model.safetensors").write_bytes(b"w")
     (best / "adapter_config.json").write_text("{}")
-    (best / "best.json").write_text(json.dumps({"step": 2, "reward_mean": 0.5}))
+    (best / "best.json").write_text(json.dumps({"step": 2, "value": 0.5, "metric": "reward_mean", "mode": "max"}))
     return job
 
 

@@ -63,7 +63,7 @@ def test_adapter_export_has_manifest_card_and_reproduces_accuracy(trained_job, a
     manifest = verify_export(adapter_export)
     recorded = trained_job.evaluation
     assert manifest["kind"] == "adapter"
-    assert manifest["source"]["job"] == "lab-tiny" and manifest["source"]["step"] == 2
+    assert manifest["source"]["job"] == "lab-tiny" and manifest["source"]["step"] == 1
     assert manifest["source"]["metric"]["name"] == "reward_mean"
     store_model = ModelStore(trained_job.data_dir).get("smollm2-135m-instruct")
     assert manifest["base_model"]["files"]["model.safetensors"] == store_model.manifest["files"]["model.safetensors"]["sha256"]
@@ -74,7 +74,7 @@ def test_adapter_export_has_manifest_card_and_reproduces_accuracy(trained_job, a
     assert "More Information Needed" not in card
     assert "builtin:multiply" in card and "| correctness | 1 |" in card and "| answer_format | 0.5 |" in card
     assert f"before training (base model): {recorded['before']['accuracy']:.1%}" in card
-    assert f"after training: {recorded['after']['accuracy']:.1%} (step 2)" in card
+    assert f"after training: {recorded['after']['accuracy']:.1%} (step 1)" in card
 
     # Elsewhere: transformers + peft, the base quantized as the job trained it (export.json says how).
     assert manifest["base_model"]["training_quantization"] == "nf4"
@@ -139,8 +139,8 @@ def test_a_changed_file_is_caught_by_the_manifest(adapter_export, tmp_path, caps
 def test_export_refuses_an_existing_folder_and_an_unknown_checkpoint(trained_job, adapter_export, tmp_path):
     with pytest.raises(ExportError, match="already exists and is not empty"):
         export_job("lab-tiny", trained_job.data_dir, adapter_export)
-    with pytest.raises(ExportError, match=r"no complete checkpoint at step 1 \(kept: step-2\)"):
-        export_job("lab-tiny", trained_job.data_dir, tmp_path / "x", checkpoint="step-1")
+    with pytest.raises(ExportError, match=r"no complete checkpoint at step 5 \(kept: step-1\)"):
+        export_job("lab-tiny", trained_job.data_dir, tmp_path / "x", checkpoint="step-5")
     assert not (tmp_path / "x").exists()
     result = export_job(str(trained_job.job_dir), trained_job.data_dir, tmp_path / "latest", checkpoint="latest")
-    assert result.step == 2 and verify_export(result.path)["source"]["checkpoint"] == "latest"
+    assert result.step == 1 and verify_export(result.path)["source"]["checkpoint"] == "latest"
