@@ -70,7 +70,8 @@ class Plan:
             f"device {self.device.kind} {self.device.name}".rstrip()
             + f": {gib(self.device.total_bytes)} total, budget {gib(self.budget_bytes)}",
             f"compute dtype {self.compute_dtype}, rollout engine {self.rollout_engine}"
-            + (f", judge engine {self.judge_engine}" if "judge" in self.phases else ""),
+            + (f", judge engine {self.judge_engine}" if "judge" in self.phases else "")
+            + (", judge at a remote endpoint (no memory on this device)" if self.judge_engine == "remote" else ""),
             "",
             f"{'component':<18}" + "".join(f"{name:>13}" for name in names),
         ]
@@ -139,7 +140,8 @@ def plan_job(job: JobSpec, student_config: dict, judge_config: dict | None, devi
         overflow = _overflow(phases, budget)
         suggestions = suggest_changes(job, student_config, judge_config, device, optimizer, double_quant, prompt_tokens)
     return Plan(device, budget, components, phases, peak, fits, choices, overflow, suggestions,
-                work.compute_dtype, work.rollout_engine, work.judge_engine if job.judge else "",
+                work.compute_dtype, work.rollout_engine,
+                ("remote" if job.judge.endpoint else work.judge_engine) if job.judge else "",
                 {"student": work.sequence_tokens, **({"judge": work.judge_tokens} if job.judge else {})})
 
 
@@ -189,12 +191,12 @@ def _knobs(job: JobSpec) -> list[tuple[str, list]]:
         knobs.append(("grpo.micro_batch_size", _halved(g.micro_batch_size, 1)))
     if job.engine.rollout_weights == "merged_copy":
         knobs.append(("engine.rollout_weights", ["shared"]))
-    if job.judge is not None and not job.judge.share_student_base:
+    if job.judge is not None and not job.judge.share_student_base and job.judge.endpoint is None:
         if job.judge.quantization != "nf4":
             knobs.append(("judge.quantization", ["nf4"]))
         if job.judge.model == job.student.model:
             knobs.append(("judge.share_student_base", [True]))
-    if job.judge is not None:
+    if job.judge is not None and job.judge.endpoint is None:
         knobs.append(("judge.max_new_tokens", _halved(job.judge.max_new_tokens, 16)))
     return [(key, values) for key, values in knobs if values]
 

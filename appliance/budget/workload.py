@@ -100,7 +100,7 @@ def workload_of(job: JobSpec, student_config: dict, judge_config: dict | None, d
     judge_shape, judge_quant, shares, calls, judge_prompt, judge_new = None, "none", False, 0, 0, 0
     rollout_engine = resolve_engine(job.engine.rollout, device_kind)
     judge_engine = rollout_engine
-    if job.judge is not None:
+    if job.judge is not None and job.judge.endpoint is None:  # a judge at an endpoint holds no memory here
         shares = job.judge.share_student_base
         if shares:
             judge_shape, judge_quant = student, job.student.quantization

@@ -22,6 +22,7 @@ COMMANDS = [
     "appliance.cli.plan_cmd",
     "appliance.cli.train_cmd",
     "appliance.cli.eval_cmd",
+    "appliance.cli.export_cmd",
     "appliance.cli.serve_cmd",
     "appliance.cli.jobs_cmd",
     "appliance.cli.judge_cmd",

@@ -123,7 +123,7 @@ def _plan(args) -> int:
         data_dir = data_dir_of(args)
         student_config, student_source = resolve_config("student.model", job.student.model, data_dir, overrides)
         judge_config, judge_source = None, None
-        if job.judge is not None and not job.judge.share_student_base:
+        if job.judge is not None and not job.judge.share_student_base and job.judge.endpoint is None:
             judge_config, judge_source = resolve_config("judge.model", job.judge.model, data_dir, overrides)
         device = _device(args)
         plan = plan_job(job, student_config, judge_config, device,

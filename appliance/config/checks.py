@@ -71,6 +71,8 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
     if check_models:
         store_names: list[str] | None = None
         for section in ("student", "judge"):
+            if section == "judge" and _at(data, "judge", "endpoint"):
+                continue  # a remote judge's model is a name its server serves, not one of this box
             reference = _at(data, section, "model")
             if isinstance(reference, str) and reference:
                 if store_names is None:
@@ -80,6 +82,12 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
                 problem = model_problem(reference, base_dir, data_dir, store_names)
                 if problem:
                     errors.append(parsed.error_at((section, "model"), problem))
+    token_file = _at(data, "judge", "token_file")
+    if isinstance(token_file, str) and token_file:
+        path = _absolute(token_file, base_dir)
+        if not path.is_file() or not os.access(path, os.R_OK):
+            errors.append(parsed.error_at(("judge", "token_file"), (
+                f"token file {path} does not exist or cannot be read; give a file holding the endpoint's API key")))
     dataset = parsed.spec.task.dataset if parsed.spec is not None else _at(data, "task", "dataset")
     if isinstance(dataset, str) and dataset:
         # With a valid schema the task itself is loaded (it also checks held_out against the
@@ -268,8 +276,10 @@ def with_absolute_paths(spec: JobSpec, base_dir: Path) -> JobSpec:
     if _is_path(student.model):
         student = student.model_copy(update={"model": str(_absolute(student.model, base_dir))})
     judge = spec.judge
-    if judge is not None and _is_path(judge.model):
+    if judge is not None and judge.endpoint is None and _is_path(judge.model):
         judge = judge.model_copy(update={"model": str(_absolute(judge.model, base_dir))})
+    if judge is not None and judge.token_file is not None:
+        judge = judge.model_copy(update={"token_file": str(_absolute(judge.token_file, base_dir))})
     task = spec.task
     if not is_builtin_dataset(task.dataset):
         task = task.model_copy(update={"dataset": str(_absolute(task.dataset, base_dir))})

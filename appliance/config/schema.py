@@ -44,7 +44,16 @@ class StudentSpec(Spec):
 
 
 class JudgeSpec(Spec):
+    # A model store name or folder; with `endpoint`, the model name the remote server serves.
     model: Annotated[str, Field(min_length=1)]
+    # A judge on another box of the lab's network: an OpenAI-compatible server (vLLM serve),
+    # e.g. http://judge.lab:8000/v1. Then no judge is loaded or planned on this device.
+    endpoint: str | None = None
+    # A file holding the endpoint's API key (sent as a bearer token, never logged).
+    token_file: str | None = None
+    # Requests to the endpoint at once, and each one's timeout (retried `retries` times).
+    concurrency: Annotated[int, Field(ge=1, le=256)] = 8
+    request_timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
     quantization: Literal["none", "nf4", "int8"] = "none"
     mode: Literal["pointwise", "group"] = "pointwise"
     rubric: str | None = None
@@ -66,6 +75,23 @@ class JudgeSpec(Spec):
     # jobs/<id>/judge.jsonl rotates past this size, keeping log_backups older files.
     log_max_bytes: PositiveInt = 64 * 1024 * 1024
     log_backups: Annotated[int, Field(ge=0, le=100)] = 3
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/@\s]+(/\S*)?$", value):
+            raise ValueError("endpoint must be an http(s) URL without credentials, like http://judge.lab:8000/v1 "
+                             "(put the API key in token_file)")
+        return value
+
+    @model_validator(mode="after")
+    def _remote(self) -> "JudgeSpec":
+        if self.endpoint is None and self.token_file is not None:
+            raise ValueError("token_file is for a remote judge; set endpoint too, or drop token_file")
+        if self.endpoint is not None and self.share_student_base:
+            raise ValueError("share_student_base uses the student's weights on this box; "
+                             "a judge at an endpoint cannot share them (drop one of the two)")
+        return self
 
 
 class FewShotExample(Spec):
@@ -175,6 +201,17 @@ class CheckpointSpec(Spec):
     best_mode: Literal["max", "min"] | None = None
 
 
+class TrackingSpec(Spec):
+    """Experiment-tracker sinks for the step records; off by default, never online."""
+
+    # TensorBoard event files in <job dir>/tensorboard/ (needs the `tensorboard` package).
+    tensorboard: bool = False
+    # A Weights & Biases run in offline mode in <job dir>/wandb/, uploaded later from a connected
+    # machine with `wandb sync` (needs the `wandb` package).
+    wandb: bool = False
+    wandb_project: Annotated[str, Field(min_length=1, max_length=128)] = "appliance"
+
+
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -188,6 +225,7 @@ class JobSpec(Spec):
     engine: EngineSpec = EngineSpec()
     device: DeviceSpec = DeviceSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
+    tracking: TrackingSpec = TrackingSpec()
 
     @field_validator("name")
     @classmethod

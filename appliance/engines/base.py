@@ -39,7 +39,9 @@ class Completion:
     text: str
     # log p(token) under the sampling distribution of the engine, one per token.
     logprobs: list[float]
-    finish_reason: str  # "stop" (EOS) or "length"
+    finish_reason: str  # "stop" (EOS) or "length"; from a remote engine also "timeout" or "error"
+    # Why a remote request failed (finish_reason "timeout" or "error"); None otherwise.
+    error: str | None = None
 
 
 @dataclass
@@ -55,12 +57,25 @@ class EngineCounters:
         return self.generated_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
 
 
+class UnansweredLogprobs(dict):
+    """An empty next-token reading for a prompt whose request failed (remote engines): why, and how.
+
+    `finish_reason` is "timeout" or "error", as on a failed Completion; the judge
+    counts it as an outcome instead of a reading.
+    """
+
+    def __init__(self, finish_reason: str, error: str):
+        super().__init__()
+        self.finish_reason = finish_reason
+        self.error = error
+
+
 @runtime_checkable
 class GenerationEngine(Protocol):
     """What the step loop and the judge need from a generator."""
 
     counters: EngineCounters
-    kind: str  # "hf" | "vllm"
+    kind: str  # "hf" | "vllm" | "remote"
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Apply the model's chat template with the generation prompt appended."""

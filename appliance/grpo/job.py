@@ -126,7 +126,8 @@ def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Pa
     device = default_device()
     torch.manual_seed(spec.grpo.seed)
     student_dir = resolve_model(spec.student.model, data_dir)
-    judge_dir = resolve_model(spec.judge.model, data_dir) if spec.judge and not spec.judge.share_student_base else None
+    judge_dir = (resolve_model(spec.judge.model, data_dir)
+                 if spec.judge and not spec.judge.share_student_base and spec.judge.endpoint is None else None)
     task = load_task(spec.task, job_file_dir)
     from appliance.grpo.prompt_lengths import longest_prompt_tokens
     from appliance.models.loading import load_tokenizer
@@ -187,7 +188,11 @@ def _planned_length(spec: JobSpec, plan, role: str) -> int | None:
 def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir: Path, device: str, plan=None):
     from appliance.judge.judge import Judge
 
-    if spec.judge.share_student_base:
+    if spec.judge.endpoint is not None:
+        from appliance.engines.openai_remote import OpenAIRemoteEngine
+
+        engine = OpenAIRemoteEngine.from_judge_spec(spec.judge)
+    elif spec.judge.share_student_base:
         engine = AdapterDisabledEngine(student.model, student.tokenizer, name=f"{spec.student.model} (base)")
     elif spec.engine.judge == "vllm" or (spec.engine.judge == "auto" and device.startswith("cuda")):
         from appliance.engines.vllm_engine import VLLMEngine

@@ -20,6 +20,7 @@ from typing import Callable
 
 from appliance.config.schema import JobSpec
 from appliance.grpo.step_record import EvalResult, RunEvent, RunResult, StepRecord
+from appliance.trackers import open_trackers
 
 StepCallback = Callable[[StepRecord], None]
 EventCallback = Callable[[RunEvent], None]
@@ -83,14 +84,23 @@ def _drive(trainer, spec: JobSpec, resume: bool, evaluate: bool, eval_limit: int
         return result
 
     before = held_out_eval(adapter=False, when="before") if evaluate and trainer.step == 0 else None
-    trainer.progress = on_step
-    while trainer.step < spec.grpo.steps:
-        reason = stop_requested()
-        if reason:
-            trainer.ensure_checkpoint()
-            log_and_emit(f"stopped at step {trainer.step}: {reason}")
-            return RunResult("stopped", trainer.step, reason, trainer.checkpoints.best_state(), before, None)
-        trainer.train_step()
+    trackers = open_trackers(spec, trainer.job_dir, log_and_emit)
+
+    def step_done(record: StepRecord) -> None:
+        on_step(record)
+        trackers.write(record)
+
+    trainer.progress = step_done
+    try:
+        while trainer.step < spec.grpo.steps:
+            reason = stop_requested()
+            if reason:
+                trainer.ensure_checkpoint()
+                log_and_emit(f"stopped at step {trainer.step}: {reason}")
+                return RunResult("stopped", trainer.step, reason, trainer.checkpoints.best_state(), before, None)
+            trainer.train_step()
+    finally:
+        trackers.close()
     after = held_out_eval(adapter=True, when="after") if evaluate else None
     if evaluations:
         from appliance.models.store import atomic_write_text

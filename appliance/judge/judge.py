@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Hashable, Sequence
 
 from appliance.config.schema import JudgeSpec
-from appliance.engines.base import Completion, EngineCounters, GenerationEngine, Sampling
+from appliance.engines.base import Completion, EngineCounters, GenerationEngine, Sampling, UnansweredLogprobs
 from appliance.judge.cache import VerdictCache, cache_key
 from appliance.judge.log import JudgeLog
 from appliance.errors import ApplianceError
@@ -109,12 +109,17 @@ class _Request:
         return retry_messages(self.messages, self.outputs[-1], self.errors[-1])
 
     def record(self, completion: Completion, seconds: float) -> None:
+        self.latency_seconds += seconds
+        if completion.error is not None:
+            # A remote engine's request failed after its own retries: an outcome to count, not an answer to retry.
+            self.errors.append(completion.error)
+            self.outcome = "timeout" if completion.finish_reason == "timeout" else "parse_error"
+            return
         answer = close_group_answer(self.prefill + completion.text, len(self.sample_indices)) \
             if self.prefill == GROUP_PREFILL else self.prefill + completion.text
         self.outputs.append(answer)
         self.tokens_in += len(completion.prompt_token_ids)
         self.tokens_out += len(completion.token_ids)
-        self.latency_seconds += seconds
         try:
             self.scores = self.parse(answer)
         except JudgeOutputError as error:
@@ -286,12 +291,18 @@ class Judge:
             position = 0
             for request in batch:
                 count = len(request.score_prompts)
-                request.readings = [read_score(lp, PROBABILITY_MAX, self.spec.min_score_mass)
-                                    for lp in logprobs[position:position + count]]
+                mine = logprobs[position:position + count]
                 position += count
                 # Latency: the wall time the request waited (as in generate mode); prompt tokens: its share.
                 request.latency_seconds = elapsed
                 request.tokens_in = round(prompt_tokens * count / len(prompts))
+                unanswered = [lp for lp in mine if isinstance(lp, UnansweredLogprobs)]
+                if unanswered:  # a remote engine's request failed after its retries: counted, never fatal
+                    request.errors = [lp.error for lp in unanswered]
+                    request.outcome = "timeout" if any(lp.finish_reason == "timeout" for lp in unanswered) \
+                        else "parse_error"
+                    continue
+                request.readings = [read_score(lp, PROBABILITY_MAX, self.spec.min_score_mass) for lp in mine]
                 request.errors = [reading.error for reading in request.readings if reading.error]
                 request.scores = [reading.score for reading in request.readings]
                 if request.errors:
@@ -327,7 +338,7 @@ class Judge:
                 request.record(completions[0], elapsed)
                 self.counters.prompt_tokens += len(completions[0].prompt_token_ids)
                 self.counters.generated_tokens += len(completions[0].token_ids)
-            pending = [request for request in pending if request.scores is None]
+            pending = [request for request in pending if request.scores is None and request.outcome == "ok"]
             attempt += 1
             if pending and attempt > self.spec.retries:
                 for request in pending:

@@ -54,6 +54,12 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def file_table(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, dict]:
+    """{file name: {bytes, sha256}} for every file directly in `folder` except `skip`."""
+    return {path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+            for path in sorted(Path(folder).iterdir()) if path.is_file() and path.name not in skip}
+
+
 def _count_parameters(folder: Path) -> tuple[int, str]:
     """Parameters and dtype from safetensors headers alone (no tensor is loaded)."""
     from safetensors import safe_open
@@ -74,11 +80,7 @@ def _count_parameters(folder: Path) -> tuple[int, str]:
 def write_manifest(folder: Path, source: str) -> dict:
     """Hash every model file in `folder` and write manifest.json atomically."""
     config = json.loads((folder / "config.json").read_text())
-    files = {}
-    for path in sorted(folder.iterdir()):
-        if path.name == MANIFEST or not path.is_file():
-            continue
-        files[path.name] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    files = file_table(folder, skip=(MANIFEST,))
     parameters, dtype = _count_parameters(folder)
     manifest = {
         "schema": MANIFEST_SCHEMA,

@@ -127,6 +127,26 @@ class SubmitResponse(_Wire):
     dry_run: bool = False
 
 
+class ExportRequest(BaseModel):
+    """Export a job's adapter (or a merged model) into <data-dir>/exports/<name>/ on the daemon's box."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # A folder name, not a path: the daemon writes only under its own exports folder.
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    checkpoint: str = Field(default="best", pattern=r"^(best|latest|step-\d+)$")
+    merged: bool = False
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+
+
+class ExportResponse(_Wire):
+    path: str
+    kind: str  # "adapter" | "merged"
+    job_id: str
+    step: int
+    manifest: dict[str, Any]
+
+
 class MetricsPage(_Wire):
     job_id: str
     records: list[dict[str, Any]]

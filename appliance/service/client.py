@@ -18,8 +18,9 @@ import yaml
 
 from appliance.errors import ApplianceError
 from appliance.service.api import (
-    DEFAULT_SOCKET, JOB_ID_PATTERN, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, JobDetail, JobList, JobSummary,
-    LogChunk, MetricsPage, ModelList, RecordsPage, SubmitRequest, SubmitResponse,
+    DEFAULT_SOCKET, JOB_ID_PATTERN, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, ExportRequest,
+    ExportResponse, JobDetail, JobList, JobSummary, LogChunk, MetricsPage, ModelList, RecordsPage, SubmitRequest,
+    SubmitResponse,
 )
 
 BUILTIN_PREFIX = "builtin:"
@@ -183,6 +184,13 @@ class Client:
                 return
             # Wait for anything to happen to this job (a step, a log line, a state change).
             cursor = self.events(after=cursor, job_id=job_id, timeout=poll_seconds).cursor
+
+    def export(self, job_id: str, name: str, checkpoint: str = "best", merged: bool = False,
+               dtype: str = "bfloat16", timeout: float = 3600.0) -> ExportResponse:
+        """Export a job into <data-dir>/exports/<name>/ on the daemon's box (a merged export can take minutes)."""
+        body = ExportRequest(name=name, checkpoint=checkpoint, merged=merged, dtype=dtype)
+        return ExportResponse.model_validate(self._request("POST", f"/jobs/{_segment(job_id)}/export",
+                                                           json=body.model_dump(), timeout=timeout))
 
     def device(self) -> DeviceStatus:
         return DeviceStatus.model_validate(self._request("GET", "/device"))

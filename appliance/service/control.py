@@ -26,8 +26,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from appliance import __version__
 from appliance.errors import ApplianceError
 from appliance.service.api import (
-    JOB_ID_PATTERN, CheckpointInfo, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, JobDetail, JobList,
-    JobSummary, LogChunk, MetricsPage, ModelInfo, ModelList, RecordsPage, SubmitRequest, SubmitResponse,
+    JOB_ID_PATTERN, CheckpointInfo, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, ExportRequest,
+    ExportResponse, JobDetail, JobList, JobSummary, LogChunk, MetricsPage, ModelInfo, ModelList, RecordsPage,
+    SubmitRequest, SubmitResponse,
 )
 from appliance.service.audit import user_name
 from appliance.service.store import BadTransition, UnknownJob
@@ -205,6 +206,20 @@ def create_app(daemon: "Daemon") -> FastAPI:
     async def cancel(request: Request, job_id: str) -> JobSummary:
         return await asyncio.to_thread(audited, request, "cancel", job_id,
                                        lambda: daemon.supervisor.cancel(_checked(job_id)))
+
+    @app.post("/jobs/{job_id}/export", status_code=201)
+    async def export(request: Request, job_id: str, body: ExportRequest) -> ExportResponse:
+        def run() -> ExportResponse:
+            from appliance.export import export_job
+
+            store.get(_checked(job_id))
+            result = export_job(daemon.job_dir(job_id), daemon.data_dir, daemon.data_dir / "exports" / body.name,
+                                checkpoint=body.checkpoint, merged=body.merged, dtype=body.dtype)
+            return ExportResponse(path=str(result.path), kind=result.kind, job_id=job_id, step=result.step,
+                                  manifest=result.manifest)
+
+        # A merged export loads and writes a whole model: keep it off the event loop.
+        return await asyncio.to_thread(audited, request, "export", job_id, run)
 
     @app.get("/jobs/{job_id}/metrics")
     async def metrics(job_id: str, after_step: int = 0, limit: int = 1000) -> MetricsPage:

@@ -66,6 +66,29 @@ def test_submit_runs_to_success_through_appliance_jobs(served_job):
     assert [record["step"] for record in json.loads(metrics.stdout)] == [1, 2, 3]
 
 
+def test_export_through_the_control_api(served_job):
+    """POST /jobs/{id}/export writes <data-dir>/exports/<name>/ (never a caller's path) and is audited."""
+    from appliance.export import verify_export
+    from appliance.service.client import Client, ClientError
+
+    daemon, job_id = served_job.daemon, served_job.job_id
+    with Client(daemon.socket_path, timeout=60) as client:
+        exported = client.export(job_id, "served-best")
+        with pytest.raises(ClientError, match="already exists and is not empty") as refused:
+            client.export(job_id, "served-best")
+        with pytest.raises(ClientError) as traversal:
+            client._request("POST", f"/jobs/{job_id}/export", json={"name": "../outside"})
+    assert refused.value.status == 400 and traversal.value.status == 422
+    assert exported.path == str((daemon.data_dir / "exports" / "served-best").resolve())
+    manifest = verify_export(exported.path)
+    assert exported.kind == "adapter" and manifest["source"]["job"] == "served"
+    assert manifest["source"]["step"] == exported.step and exported.job_id == job_id
+    assert not (daemon.data_dir / "outside").exists()
+    audit = [json.loads(line) for line in (daemon.data_dir / "audit.jsonl").read_text().splitlines()]
+    exports = [line for line in audit if line["action"] == "export"]
+    assert [line["outcome"].split(":")[0] for line in exports] == ["ok", "refused"]
+
+
 def test_logs_follow_streams_lines_as_they_are_written(served_job):
     lines = served_job.follow_lines
     log_text = (served_job.daemon.data_dir / "jobs" / served_job.job_id / "log.txt").read_text()

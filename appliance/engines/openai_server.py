@@ -1,0 +1,247 @@
+"""A small OpenAI-compatible server over a transformers engine: /v1/models and /v1/chat/completions.
+
+It serves any `HFEngine` (a base model, or the student with its current
+adapter) with the request and response shapes of OpenAI's chat completions
+API and vLLM's extensions that the appliance's remote engine uses:
+`continue_final_message` / `add_generation_prompt` (an assistant prefill),
+`return_token_ids` (prompt and completion token ids) and
+`return_tokens_as_token_ids`. `logprobs` / `top_logprobs` are the model's raw
+next-token distribution at each generated position (as vLLM returns them),
+computed in one forward pass over prompt and completion.
+
+It binds loopback (or a given host) only, optionally requires a bearer token,
+and serialises engine calls (the transformers engine is not thread-safe).
+`serve_in_thread` starts it on a free port and returns a handle to stop it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from appliance.engines.base import Sampling
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    n: int = Field(default=1, ge=1, le=64)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    stream: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False
+
+
+class TokenLogprobs:
+    """Raw per-position log-probabilities of a completion under a transformers model."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    def token_text(self, token_id: int, as_id: bool) -> str:
+        return f"token_id:{token_id}" if as_id else self.tokenizer.decode([token_id])
+
+    @torch.no_grad()
+    def content(self, prompt_ids: list[int], token_ids: list[int], top: int, as_ids: bool) -> list[dict]:
+        if not token_ids:
+            return []
+        device = next(self.model.parameters()).device
+        ids = torch.tensor([prompt_ids + token_ids], device=device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logits = self.model(input_ids=ids, logits_to_keep=len(token_ids) + 1).logits[0, :-1].float()
+        finally:
+            self.model.train(was_training)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = logprobs.gather(1, torch.tensor(token_ids, device=device).unsqueeze(1)).squeeze(1).tolist()
+        best = torch.topk(logprobs, top, dim=-1) if top else None
+        entries = []
+        for position, (token_id, logprob) in enumerate(zip(token_ids, chosen)):
+            text = self.token_text(token_id, as_ids)
+            alternatives = []
+            if best is not None:
+                for alt_id, alt_logprob in zip(best.indices[position].tolist(), best.values[position].tolist()):
+                    alt_text = self.token_text(alt_id, as_ids)
+                    alternatives.append({"token": alt_text, "logprob": alt_logprob, "bytes": list(alt_text.encode())})
+            entries.append({"token": text, "logprob": logprob, "bytes": list(text.encode()),
+                            "top_logprobs": alternatives})
+        return entries
+
+
+class ChatService:
+    """The endpoint's logic over one engine, independent of the HTTP framework."""
+
+    def __init__(self, engine, served_name: str | None = None):
+        self.engine = engine
+        self.served_name = served_name or engine.name
+        self.scorer = TokenLogprobs(engine.model, engine.tokenizer)
+        self.lock = threading.Lock()
+
+    def render(self, request: ChatRequest) -> str:
+        messages = [message.model_dump() for message in request.messages]
+        if request.continue_final_message:
+            if messages[-1]["role"] != "assistant":
+                raise ValueError("continue_final_message needs the last message to be the assistant's")
+            return self.engine.tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+        return self.engine.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                          add_generation_prompt=request.add_generation_prompt)
+
+    def complete(self, request: ChatRequest) -> dict:
+        if request.continue_final_message and request.add_generation_prompt:
+            raise ValueError("set add_generation_prompt false with continue_final_message (as vLLM requires)")
+        if request.stream:
+            raise ValueError("streaming is not supported by this server; send stream: false")
+        prompt = self.render(request)
+        stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+        sampling = Sampling(max_new_tokens=request.max_completion_tokens or request.max_tokens or 256, n=request.n,
+                            temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=stop)
+        with self.lock:
+            completions = self.engine.generate([prompt], sampling)[0]
+            if stop and not request.include_stop_str_in_output:
+                completions = [_without_stop(completion, stop) for completion in completions]
+            top = request.top_logprobs or 0
+            logprobs = [self.scorer.content(c.prompt_token_ids, c.token_ids, top, request.return_tokens_as_token_ids)
+                        if request.logprobs else None for c in completions]
+        prompt_ids = completions[0].prompt_token_ids
+        choices = []
+        for index, (completion, content) in enumerate(zip(completions, logprobs)):
+            choice = {
+                "index": index,
+                "message": {"role": "assistant", "content": completion.text},
+                "logprobs": {"content": content} if content is not None else None,
+                "finish_reason": completion.finish_reason,
+            }
+            if request.return_token_ids:
+                choice["token_ids"] = completion.token_ids
+            choices.append(choice)
+        generated = sum(len(c.token_ids) for c in completions)
+        document = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.served_name,
+            "choices": choices,
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": generated,
+                      "total_tokens": len(prompt_ids) + generated},
+        }
+        if request.return_token_ids:
+            document["prompt_token_ids"] = prompt_ids
+        return document
+
+
+def _without_stop(completion, stop: tuple[str, ...]):
+    """The completion's text without the stop string it ended on (OpenAI's default)."""
+    for text in stop:
+        if completion.text.endswith(text):
+            completion.text = completion.text[: -len(text)]
+            completion.finish_reason = "stop"
+            break
+    return completion
+
+
+def build_app(service: ChatService, token: str | None = None):
+    """The FastAPI app: OpenAI error bodies, bearer-token check when a token is set."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI(title="appliance OpenAI-compatible endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+    @app.middleware("http")
+    async def authorize(request: Request, call_next):
+        if token is not None:
+            offered = request.headers.get("authorization", "")
+            if not secrets.compare_digest(offered.encode(), f"Bearer {token}".encode()):
+                return error(401, "missing or wrong bearer token", "authentication_error")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        return error(400, f"{where}: {first.get('msg')}")
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": service.served_name, "object": "model", "owned_by": "appliance"}]}
+
+    @app.post("/v1/chat/completions")
+    def chat(request: ChatRequest):
+        if request.model != service.served_name:
+            return error(404, f"model '{request.model}' is not served here (serving '{service.served_name}')",
+                         "not_found_error")
+        try:
+            return service.complete(request)
+        except ValueError as exc:
+            return error(400, str(exc))
+
+    return app
+
+
+@dataclass
+class RunningServer:
+    """A server started by `serve_in_thread`: its URL and how to stop it."""
+
+    url: str
+    server: object
+    thread: threading.Thread
+
+    def close(self, timeout_seconds: float = 300.0) -> None:
+        """Stop accepting, let requests in flight finish (a generation cannot be cut short), then return."""
+        self.server.should_exit = True
+        self.thread.join(timeout=timeout_seconds)
+
+
+def serve_in_thread(engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                    served_name: str | None = None) -> RunningServer:
+    """Serve `engine` on host:port (0: a free port) in a background thread; returns once it accepts."""
+    import uvicorn
+
+    app = build_app(ChatService(engine, served_name), token)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="openai-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise RuntimeError(f"the OpenAI-compatible server did not start on {host}:{port}")
+        time.sleep(0.02)
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    return RunningServer(f"http://{shown}:{bound_port}/v1", server, thread)
