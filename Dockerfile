@@ -3,7 +3,7 @@
 #   images/build-wheelhouse gpu images/wheelhouse        # on a connected build host
 #   podman build -t localhost/appliance:0.1.0 .           # or docker build; needs no network
 #
-# BASE_IMAGE needs CPython 3.11 with the venv module on glibc (x86_64). The default is Debian
+# BASE_IMAGE needs CPython 3.11 with the venv module, libstdc++ and libgomp on glibc (x86_64). The default is Debian
 # bookworm's Python 3.11 image: the CUDA user-space libraries come with torch's and vLLM's wheels
 # (nvidia-* packages in the gpu wheelhouse) and the driver from the host through CDI, so a CUDA
 # base image would only carry a second copy. CI builds the cpu profile FROM a local bookworm root
@@ -28,6 +28,7 @@ ENV HF_HUB_OFFLINE=1 \
     VLLM_NO_USAGE_STATS=1 \
     DO_NOT_TRACK=1 \
     HF_HUB_DISABLE_TELEMETRY=1 \
+    TOKENIZERS_PARALLELISM=false \
     APPLIANCE_DATA_DIR=/var/lib/appliance \
     APPLIANCE_MODELS_DIR=/models \
     PATH=/opt/appliance/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
