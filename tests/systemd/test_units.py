@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from packaging_support import need_tool
 
 SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
 
@@ -55,8 +56,8 @@ def values(path: Path, section: str, key: str) -> list[str]:
     return [value for sec, k, value in unit_entries(path) if (sec, k) == (section, key)]
 
 
-def test_classic_service_verifies_without_a_word(system_tool):
-    analyze = system_tool("systemd-analyze", "systemd")
+def test_classic_service_verifies_without_a_word():
+    analyze = need_tool("systemd-analyze", "systemd")
 
     result = subprocess.run([analyze, "verify", str(SYSTEMD_DIR / "appliance.service")],
                             capture_output=True, text=True)
@@ -75,11 +76,11 @@ def test_quadlet_file_uses_only_keys_the_generator_knows():
     assert unknown == []
 
 
-def test_quadlet_unit_and_service_sections_verify(system_tool, tmp_path: Path):
+def test_quadlet_unit_and_service_sections_verify(tmp_path: Path):
     """Quadlet copies [Unit], [Service] and [Install] verbatim into the generated unit and adds
     its own ExecStart; verify those sections as systemd will see them."""
-    analyze = system_tool("systemd-analyze", "systemd")
-    podman = system_tool("podman", "podman")
+    analyze = need_tool("systemd-analyze", "systemd")
+    podman = need_tool("podman", "podman")
     lines = []
     for section in ("Unit", "Service", "Install"):
         lines.append(f"[{section}]")
@@ -129,9 +130,9 @@ def test_docker_and_podman_units_run_the_same_container():
 
 
 @pytest.fixture
-def host_root(system_tool, tmp_path: Path) -> Path:
+def host_root(tmp_path: Path) -> Path:
     """An empty host root with the appliance's sysusers.d entry applied by the real systemd-sysusers."""
-    sysusers = system_tool("systemd-sysusers", "systemd")
+    sysusers = need_tool("systemd-sysusers", "systemd")
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True)
     for name in ("passwd", "group", "shadow", "gshadow"):
@@ -151,8 +152,8 @@ def test_sysusers_gives_the_host_the_image_ids(host_root: Path):
     assert ["appliance", "x", "10001"] in [entry[:3] for entry in group]
 
 
-def test_tmpfiles_makes_the_socket_and_state_directories(system_tool, host_root: Path):
-    tmpfiles = system_tool("systemd-tmpfiles", "systemd")
+def test_tmpfiles_makes_the_socket_and_state_directories(host_root: Path):
+    tmpfiles = need_tool("systemd-tmpfiles", "systemd")
 
     result = subprocess.run([tmpfiles, f"--root={host_root}", "--create", str(SYSTEMD_DIR / "appliance.tmpfiles.conf")],
                             capture_output=True, text=True)
