@@ -33,7 +33,7 @@ JOB = """\
 name: dashboard
 student:
   model: smollm2-135m-instruct
-  quantization: nf4
+  quantization: none
   lora: {rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}
 judge:
   model: smollm2-135m-instruct
@@ -45,7 +45,7 @@ task:
   dataset: builtin:multiply
   operand_min: 2
   operand_max: 5
-  held_out: 2
+  held_out: 1
 rewards:
   - {name: correctness, weight: 1.0}
   - {name: judge, weight: 0.5}
@@ -53,12 +53,12 @@ grpo:
   group_size: 2
   prompts_per_step: 1
   max_new_tokens: 8
-  steps: 2
+  steps: 1
 checkpoint:
-  every: 2
+  every: 1
   keep_last: 1
-  eval_every: 2
-  eval_limit: 2
+  eval_every: 1
+  eval_limit: 1
 """
 
 
@@ -105,8 +105,12 @@ def live(tmp_path_factory, store_data_dir):
             submitted = daemon.cli("submit", str(job_file), "--json")
             assert submitted.returncode == 0, submitted.stderr
             job_id = json.loads(submitted.stdout)["job"]["id"]
-            job = daemon.wait_state(job_id, ("succeeded", "failed"), timeout=600)
-            assert job.state == "succeeded", daemon.log()[-3000:]
+            job_log = daemon.data_dir / "jobs" / job_id / "log.txt"
+            try:
+                job = daemon.wait_state(job_id, ("succeeded", "failed"), timeout=1200)
+            finally:
+                print(daemon.log()[-3000:], job_log.read_text()[-3000:] if job_log.exists() else "no log.txt")
+            assert job.state == "succeeded", job_log.read_text()[-3000:]
             time.sleep(5)  # a few more scrapes: rates need two samples in their window
             with urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10) as response:
                 scrape = response.read().decode()
