@@ -42,8 +42,10 @@ def test_the_bundle_holds_image_model_client_units_and_monitoring(bundle: Path):
             "systemd/appliance.container", "systemd/appliance.service", "systemd/appliance.sysusers.conf",
             "systemd/appliance.tmpfiles.conf", "monitoring/prometheus.yml", "monitoring/alerts.yml",
             "monitoring/grafana-dashboard.json", "docs/operator-guide.md", "install-bundle"} <= listed
-    # The same hashes coreutils computes: an administrator can run sha256sum -c by hand.
-    assert run("sha256sum", "--check", "--quiet", "MANIFEST.sha256", cwd=bundle).returncode == 0
+    # The format of coreutils: an administrator can run sha256sum -c by hand (the image's hash is
+    # checked by the dry-run below; reading 4 GB twice is left out here).
+    lines = [line for line in (bundle / "MANIFEST.sha256").read_text().splitlines() if "image/" not in line]
+    assert run("sha256sum", "--check", "--quiet", input="\n".join(lines) + "\n", cwd=bundle).returncode == 0
 
 
 def test_install_dry_run_verifies_and_changes_nothing(bundle: Path):

@@ -97,7 +97,7 @@ def test_entrypoint_is_the_daemon_with_flags_it_knows(image):
 
 
 def test_healthcheck_asks_the_daemon(image):
-    check = image.config["Healthcheck"]
+    check = image.inspect["Healthcheck"]  # podman keeps a docker-format image's HEALTHCHECK here
 
     assert check["Test"][0] == "CMD"
     command = check["Test"][1:]
@@ -123,8 +123,10 @@ def test_config_check_passes_on_every_example_against_the_read_only_store(image,
     assert foreign.returncode == 0, foreign.stderr
 
 
-def test_the_engine_stack_imports_with_the_cpu_torch(image):
-    code = ("import torch, transformers, peft, bitsandbytes, vllm; "
+def test_the_daemon_and_the_engine_stack_import_with_the_cpu_torch(image):
+    # The daemon's own modules too: its web stack (uvicorn, fastapi) must be in the wheelhouse.
+    code = ("import appliance.service.server, appliance.service.control, appliance.service.worker; "
+            "import torch, transformers, peft, bitsandbytes, vllm; "
             "print(torch.__version__, transformers.__version__, vllm.__version__)")
 
     result = image.run("python", "-c", code)
