@@ -38,7 +38,7 @@ test: venv lint
 	$(BIN)/python -m pytest --durations=15
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not model and not slow and not vllm"
+	$(BIN)/python -m pytest -m "not model and not slow and not vllm and not image"
 
 clean:
 	rm -rf $(VENV) .appliance .test-cache

@@ -19,6 +19,10 @@ def default_data_dir() -> Path:
 
 
 def models_dir(data_dir: Path) -> Path:
+    """$APPLIANCE_MODELS_DIR (the image mounts the store read-only at /models), else <data-dir>/models."""
+    from_env = os.environ.get("APPLIANCE_MODELS_DIR")
+    if from_env:
+        return Path(from_env)
     return Path(data_dir) / "models"
 
 

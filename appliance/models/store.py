@@ -112,7 +112,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 class ModelStore:
-    """Models under `<data-dir>/models`."""
+    """Models under `<data-dir>/models`, or `$APPLIANCE_MODELS_DIR` (the image's read-only /models)."""
 
     def __init__(self, data_dir: Path):
         self.root = models_dir(Path(data_dir))

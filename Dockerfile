@@ -1,0 +1,50 @@
+# The appliance image: the daemon (`appliance serve`) with the training stack, installed offline.
+#
+#   images/build-wheelhouse gpu images/wheelhouse        # on a connected build host
+#   podman build -t localhost/appliance:0.1.0 .           # or docker build; needs no network
+#
+# BASE_IMAGE needs CPython 3.11 with the venv module, libstdc++ and libgomp on glibc (x86_64). The default is Debian
+# bookworm's Python 3.11 image: the CUDA user-space libraries come with torch's and vLLM's wheels
+# (nvidia-* packages in the gpu wheelhouse) and the driver from the host through CDI, so a CUDA
+# base image would only carry a second copy. CI builds the cpu profile FROM a local bookworm root
+# made by images/build-base (no registry is reachable there).
+ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
+
+# The ids are fixed so that the host's sysusers.d entry (systemd/appliance.sysusers.conf) gives
+# the same numbers: the socket's group and the state files' owner mean the same on both sides.
+ARG APPLIANCE_UID=10001
+ARG APPLIANCE_GID=10001
+
+# One layer: the wheelhouse is bind-mounted, not copied, so it never becomes part of the image.
+RUN --mount=type=bind,source=images,target=/tmp/images \
+    sh /tmp/images/install /tmp/images/wheelhouse "${APPLIANCE_UID}" "${APPLIANCE_GID}"
+
+# Nothing in the image may reach a network (DESIGN "No network, ever"); appliance.offline sets
+# the same variables again before any ML library loads.
+ENV HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    HF_DATASETS_OFFLINE=1 \
+    VLLM_NO_USAGE_STATS=1 \
+    DO_NOT_TRACK=1 \
+    HF_HUB_DISABLE_TELEMETRY=1 \
+    TOKENIZERS_PARALLELISM=false \
+    APPLIANCE_DATA_DIR=/var/lib/appliance \
+    APPLIANCE_MODELS_DIR=/models \
+    PATH=/opt/appliance/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+
+# /models: the model store, mounted read-only. /var/lib/appliance: jobs, database, audit log.
+# /run/appliance: the control socket, shared with the host so operators reach it over SSH.
+VOLUME ["/var/lib/appliance"]
+USER appliance
+WORKDIR /var/lib/appliance
+EXPOSE 9464
+
+# The control API answers on the socket only when the daemon is up and its job store is open.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=10m --retries=3 \
+    CMD ["appliance", "jobs", "list", "--json"]
+
+ENTRYPOINT ["appliance", "serve"]
+CMD ["--data-dir", "/var/lib/appliance", "--socket", "/run/appliance/control.sock", "--group", "appliance", "--metrics-addr", "0.0.0.0:9464"]

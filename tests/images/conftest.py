@@ -1,0 +1,91 @@
+"""The built image, opened without running it: `podman image mount` + `chroot` as its user.
+
+CI's sandbox builds images but cannot run containers (its OCI runtime refuses setrlimit), so
+the checks read the image's root filesystem and metadata directly. images/ci-build-check builds
+the image and names it in APPLIANCE_TEST_IMAGE; without that variable these tests are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STORAGE_CONF = REPO_ROOT / "images" / "ci" / "storage.conf"
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CONTAINERS_STORAGE_CONF": os.environ.get("CONTAINERS_STORAGE_CONF", str(STORAGE_CONF))}
+    return subprocess.run(["podman", *args], env=env, check=check, capture_output=True, text=True)
+
+
+@dataclass
+class MountedImage:
+    """An image's root filesystem on this host and its metadata (`podman image inspect`)."""
+
+    tag: str
+    root: Path
+    inspect: dict
+    config: dict = field(init=False)
+
+    def __post_init__(self):
+        self.config = self.inspect["Config"]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.config.get("Env", []))
+
+    def run(self, *argv: str, binds: dict[Path, str] | None = None, user: str = "appliance",
+            timeout: float = 300) -> subprocess.CompletedProcess:
+        """argv inside the image root as `user`, with the image's environment and the given
+        read-only bind mounts (host path -> path in the image), in a private mount namespace
+        so that nothing stays mounted and the image's files are never written."""
+        ids = self.ids(user)
+        mounts = [f"mount -t proc proc {self.root}/proc", f"mount --rbind /dev {self.root}/dev"]
+        for source, target in (binds or {}).items():
+            mounts.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(str(self.root) + target)}")
+            mounts.append(f"mount -o remount,bind,ro {shlex.quote(str(self.root) + target)}")
+        env = [f"{key}={value}" for key, value in self.env.items()] + [f"HOME={self.config.get('WorkingDir', '/')}"]
+        command = ["chroot", f"--userspec={ids}", str(self.root), "/usr/bin/env", "-i", *env, *argv]
+        script = " && ".join(mounts + ["exec " + shlex.join(command)])
+        return subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True,
+                              timeout=timeout)
+
+    def passwd_entry(self, name: str) -> list[str]:
+        for line in (self.root / "etc" / "passwd").read_text().splitlines():
+            fields = line.split(":")
+            if fields[0] == name:
+                return fields
+        raise AssertionError(f"no user '{name}' in the image's /etc/passwd")
+
+    def ids(self, user: str) -> str:
+        fields = self.passwd_entry(user)
+        return f"{fields[2]}:{fields[3]}"
+
+
+def _open(tag: str) -> MountedImage:
+    inspect = json.loads(podman("image", "inspect", tag).stdout)[0]
+    root = Path(podman("image", "mount", tag).stdout.strip())
+    return MountedImage(tag, root, inspect)
+
+
+@pytest.fixture(scope="session")
+def image() -> MountedImage:
+    tag = os.environ.get("APPLIANCE_TEST_IMAGE")
+    if not tag:
+        pytest.skip("image checks run from images/ci-build-check, which builds the image (root, podman, mmdebstrap)")
+    opened = _open(tag)
+    yield opened
+    podman("image", "unmount", tag, check=False)
+
+
+@pytest.fixture(scope="session")
+def base_image(image: MountedImage) -> dict:
+    tag = os.environ["APPLIANCE_TEST_BASE_IMAGE"]
+    return json.loads(podman("image", "inspect", tag).stdout)[0]

@@ -1,0 +1,106 @@
+"""The air-gapped bundle made from the built image: complete, verified on arrival, refused when
+tampered with, and its client wheels install `appliance jobs` and `appliance-tui` offline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from appliance import __version__
+from appliance.models.provision import DEMO_MODEL_NAME
+
+pytestmark = pytest.mark.image
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*argv, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(arg) for arg in argv], capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def bundle(image, store_data_dir: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "appliance-bundle"
+    env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(REPO_ROOT / "images" / "ci" / "storage.conf")}
+    made = run(REPO_ROOT / "images" / "bundle", "--out", out, "--image", image.tag, "--model", DEMO_MODEL_NAME,
+               "--data-dir", store_data_dir, env=env, timeout=900)
+    assert made.returncode == 0, made.stderr[-3000:]
+    return out
+
+
+def test_the_bundle_holds_image_model_client_units_and_monitoring(bundle: Path):
+    listed = {line.split("  ", 1)[1] for line in (bundle / "MANIFEST.sha256").read_text().splitlines()}
+    on_disk = {str(path.relative_to(bundle)) for path in bundle.rglob("*") if path.is_file()} - {"MANIFEST.sha256"}
+
+    assert listed == on_disk
+    assert {"image/appliance.tar", f"models/{DEMO_MODEL_NAME}/manifest.json", "wheels/client/requirements.txt",
+            "systemd/appliance.container", "systemd/appliance.service", "systemd/appliance.sysusers.conf",
+            "systemd/appliance.tmpfiles.conf", "monitoring/prometheus.yml", "monitoring/alerts.yml",
+            "monitoring/grafana-dashboard.json", "docs/operator-guide.md", "install-bundle"} <= listed
+    # The format of coreutils: an administrator can run sha256sum -c by hand (the image's hash is
+    # checked by the dry-run below; reading 4 GB twice is left out here).
+    lines = [line for line in (bundle / "MANIFEST.sha256").read_text().splitlines() if "image/" not in line]
+    assert run("sha256sum", "--check", "--quiet", input="\n".join(lines) + "\n", cwd=bundle).returncode == 0
+
+
+def test_install_dry_run_verifies_and_changes_nothing(bundle: Path):
+    result = run(bundle / "install-bundle", "--dry-run", "--runtime", "podman")
+
+    assert result.returncode == 0, result.stderr
+    assert "verified" in result.stdout and "nothing changed" in result.stdout
+
+
+@pytest.mark.parametrize("victim", ["systemd/appliance.container", f"models/{DEMO_MODEL_NAME}/config.json"])
+def test_a_tampered_file_is_refused_by_name(bundle: Path, tmp_path: Path, victim: str):
+    copy = tmp_path / "copy"
+    shutil.copytree(bundle, copy, copy_function=os.link)  # links: the image is not copied again
+    target = copy / victim
+    text = target.read_bytes()
+    target.unlink()  # break the link before writing
+    target.write_bytes(text + b"\n# changed\n")
+
+    result = run(copy / "install-bundle", "--dry-run", "--runtime", "podman")
+
+    assert result.returncode == 1
+    assert f"changed since the bundle was made: {victim}" in result.stderr
+
+
+def test_a_missing_or_added_file_is_refused_by_name(bundle: Path, tmp_path: Path):
+    missing = tmp_path / "missing"
+    shutil.copytree(bundle, missing, copy_function=os.link)
+    (missing / "monitoring" / "alerts.yml").unlink()
+    added = tmp_path / "added"
+    shutil.copytree(bundle, added, copy_function=os.link)
+    (added / "systemd" / "override.conf").write_text("[Service]\nExecStart=/bin/sh\n")
+
+    refused_missing = run(missing / "install-bundle", "--dry-run", "--runtime", "podman")
+    refused_added = run(added / "install-bundle", "--dry-run", "--runtime", "podman")
+
+    assert refused_missing.returncode == 1 and "missing from the bundle: monitoring/alerts.yml" in refused_missing.stderr
+    assert refused_added.returncode == 1 and "systemd/override.conf" in refused_added.stderr
+
+
+def test_client_wheels_install_offline_without_torch(bundle: Path, tmp_path: Path):
+    wheels = bundle / "wheels" / "client"
+    venv = tmp_path / "client"
+    run(sys.executable, "-m", "venv", venv).check_returncode()
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+           "--find-links", wheels, "--requirement", wheels / "requirements.txt"]
+    offline = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PIP_CONSTRAINT": ""}
+
+    installed = run(*pip, env=offline, timeout=300)
+    version = run(venv / "bin" / "appliance", "--version")
+    jobs = run(venv / "bin" / "appliance", "jobs", "list", "--socket", tmp_path / "none.sock")
+    tui = run(venv / "bin" / "appliance-tui", "--help")
+    torch = run(venv / "bin" / "python", "-c", "import torch")
+
+    assert installed.returncode == 0, installed.stderr
+    assert version.stdout.strip() == f"appliance {__version__}"
+    assert jobs.returncode == 1 and "none.sock" in jobs.stderr  # the client runs; no daemon there
+    assert tui.returncode == 0, tui.stderr
+    assert torch.returncode != 0

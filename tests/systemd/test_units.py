@@ -1,0 +1,169 @@
+"""systemd/: the classic .service verifies cleanly, the Quadlet .container uses only keys its
+generator knows, sysusers/tmpfiles create the user, group and directories the image expects.
+
+Quadlet itself ships with Podman >= 4.4 and Debian bookworm has 4.3, so the .container file is
+checked against the key list below (the operator guide shows `quadlet -dryrun` on the box).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from packaging_support import need_tool
+
+SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
+
+# The [Container] keys of Podman 5.x's Quadlet (pkg/systemd/quadlet/quadlet.go, groupsInfo
+# ContainerGroup.SupportedKeys, v5 branch); any other key makes the generator refuse the file.
+QUADLET_CONTAINER_KEYS = frozenset("""
+AddCapability AddDevice AddHost Annotation AutoUpdate CgroupsMode ContainerName ContainersConfModule
+DNS DNSOption DNSSearch DropCapability Environment EnvironmentFile EnvironmentHost Entrypoint Exec
+ExposeHostPort GIDMap GlobalArgs Group GroupAdd HealthCmd HealthInterval HealthOnFailure
+HealthLogDestination HealthMaxLogCount HealthMaxLogSize HealthRetries HealthStartPeriod
+HealthStartupCmd HealthStartupInterval HealthStartupRetries HealthStartupSuccess HealthStartupTimeout
+HealthTimeout HostName IP6 IP Image Label LogDriver LogOpt Mask Memory Mount Network NetworkAlias
+NoNewPrivileges Notify PidsLimit Pod PodmanArgs PublishPort Pull ReadOnly ReadOnlyTmpfs ReloadCmd
+ReloadSignal RemapGid RemapUid RemapUidSize RemapUsers Retry RetryDelay Rootfs RunInit SeccompProfile
+Secret SecurityLabelDisable SecurityLabelFileType SecurityLabelLevel SecurityLabelNested
+SecurityLabelType ServiceName ShmSize StopSignal StartWithPod StopTimeout SubGIDMap SubUIDMap Sysctl
+Timezone Tmpfs UIDMap Ulimit Unmask User UserNS VolatileTmp Volume WorkingDir
+""".split())
+QUADLET_SECTIONS = {"Unit", "Container", "Service", "Install", "Quadlet"}
+
+
+def unit_entries(path: Path) -> list[tuple[str, str, str]]:
+    """(section, key, value) for every assignment, continuation lines joined, in file order."""
+    entries, section, pending = [], None, ""
+    for raw in path.read_text().splitlines():
+        line = pending + raw.strip() if pending else raw.strip()
+        pending = ""
+        if not line or line[0] in "#;":
+            continue
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        entries.append((section, key.strip(), value.strip()))
+    return entries
+
+
+def values(path: Path, section: str, key: str) -> list[str]:
+    return [value for sec, k, value in unit_entries(path) if (sec, k) == (section, key)]
+
+
+def test_classic_service_verifies_without_a_word():
+    analyze = need_tool("systemd-analyze", "systemd")
+
+    result = subprocess.run([analyze, "verify", str(SYSTEMD_DIR / "appliance.service")],
+                            capture_output=True, text=True)
+
+    # An unknown key or a bad value is only a warning on stderr: any output fails.
+    assert (result.returncode, result.stderr, result.stdout) == (0, "", "")
+
+
+def test_quadlet_file_uses_only_keys_the_generator_knows():
+    entries = unit_entries(SYSTEMD_DIR / "appliance.container")
+
+    sections = {section for section, _, _ in entries}
+    unknown = [key for section, key, _ in entries if section == "Container" and key not in QUADLET_CONTAINER_KEYS]
+
+    assert sections <= QUADLET_SECTIONS
+    assert unknown == []
+
+
+def test_quadlet_unit_and_service_sections_verify(tmp_path: Path):
+    """Quadlet copies [Unit], [Service] and [Install] verbatim into the generated unit and adds
+    its own ExecStart; verify those sections as systemd will see them."""
+    analyze = need_tool("systemd-analyze", "systemd")
+    podman = need_tool("podman", "podman")
+    lines = []
+    for section in ("Unit", "Service", "Install"):
+        lines.append(f"[{section}]")
+        lines += [f"{key}={value}" for sec, key, value in unit_entries(SYSTEMD_DIR / "appliance.container")
+                  if sec == section]
+        if section == "Service":
+            lines.append(f"ExecStart={podman} run --rm --name appliance localhost/appliance:0.1.0")
+    generated = tmp_path / "appliance.service"
+    generated.write_text("\n".join(lines) + "\n")
+
+    # --man=no: its Documentation= page, podman-systemd.unit(5), comes with Podman >= 4.4, not this host's.
+    result = subprocess.run([analyze, "verify", "--man=no", str(generated)], capture_output=True, text=True)
+
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_quadlet_container_is_hardened_and_never_pulls():
+    container = SYSTEMD_DIR / "appliance.container"
+    get = {key: values(container, "Container", key) for _, key, _ in unit_entries(container)}
+
+    assert get["Pull"] == ["never"]
+    assert get["Notify"] == ["true"]
+    assert get["AddDevice"] == ["nvidia.com/gpu=all"]
+    assert get["ReadOnly"] == ["true"] and get["NoNewPrivileges"] == ["true"]
+    assert get["DropCapability"] == ["all"]
+    assert get["User"] == ["appliance"]
+    assert any(volume.split(":")[1] == "/models" and "ro" in volume.split(":")[2].split(",") for volume in get["Volume"])
+    assert values(container, "Service", "Restart") == ["on-failure"]
+    assert int(values(container, "Unit", "StartLimitBurst")[0]) > 0
+    assert int(values(container, "Service", "TimeoutStartSec")[0]) >= 600
+
+
+def test_docker_and_podman_units_run_the_same_container():
+    container = SYSTEMD_DIR / "appliance.container"
+    exec_start = values(SYSTEMD_DIR / "appliance.service", "Service", "ExecStart")[0].split()
+
+    def after(flag: str) -> list[str]:
+        return [exec_start[i + 1] for i, word in enumerate(exec_start) if word == flag]
+
+    podman_volumes = {volume.split(":")[0]: volume.split(":")[1] for volume in values(container, "Container", "Volume")}
+    docker_volumes = {volume.split(":")[0]: volume.split(":")[1] for volume in after("--volume")}
+    assert docker_volumes == podman_volumes
+    assert after("--publish") == values(container, "Container", "PublishPort")
+    assert exec_start[-1] == values(container, "Container", "Image")[0]
+    assert "--gpus" in exec_start and "--read-only" in exec_start
+    assert after("--cap-drop") == ["ALL"] and after("--user") == ["appliance:appliance"]
+
+
+@pytest.fixture
+def host_root(tmp_path: Path) -> Path:
+    """An empty host root with the appliance's sysusers.d entry applied by the real systemd-sysusers."""
+    sysusers = need_tool("systemd-sysusers", "systemd")
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    for name in ("passwd", "group", "shadow", "gshadow"):
+        (root / "etc" / name).write_text("root:x:0:0:root:/root:/bin/sh\n" if name == "passwd" else
+                                         "root:x:0:\n" if name == "group" else "")
+    subprocess.run([sysusers, f"--root={root}", str(SYSTEMD_DIR / "appliance.sysusers.conf")],
+                   check=True, capture_output=True, text=True)
+    return root
+
+
+def test_sysusers_gives_the_host_the_image_ids(host_root: Path):
+    passwd = [line.split(":") for line in (host_root / "etc" / "passwd").read_text().splitlines()]
+    group = [line.split(":") for line in (host_root / "etc" / "group").read_text().splitlines()]
+
+    # The image's user (Dockerfile APPLIANCE_UID/GID, checked in tests/images) is 10001:10001.
+    assert ["appliance", "x", "10001", "10001"] in [entry[:4] for entry in passwd]
+    assert ["appliance", "x", "10001"] in [entry[:3] for entry in group]
+
+
+def test_tmpfiles_makes_the_socket_and_state_directories(host_root: Path):
+    tmpfiles = need_tool("systemd-tmpfiles", "systemd")
+
+    result = subprocess.run([tmpfiles, f"--root={host_root}", "--create", str(SYSTEMD_DIR / "appliance.tmpfiles.conf")],
+                            capture_output=True, text=True)
+
+    assert result.returncode == 0, result.stderr
+    made = {folder: (host_root / folder.lstrip("/")).stat() for folder in
+            ("/run/appliance", "/var/lib/appliance", "/var/lib/appliance-models")}
+    assert {folder: (st.st_mode & 0o777, st.st_gid) for folder, st in made.items()} == {
+        "/run/appliance": (0o750, 10001),
+        "/var/lib/appliance": (0o750, 10001),
+        "/var/lib/appliance-models": (0o750, 10001),
+    }
+    assert made["/run/appliance"].st_uid == 10001 and made["/var/lib/appliance-models"].st_uid == 0
