@@ -1,0 +1,1 @@
+"""The appliance daemon: job store, queue, worker processes, control API on a Unix socket, Prometheus."""

@@ -1,0 +1,195 @@
+"""The control API's request and response types: what crosses the daemon's Unix socket, as JSON.
+
+pydantic + the standard library only (no torch, no engines): the `appliance
+jobs` client and the TUI import this module. A step's record travels as the
+plain dict `StepRecord.to_dict()` writes to metrics.jsonl (use
+`appliance.grpo.step_record.StepRecord.from_dict` for the typed form); run
+events carry the `RunEvent.data` dict of their kind.
+
+Routes (all JSON; ids are validated by JOB_ID_PATTERN):
+
+    GET  /status                        DaemonStatus
+    POST /jobs                          SubmitRequest -> SubmitResponse (201, or 200 for dry_run)
+    GET  /jobs                          JobList
+    GET  /jobs/{id}                     JobDetail
+    POST /jobs/{id}/pause|resume|cancel JobSummary
+    GET  /jobs/{id}/metrics?after_step=&limit=        MetricsPage
+    GET  /jobs/{id}/samples?limit=                    RecordsPage
+    GET  /jobs/{id}/judge?outcome=&limit=             RecordsPage
+    GET  /jobs/{id}/log?offset=&max_bytes=            LogChunk   (offset<0: the last -offset bytes)
+    GET  /events?after=&job=&timeout=                 EventsPage (long-poll: waits up to timeout seconds)
+    GET  /device                                      DeviceStatus
+    GET  /models                                      ModelList
+
+Errors: 4xx/5xx with ErrorResponse (`error` is one sentence; `errors` every
+job-file problem exactly as `appliance config check` prints them; `plan` when
+the job does not fit).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+API_VERSION = 1
+DEFAULT_SOCKET = "/run/appliance/control.sock"
+
+JobState = Literal["queued", "running", "paused", "interrupted", "succeeded", "failed", "cancelled"]
+JOB_STATES: tuple[str, ...] = ("queued", "running", "paused", "interrupted", "succeeded", "failed", "cancelled")
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+# Ten lowercase hex digits (secrets.token_hex(5)): short to type, no path separators.
+JOB_ID_PATTERN = re.compile(r"^[0-9a-f]{10}$")
+
+# Kinds of JobEvent: "state" {"from", "to", "reason"}; "step" (a StepRecord dict);
+# "phase", "checkpoint", "eval", "log", "memory" (the RunEvent data of that kind).
+EVENT_KINDS: tuple[str, ...] = ("state", "step", "phase", "checkpoint", "eval", "log", "memory")
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class SubmitRequest(BaseModel):
+    """A job file as text, plus the dataset files it names that the daemon may not read itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file_name: str = Field(description="the job file's name as the user gave it (errors are reported against it)")
+    yaml: str
+    # task.dataset as written in the job file -> the file's text (JSON Lines).
+    uploads: dict[str, str] = Field(default_factory=dict)
+    dry_run: bool = False
+
+
+class ConfigErrorItem(_Wire):
+    file: str
+    line: int | None = None
+    key: str
+    message: str
+    text: str = Field(description="the error exactly as `appliance config check` prints it")
+
+
+class ErrorResponse(_Wire):
+    error: str
+    errors: list[ConfigErrorItem] = Field(default_factory=list)
+    plan: dict[str, Any] | None = None
+
+
+class JobSummary(_Wire):
+    id: str
+    name: str
+    state: JobState
+    reason: str = ""
+    uid: int
+    user: str
+    created: float
+    updated: float
+    step: int = 0
+    steps_total: int = 0
+    slot: int | None = None
+    attempts: int = 0
+    phase: str | None = None
+
+
+class JobList(_Wire):
+    jobs: list[JobSummary]
+
+
+class JobEvent(_Wire):
+    id: int = Field(description="cursor: strictly increasing over the whole daemon")
+    job_id: str
+    time: float
+    kind: str
+    step: int | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class CheckpointInfo(_Wire):
+    step: int
+    path: str
+
+
+class JobDetail(JobSummary):
+    spec: dict[str, Any]
+    plan: dict[str, Any] | None = None
+    events: list[JobEvent] = Field(default_factory=list, description="state transitions, oldest first")
+    last_record: dict[str, Any] | None = None
+    checkpoints: list[CheckpointInfo] = Field(default_factory=list)
+    best: dict[str, Any] | None = None
+    job_dir: str
+
+
+class SubmitResponse(_Wire):
+    job: JobSummary | None = Field(default=None, description="None for a dry run")
+    plan: dict[str, Any]
+    dry_run: bool = False
+
+
+class MetricsPage(_Wire):
+    job_id: str
+    records: list[dict[str, Any]]
+    next_after_step: int | None = Field(default=None, description="pass as after_step for the next page; None at the end")
+
+
+class RecordsPage(_Wire):
+    job_id: str
+    records: list[dict[str, Any]]
+
+
+class LogChunk(_Wire):
+    job_id: str
+    text: str
+    offset: int
+    next_offset: int
+    size: int
+
+
+class EventsPage(_Wire):
+    events: list[JobEvent]
+    cursor: int = Field(description="pass as `after` to get the events that follow")
+
+
+class SlotStatus(_Wire):
+    index: int
+    kind: str
+    name: str = ""
+    total_bytes: int = 0
+    used_bytes: int = 0
+    job_id: str | None = None
+    phase: str | None = None
+    budget_bytes: int | None = None
+    planned_bytes: dict[str, int] = Field(default_factory=dict)
+    measured_bytes: dict[str, int] = Field(default_factory=dict)
+
+
+class DeviceStatus(_Wire):
+    slots: list[SlotStatus]
+    disk_free_bytes: int
+
+
+class ModelInfo(_Wire):
+    name: str
+    path: str
+    architecture: str = ""
+    parameters: int = 0
+    size_bytes: int = 0
+
+
+class ModelList(_Wire):
+    models: list[ModelInfo]
+
+
+class DaemonStatus(_Wire):
+    version: str
+    api_version: int = API_VERSION
+    pid: int
+    uptime_seconds: float
+    jobs: dict[str, int]
+    slots: int
+    data_dir: str
+    plugins_dir: str
+    dataset_roots: list[str]
+    max_upload_bytes: int
+    caller_uid: int | None = None

@@ -1,0 +1,218 @@
+"""The control API's client: httpx over the daemon's Unix socket, answers as `api` types.
+
+Used by `appliance jobs` and the TUI; imports nothing heavy. Every failure is
+a ClientError carrying the daemon's one-sentence error, the job-file errors
+and the plan (409) where there are any; DaemonUnreachable when no daemon
+answers on the socket.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import quote
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import yaml
+
+from appliance.errors import ApplianceError
+from appliance.service.api import (
+    DEFAULT_SOCKET, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, JobDetail, JobList, JobSummary,
+    LogChunk, MetricsPage, ModelList, RecordsPage, SubmitRequest, SubmitResponse,
+)
+
+BUILTIN_PREFIX = "builtin:"
+
+
+def default_socket() -> str:
+    """$APPLIANCE_SOCKET, else /run/appliance/control.sock."""
+    return os.environ.get("APPLIANCE_SOCKET") or DEFAULT_SOCKET
+
+
+class ClientError(ApplianceError):
+    """The daemon refused a request (or could not be reached); str() is one sentence."""
+
+    def __init__(self, message: str, status: int | None = None, response: ErrorResponse | None = None):
+        super().__init__(message)
+        self.status = status
+        self.response = response
+
+    @property
+    def errors(self) -> list[str]:
+        return [item.text for item in self.response.errors] if self.response else []
+
+    @property
+    def plan(self) -> dict | None:
+        return self.response.plan if self.response else None
+
+
+class DaemonUnreachable(ClientError):
+    """No daemon answers on the socket (not running, wrong path, or no permission)."""
+
+
+class Client:
+    """One connection pool to the daemon; use as a context manager or call close()."""
+
+    def __init__(self, socket_path: str | Path | None = None, timeout: float = 30.0):
+        self.socket_path = str(socket_path or default_socket())
+        self._http = httpx.Client(transport=httpx.HTTPTransport(uds=self.socket_path),
+                                  base_url="http://appliance", timeout=timeout)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ----- transport ---------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, *, timeout: float | None = None, **kwargs) -> Any:
+        try:
+            response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
+        except (httpx.ConnectError, FileNotFoundError, PermissionError, ConnectionRefusedError) as error:
+            raise DaemonUnreachable(
+                f"no appliance daemon answers on {self.socket_path} ({_reason(error)}); start it with "
+                "'appliance serve', or pass --socket PATH (or set APPLIANCE_SOCKET)") from error
+        except httpx.TimeoutException as error:
+            raise ClientError(f"the daemon on {self.socket_path} did not answer in time") from error
+        except httpx.TransportError as error:
+            raise DaemonUnreachable(f"the connection to the daemon on {self.socket_path} failed: {error}") from error
+        if response.status_code >= 400:
+            try:
+                body = ErrorResponse.model_validate(response.json())
+            except ValueError:
+                body = ErrorResponse(error=response.text.strip() or f"HTTP {response.status_code}")
+            raise ClientError(body.error, response.status_code, body)
+        return response.json()
+
+    # ----- calls -------------------------------------------------------------------------------
+
+    def status(self) -> DaemonStatus:
+        return DaemonStatus.model_validate(self._request("GET", "/status"))
+
+    def submit_text(self, file_name: str, text: str, uploads: dict[str, str] | None = None,
+                    dry_run: bool = False) -> SubmitResponse:
+        request = SubmitRequest(file_name=file_name, yaml=text, uploads=uploads or {}, dry_run=dry_run)
+        return SubmitResponse.model_validate(self._request("POST", "/jobs", json=request.model_dump()))
+
+    def submit(self, path: str | Path, dry_run: bool = False) -> SubmitResponse:
+        """Submit a job file; its dataset file is uploaded unless it lies in a root the daemon reads itself."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ClientError(f"cannot read the job file {path}: {_reason(error)}") from error
+        uploads = {}
+        dataset = _dataset_reference(text)
+        if dataset is not None:
+            local = (path.absolute().parent / Path(dataset).expanduser()).resolve()
+            roots = [Path(root) for root in self.status().dataset_roots]
+            if local.is_file() and not any(local.is_relative_to(root) for root in roots):
+                try:
+                    uploads[dataset] = local.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as error:
+                    raise ClientError(f"cannot read the dataset file {local} to upload it: {_reason(error)}") from error
+        return self.submit_text(str(path), text, uploads, dry_run)
+
+    def jobs(self) -> list[JobSummary]:
+        return JobList.model_validate(self._request("GET", "/jobs")).jobs
+
+    def job(self, job_id: str) -> JobDetail:
+        return JobDetail.model_validate(self._request("GET", f"/jobs/{_segment(job_id)}"))
+
+    def pause(self, job_id: str) -> JobSummary:
+        return JobSummary.model_validate(self._request("POST", f"/jobs/{_segment(job_id)}/pause"))
+
+    def resume(self, job_id: str) -> JobSummary:
+        return JobSummary.model_validate(self._request("POST", f"/jobs/{_segment(job_id)}/resume"))
+
+    def cancel(self, job_id: str) -> JobSummary:
+        return JobSummary.model_validate(self._request("POST", f"/jobs/{_segment(job_id)}/cancel"))
+
+    def metrics(self, job_id: str, after_step: int = 0, limit: int = 1000) -> MetricsPage:
+        return MetricsPage.model_validate(self._request(
+            "GET", f"/jobs/{_segment(job_id)}/metrics", params={"after_step": after_step, "limit": limit}))
+
+    def all_metrics(self, job_id: str) -> list[dict]:
+        records, after = [], 0
+        while after is not None:
+            page = self.metrics(job_id, after_step=after)
+            records += page.records
+            after = page.next_after_step
+        return records
+
+    def samples(self, job_id: str, limit: int = 100) -> RecordsPage:
+        return RecordsPage.model_validate(self._request("GET", f"/jobs/{_segment(job_id)}/samples",
+                                                        params={"limit": limit}))
+
+    def judge_log(self, job_id: str, outcome: str | None = None, limit: int = 100) -> RecordsPage:
+        params: dict = {"limit": limit}
+        if outcome:
+            params["outcome"] = outcome
+        return RecordsPage.model_validate(self._request("GET", f"/jobs/{_segment(job_id)}/judge", params=params))
+
+    def log(self, job_id: str, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
+        return LogChunk.model_validate(self._request("GET", f"/jobs/{_segment(job_id)}/log",
+                                                     params={"offset": offset, "max_bytes": max_bytes}))
+
+    def events(self, after: int = 0, job_id: str | None = None, timeout: float = 0.0) -> EventsPage:
+        params: dict = {"after": after, "timeout": timeout}
+        if job_id:
+            params["job"] = job_id
+        return EventsPage.model_validate(self._request("GET", "/events", params=params, timeout=timeout + 10.0))
+
+    def follow_log(self, job_id: str, poll_seconds: float = 1.0, start: int = 0) -> Iterator[str]:
+        """Log text as it is written, until the job reaches a final state and its log is read to the end."""
+        offset, cursor = start, 0
+        while True:
+            chunk = self.log(job_id, offset=offset)
+            if chunk.text:
+                yield chunk.text
+            offset = chunk.next_offset
+            if chunk.next_offset < chunk.size:
+                continue
+            job = self.job(job_id)
+            if job.state in ("succeeded", "failed", "cancelled", "paused", "interrupted"):
+                final = self.log(job_id, offset=offset)
+                if final.text:
+                    yield final.text
+                return
+            # Wait for anything to happen to this job (a step, a log line, a state change).
+            cursor = self.events(after=cursor, job_id=job_id, timeout=poll_seconds).cursor
+
+    def device(self) -> DeviceStatus:
+        return DeviceStatus.model_validate(self._request("GET", "/device"))
+
+    def models(self) -> ModelList:
+        return ModelList.model_validate(self._request("GET", "/models"))
+
+
+def _dataset_reference(text: str) -> str | None:
+    """task.dataset of a job file when it names a file (the daemon reports every other problem)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    task = data.get("task") if isinstance(data, dict) else None
+    dataset = task.get("dataset") if isinstance(task, dict) else None
+    if isinstance(dataset, str) and dataset and not dataset.startswith(BUILTIN_PREFIX):
+        return dataset
+    return None
+
+
+def _segment(job_id: str) -> str:
+    # The daemon validates ids; quoting keeps a '/' in a bad id from turning into another route.
+    return quote(job_id, safe="")
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    cause = error.__cause__ or error.__context__
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    return str(error) or type(error).__name__
