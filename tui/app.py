@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterable
 
 from textual.app import App, SystemCommand
@@ -39,7 +40,7 @@ CLIENT_TIMEOUT_SECONDS = 15.0
 class ApplianceApp(App):
     """Jobs, a job, compare, device, new job; every call to the daemon in a worker."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses live elsewhere
     TITLE = "appliance"
     BINDINGS = [
         Binding("question_mark", "help", "Help", key_display="?"),
@@ -59,6 +60,9 @@ class ApplianceApp(App):
         self.sub_title = self.socket_path
 
     def on_mount(self) -> None:
+        self.start()
+
+    def start(self) -> None:
         self.push_screen(JobsScreen())
         self.start_events()
 

@@ -72,8 +72,8 @@ class JobsScreen(DaemonScreen):
         elif not self.jobs:
             text = "no jobs yet — n: new job"
         else:
-            text = (f"{shown} of {len(self.jobs)} jobs · filter: {self.filter} (f) · sort: {self.sort} (s)"
-                    f" · marked: {len(self.marked)} (space, c to compare)")
+            text = (f"{shown}/{len(self.jobs)} jobs · filter: {self.filter} (f) · sort: {self.sort} (s)"
+                    f" · marked: {len(self.marked)} (space; c compares)")
         self.query_one("#jobs-info", Static).update(text)
 
     def selected_job(self) -> tuple[str, str] | None:

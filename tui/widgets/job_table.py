@@ -3,6 +3,8 @@
 A `JobRow` is what the table shows about a job, in base units; the jobs
 screen builds them from the daemon's answers. Rows are keyed by job id, so
 the cursor stays on the same job when the list is refreshed or re-sorted.
+Below WIDE_COLUMNS the table drops the id and age columns and merges the
+trend into the reward column, so that it fits an 80-column terminal.
 """
 
 from __future__ import annotations
@@ -14,11 +16,22 @@ from textual.widgets import DataTable
 
 from tui.widgets import format as fmt
 
-PROGRESS_WIDTH = 8
-TREND_WIDTH = 8
+WIDE_COLUMNS = 100
+NAME_WIDTH = 16
 
 # Sort keys the operator cycles through with `s`.
 SORTS = ("age", "state", "name", "reward")
+
+# Colors by name (16-color safe: SSH sessions often lack truecolor).
+STATE_STYLES = {
+    "queued": "yellow",
+    "running": "green",
+    "paused": "cyan",
+    "interrupted": "magenta",
+    "succeeded": "blue",
+    "failed": "red",
+    "cancelled": "bright_black",
+}
 
 
 @dataclass(frozen=True)
@@ -52,64 +65,65 @@ def sort_rows(rows: list[JobRow], key: str) -> list[JobRow]:
     return newest
 
 
+def columns(compact: bool) -> list[str]:
+    if compact:
+        return ["name", "state", "step", "reward", "tok/s", "memory"]
+    return ["", "id", "name", "state", "step", "reward", "trend", "tok/s", "memory", "age"]
+
+
+def cells(row: JobRow, now: float, compact: bool) -> list:
+    state = Text(row.state, style=f"bold {STATE_STYLES.get(row.state, '')}".strip())
+    mark = "●" if row.marked else " "
+    name = row.name if len(row.name) <= NAME_WIDTH else row.name[:NAME_WIDTH - 1] + "…"
+    if compact:
+        return [
+            f"{mark}{name}", state,
+            f"{fmt.progress_bar(row.step, row.steps_total, 5)} {row.step}/{row.steps_total}",
+            f"{fmt.number(row.reward):>5} {fmt.sparkline(row.rewards, 6)}",
+            fmt.rate(row.tokens_per_second),
+            fmt.used_of(row.memory_used_bytes, row.memory_budget_bytes).replace(" GiB", "G"),
+        ]
+    return [
+        mark, row.id, name, state,
+        f"{fmt.progress_bar(row.step, row.steps_total, 8)} {row.step}/{row.steps_total}",
+        fmt.number(row.reward), fmt.sparkline(row.rewards, 8), fmt.rate(row.tokens_per_second),
+        fmt.used_of(row.memory_used_bytes, row.memory_budget_bytes), fmt.age(row.created, now),
+    ]
+
+
 class JobTable(DataTable):
     """Jobs as rows: id, name, state, progress, reward (last and trend), tokens/s, memory, age."""
 
-    COLUMNS = (("", "mark"), ("id", "id"), ("name", "name"), ("state", "state"), ("step", "step"),
-               ("reward", "reward"), ("trend", "trend"), ("tok/s", "tps"), ("memory", "memory"),
-               ("age", "age"))
-
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-
-    def on_mount(self) -> None:
-        for label, key in self.COLUMNS:
-            self.add_column(label, key=key)
+        self.rows_shown: list[JobRow] = []
+        self.now = 0.0
+        self.compact: bool | None = None
 
     def show(self, rows: list[JobRow], now: float) -> None:
         """Replace the rows, keeping the cursor on the job it was on."""
+        self.rows_shown, self.now = list(rows), now
         selected = self.selected_id
-        self.clear()
+        compact = self.size.width < WIDE_COLUMNS
+        if compact != self.compact:
+            self.compact = compact
+            self.clear(columns=True)
+            for label in columns(compact):
+                self.add_column(label)
+        else:
+            self.clear()
         for row in rows:
-            self.add_row(*self.cells(row, now), key=row.id)
+            self.add_row(*cells(row, now, compact), key=row.id)
         if selected is not None and selected in {row.id for row in rows}:
             self.move_cursor(row=self.get_row_index(selected))
+
+    def on_resize(self) -> None:
+        if (self.size.width < WIDE_COLUMNS) != self.compact:
+            self.show(self.rows_shown, self.now)
 
     @property
     def selected_id(self) -> str | None:
         if self.row_count == 0:
             return None
-        try:
-            key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
-        except Exception:  # the cursor is past the last row while rows change
-            return None
-        return key.value
-
-    @staticmethod
-    def cells(row: JobRow, now: float) -> tuple:
-        state = Text(row.state, style=f"bold {STATE_STYLES.get(row.state, '')}".strip())
-        progress = f"{fmt.progress_bar(row.step, row.steps_total, PROGRESS_WIDTH)} {row.step}/{row.steps_total}"
-        return (
-            "●" if row.marked else " ",
-            row.id,
-            row.name,
-            state,
-            progress,
-            fmt.number(row.reward),
-            fmt.sparkline(row.rewards, TREND_WIDTH),
-            fmt.rate(row.tokens_per_second),
-            fmt.used_of(row.memory_used_bytes, row.memory_budget_bytes),
-            fmt.age(row.created, now),
-        )
-
-
-# Colors by name (16-color safe: SSH sessions often lack truecolor).
-STATE_STYLES = {
-    "queued": "yellow",
-    "running": "green",
-    "paused": "cyan",
-    "interrupted": "magenta",
-    "succeeded": "blue",
-    "failed": "red",
-    "cancelled": "bright_black",
-}
+        row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        return row_key.value

@@ -52,7 +52,19 @@ class LineChart(PlotextPlot):
             marker = "hd" if len(points) > 1 else "dot"
             plt.plot(steps, values, marker=marker, label=name if several else None)
             drawn = True
-        if not drawn:
+        if drawn:
+            plt.xticks(step_ticks([step for points in self.series.values() for step, _ in points]))
+        else:
             plt.xticks([])
             plt.yticks([])
         self.refresh()
+
+
+def step_ticks(steps: list[int], most: int = 5) -> list[int]:
+    """Up to `most` whole-number ticks from the first step to the last (plotext would pick fractions)."""
+    low, high = min(steps), max(steps)
+    if high - low < most:
+        return list(range(low, high + 1))
+    stride = -(-(high - low) // (most - 1))
+    ticks = list(range(low, high, stride))
+    return ticks + [high] if high - ticks[-1] >= stride / 2 else ticks[:-1] + [high]
