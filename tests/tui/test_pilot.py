@@ -1,0 +1,123 @@
+"""The TUI driven with Pilot against a real daemon (temporary socket and data dir, the bundled model, a tiny job).
+
+One job goes through the whole operator path: submitted from the New job
+screen, seen on the jobs screen as it changes state, opened (charts receive
+points, a sample's completions show), then paused, resumed and cancelled
+through the confirmation modals, each checked in the daemon itself. A second
+test stops the daemon under the app and starts it again.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import in_thread, screen_text, tiny_job_yaml, until
+
+from appliance.service.client import Client
+from tui.app import ApplianceApp
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.job import JobScreen
+from tui.screens.jobs import JobsScreen
+from tui.screens.new_job import NewJobScreen
+from tui.widgets.job_table import JobTable
+from tui.widgets.reward_chart import LineChart
+
+# Generous: a loaded 2-core box takes tens of seconds per tiny step; an idle one a few.
+STEP_WAIT = 420.0
+STATE_WAIT = 180.0
+
+
+def table_state(app, job_id: str) -> str | None:
+    """The state the jobs table shows for a job (None when the job is not listed)."""
+    table = app.screen_stack[1].query_one(JobTable)  # the jobs screen, whatever is on top of it
+    if job_id not in {row.id for row in table.rows_shown}:
+        return None
+    return next(row.state for row in table.rows_shown if row.id == job_id)
+
+
+async def confirm(pilot, key: str) -> None:
+    await pilot.press(key)
+    await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen), f"the {key!r} confirmation", 10)
+    await pilot.press("y")
+
+
+@pytest.mark.anyio
+@pytest.mark.model
+async def test_operator_path_against_a_real_daemon(daemon):
+    client = Client(daemon.socket_path)
+    app = ApplianceApp(str(daemon.socket_path))
+    seen_states: list[str] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.reachable is True and isinstance(app.screen, JobsScreen),
+                    "the jobs screen reaching the daemon", 30)
+        assert "no jobs yet" in screen_text(app)
+
+        # New job: validate (the daemon's dry run shows the plan), then submit.
+        await pilot.press("n")
+        await until(pilot, lambda: isinstance(app.screen, NewJobScreen), "the new job screen", 10)
+        app.screen.query_one("#editor").load_text(tiny_job_yaml())
+        await pilot.press("ctrl+v")
+        await until(pilot, lambda: "fits" in screen_text(app) and "budget" in screen_text(app),
+                    "the dry run's memory plan", 60)
+        assert not await in_thread(client.jobs), "a dry run queued a job"
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: "submitted tui-pilot" in screen_text(app), "the submit confirmation", 60)
+        [job] = await in_thread(client.jobs)
+        await pilot.press("escape")
+
+        # The jobs screen lists it by name and follows its state.
+        def listed_state() -> str | None:
+            state = table_state(app, job.id)
+            if state is not None and (not seen_states or seen_states[-1] != state):
+                seen_states.append(state)
+            return state
+
+        await until(pilot, lambda: listed_state() is not None and "tui-pilot" in screen_text(app),
+                    "the job listed by name", 30)
+        await until(pilot, lambda: listed_state() == "running", "the job shown running", STATE_WAIT)
+
+        # The job screen: charts receive points, a sample's completions are visible.
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, JobScreen), "the job screen", 10)
+        chart = app.screen.query_one("#chart-reward", LineChart)
+        await until(pilot, lambda: chart.point_count >= 1, "a reward point on the chart", STEP_WAIT)
+        assert app.screen.query_one("#chart-tps", LineChart).point_count >= 1
+        await pilot.click("#--content-tab-samples")
+        samples = (await in_thread(client.samples, job.id)).records
+        line = next(line.strip() for record in samples for line in record["completion"].splitlines() if line.strip())
+        await until(pilot, lambda: line[:12] in screen_text(app), f"the completion {line[:12]!r} on screen", 30)
+        await pilot.click("#--content-tab-overview")
+
+        # Pause, resume, cancel through the modals; each lands in the daemon and on screen.
+        await confirm(pilot, "p")
+        await until(pilot, lambda: client.job(job.id).state == "paused", "the daemon pausing the job", STATE_WAIT)
+        await until(pilot, lambda: "paused" in screen_text(app), "the job screen showing paused", 10)
+        await confirm(pilot, "r")
+        await until(pilot, lambda: client.job(job.id).state in ("queued", "running"),
+                    "the daemon resuming the job", STATE_WAIT)
+        await confirm(pilot, "x")
+        await until(pilot, lambda: client.job(job.id).state == "cancelled", "the daemon cancelling the job", 60)
+        await until(pilot, lambda: "cancelled" in screen_text(app), "the job screen showing cancelled", 10)
+
+        await pilot.press("escape")
+        await until(pilot, lambda: listed_state() == "cancelled", "the jobs table showing cancelled", 10)
+    client.close()
+    assert seen_states[-1] == "cancelled" and {"running", "paused", "cancelled"} <= set(seen_states), seen_states
+
+
+@pytest.mark.anyio
+async def test_unreachable_daemon_is_shown_and_recovered(bare_daemon):
+    daemon = bare_daemon
+    app = ApplianceApp(str(daemon.socket_path))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.reachable is True and "no jobs yet" in screen_text(app),
+                    "the jobs screen reaching the daemon", 30)
+        assert "unreachable" not in screen_text(app)
+
+        await in_thread(daemon.stop)
+        await until(pilot, lambda: "Daemon unreachable" in screen_text(app), "the unreachable banner", 15)
+
+        await in_thread(daemon.start)
+        seconds = await until(pilot, lambda: app.reachable is True and "unreachable" not in screen_text(app),
+                              "the app reconnecting by itself", 15)
+        assert "no jobs yet" in screen_text(app)
+        print(f"reconnected {seconds:.1f}s after the daemon answered again")
