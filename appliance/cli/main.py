@@ -22,6 +22,8 @@ COMMANDS = [
     "appliance.cli.plan_cmd",
     "appliance.cli.train_cmd",
     "appliance.cli.eval_cmd",
+    "appliance.cli.serve_cmd",
+    "appliance.cli.jobs_cmd",
 ]
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 1, 2, 3

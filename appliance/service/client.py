@@ -18,7 +18,7 @@ import yaml
 
 from appliance.errors import ApplianceError
 from appliance.service.api import (
-    DEFAULT_SOCKET, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, JobDetail, JobList, JobSummary,
+    DEFAULT_SOCKET, JOB_ID_PATTERN, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, JobDetail, JobList, JobSummary,
     LogChunk, MetricsPage, ModelList, RecordsPage, SubmitRequest, SubmitResponse,
 )
 
@@ -205,7 +205,9 @@ def _dataset_reference(text: str) -> str | None:
 
 
 def _segment(job_id: str) -> str:
-    # The daemon validates ids; quoting keeps a '/' in a bad id from turning into another route.
+    if not JOB_ID_PATTERN.match(job_id):
+        raise ClientError(f"'{job_id}' is not a job id (ten lowercase hex digits, as 'appliance jobs list' shows)",
+                          status=400)
     return quote(job_id, safe="")
 
 

@@ -1,0 +1,169 @@
+"""`appliance jobs ...`: the daemon's command-line client (over its Unix socket).
+
+    appliance jobs submit FILE [--dry-run] | list | show ID | pause ID | resume ID | cancel ID
+                   | logs ID [--follow] | metrics ID          [--json] [--socket PATH]
+
+Human tables by default, one JSON document with --json. Exit codes: 0 ok,
+1 the daemon is unreachable or failed, 2 bad input (job file errors, unknown
+job, a state change the job does not allow), 3 the job does not fit the device.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from appliance.cli.main import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_FAILURE, EXIT_OK
+
+
+def register(subparsers) -> None:
+    jobs = subparsers.add_parser("jobs", help="submit and manage jobs on the daemon (appliance serve)")
+    actions = jobs.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
+
+    def action(name: str, help_text: str, handler, with_id: bool = True):
+        parser = actions.add_parser(name, help=help_text)
+        if with_id:
+            parser.add_argument("job_id", metavar="ID")
+        parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+        parser.add_argument("--socket", default=None,
+                            help="the daemon's socket (default: $APPLIANCE_SOCKET, else /run/appliance/control.sock)")
+        parser.set_defaults(handler=lambda args: _run(args, handler))
+        return parser
+
+    submit = action("submit", "validate, plan and queue a job file", _submit, with_id=False)
+    submit.add_argument("file", type=Path, metavar="FILE")
+    submit.add_argument("--dry-run", action="store_true", help="validate and plan only; queue nothing")
+    action("list", "every job, oldest first", _list, with_id=False)
+    action("show", "one job: state, events, plan, last step, checkpoints", _show)
+    action("pause", "checkpoint and stop a job, freeing its device", _pause)
+    action("resume", "queue a paused job again (it continues from its checkpoint)", _resume)
+    action("cancel", "end a job for good", _cancel)
+    logs = action("logs", "the job's log.txt", _logs)
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing lines as they are written")
+    logs.add_argument("--bytes", type=int, default=16384, help="how much of the end to show first (default 16384)")
+    action("metrics", "the job's per-step metrics", _metrics)
+
+
+def _run(args, handler) -> int:
+    from appliance.service.client import Client, ClientError, DaemonUnreachable
+
+    try:
+        with Client(args.socket) as client:
+            return handler(client, args)
+    except DaemonUnreachable as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except ClientError as error:
+        if args.json and error.response is not None:
+            print(json.dumps(error.response.model_dump(), indent=2))
+        for line in error.errors:
+            print(line, file=sys.stderr)
+        if not error.errors:
+            print(f"error: {error}", file=sys.stderr)
+        if error.status == 409 and error.plan is not None:
+            return EXIT_DOES_NOT_FIT
+        return EXIT_BAD_INPUT if error.status is not None and 400 <= error.status < 500 else EXIT_FAILURE
+
+
+def _print_json(model) -> None:
+    print(json.dumps(model.model_dump() if hasattr(model, "model_dump") else model, indent=2))
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def _submit(client, args) -> int:
+    response = client.submit(args.file, dry_run=args.dry_run)
+    if args.json:
+        _print_json(response)
+    elif response.job is None:
+        plan = response.plan
+        print(f"{args.file}: valid; fits: peak {plan['peak_bytes'] / 2**30:.2f} GiB of a "
+              f"{plan['budget_bytes'] / 2**30:.2f} GiB budget on {plan['device']['kind']} (dry run: nothing queued)")
+    else:
+        print(f"submitted {response.job.id} ({response.job.name}): {response.job.state}")
+    return EXIT_OK
+
+
+def _list(client, args) -> int:
+    jobs = client.jobs()
+    if args.json:
+        print(json.dumps([job.model_dump() for job in jobs], indent=2))
+        return EXIT_OK
+    rows = [("ID", "NAME", "STATE", "STEP", "USER", "SUBMITTED", "REASON")]
+    rows += [(job.id, job.name, job.state + (f" ({job.phase})" if job.phase else ""),
+              f"{job.step}/{job.steps_total}", job.user, _when(job.created), job.reason.splitlines()[0] if job.reason else "")
+             for job in jobs]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    return EXIT_OK
+
+
+def _show(client, args) -> int:
+    job = client.job(args.job_id)
+    if args.json:
+        _print_json(job)
+        return EXIT_OK
+    print(f"job {job.id} '{job.name}': {job.state}{' (' + job.phase + ')' if job.phase else ''}, "
+          f"step {job.step}/{job.steps_total}, submitted by {job.user} (uid {job.uid}) at {_when(job.created)}")
+    if job.reason:
+        print(f"reason: {job.reason}")
+    print(f"folder: {job.job_dir}")
+    for event in job.events:
+        data = event.data
+        print(f"  {_when(event.time)}  {data.get('from') or '-'} -> {data.get('to')}: {data.get('reason', '')}")
+    if job.last_record:
+        record = job.last_record
+        print(f"last step {record.get('step')}: reward {record.get('reward_mean', 0):+.3f}, loss {record.get('loss', 0):+.4f}")
+    if job.checkpoints:
+        print(f"checkpoints: {', '.join(str(c.step) for c in job.checkpoints)}")
+    if job.best:
+        print(f"best: {json.dumps(job.best)}")
+    return EXIT_OK
+
+
+def _state_change(method):
+    def handler(client, args) -> int:
+        job = getattr(client, method)(args.job_id)
+        if args.json:
+            _print_json(job)
+        else:
+            print(f"{job.id}: {job.state}{' (' + job.reason + ')' if job.reason else ''}")
+        return EXIT_OK
+    return handler
+
+
+_pause, _resume, _cancel = _state_change("pause"), _state_change("resume"), _state_change("cancel")
+
+
+def _logs(client, args) -> int:
+    chunk = client.log(args.job_id, offset=-max(1, args.bytes))
+    if args.json and not args.follow:
+        _print_json(chunk)
+        return EXIT_OK
+    sys.stdout.write(chunk.text)
+    sys.stdout.flush()
+    if args.follow:
+        for text in client.follow_log(args.job_id, start=chunk.next_offset):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    return EXIT_OK
+
+
+def _metrics(client, args) -> int:
+    records = client.all_metrics(args.job_id)
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return EXIT_OK
+    print(f"{'STEP':>5}  {'REWARD':>8}  {'STD':>6}  {'LOSS':>9}  {'KL':>8}  {'TOK/S':>7}  {'SECONDS':>7}")
+    for record in records:
+        rate = record.get("tokens_per_second") or {}
+        rate = rate.get("student", 0.0) if isinstance(rate, dict) else rate
+        print(f"{record.get('step', 0):>5}  {record.get('reward_mean', 0):>+8.3f}  {record.get('reward_std', 0):>6.3f}  "
+              f"{record.get('loss', 0):>+9.4f}  {record.get('kl', 0):>8.4f}  {rate:>7.1f}  "
+              f"{(record.get('seconds') or {}).get('step', 0):>7.1f}")
+    return EXIT_OK

@@ -1,0 +1,50 @@
+"""`appliance serve`: the daemon systemd runs (job queue, workers, control API on a Unix socket, Prometheus)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from appliance.cli.main import EXIT_BAD_INPUT, add_data_dir, data_dir_of
+
+
+def register(subparsers) -> None:
+    from appliance.service.api import DEFAULT_SOCKET
+
+    parser = subparsers.add_parser(
+        "serve", help="run the daemon: job queue, workers, control API on a Unix socket, Prometheus metrics",
+        description="Run the appliance daemon. The Unix socket is the only control surface (mode 0660, "
+                    "group --group); Prometheus metrics are served read-only on --metrics-addr.")
+    add_data_dir(parser)
+    parser.add_argument("--socket", type=Path, default=None,
+                        help=f"control socket (default: $APPLIANCE_SOCKET, else {DEFAULT_SOCKET})")
+    parser.add_argument("--group", default=None,
+                        help="group allowed to use the socket (default: 'appliance' when it exists, else the daemon's)")
+    parser.add_argument("--metrics-addr", default="127.0.0.1:9464", metavar="HOST:PORT",
+                        help="Prometheus endpoint (default 127.0.0.1:9464)")
+    parser.add_argument("--dataset-root", action="append", type=Path, default=[], metavar="DIR",
+                        help="a folder the daemon may read datasets from (repeatable; default <data-dir>/datasets)")
+    parser.add_argument("--max-upload", default="64MiB", metavar="SIZE",
+                        help="largest dataset a submission may upload (default 64MiB)")
+    parser.add_argument("--stop-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="how long a pause or shutdown waits for a job to checkpoint before it is killed")
+    parser.set_defaults(handler=_serve)
+
+
+def _serve(args) -> int:
+    from appliance.config.sizes import parse_bytes
+    from appliance.errors import ApplianceError
+    from appliance.metrics.server import parse_metrics_addr
+    from appliance.service.client import default_socket
+    from appliance.service.daemon import DaemonOptions
+    from appliance.service.server import run_daemon
+
+    try:
+        host, port = parse_metrics_addr(args.metrics_addr)
+        max_upload = parse_bytes(args.max_upload)
+        options = DaemonOptions(data_dir=data_dir_of(args), dataset_roots=tuple(args.dataset_root),
+                                max_upload_bytes=max_upload, stop_timeout=args.stop_timeout)
+        return run_daemon(options, args.socket or Path(default_socket()), args.group, host, port)
+    except (ApplianceError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT

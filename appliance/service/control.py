@@ -1,0 +1,340 @@
+"""The control API's routes (FastAPI), each short; one handler maps the project's errors to HTTP.
+
+The caller's uid and pid come from SO_PEERCRED (server.py puts them in the
+connection's ASGI state); a request without them is refused before routing.
+Every mutating call is written to the audit log with its outcome, refusals
+included. Files of a job (metrics, samples, judge log, log.txt) are read from
+its job folder, which the worker writes; the job store holds states and events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from appliance import __version__
+from appliance.errors import ApplianceError
+from appliance.service.api import (
+    JOB_ID_PATTERN, CheckpointInfo, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, JobDetail, JobList,
+    JobSummary, LogChunk, MetricsPage, ModelInfo, ModelList, RecordsPage, SubmitRequest, SubmitResponse,
+)
+from appliance.service.audit import user_name
+from appliance.service.store import BadTransition, UnknownJob
+from appliance.service.submission import SubmissionRejected
+
+if TYPE_CHECKING:
+    from appliance.service.daemon import Daemon
+
+MAX_LONG_POLL_SECONDS = 60.0
+CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
+
+
+class BadJobId(ApplianceError):
+    pass
+
+
+class Unauthenticated(ApplianceError):
+    pass
+
+
+class EventBus:
+    """Wakes long-polls when the store appends an event (notify may come from any thread)."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: set[asyncio.Future] = set()
+
+    def notify(self, _event_id: int = 0) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    async def wait(self, timeout: float) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._waiters.discard(waiter)
+
+
+class PeerCredentials:
+    """Pure ASGI middleware: refuse any request whose connection carries no SO_PEERCRED reading."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and not (scope.get("state") or {}).get("peer"):
+            response = JSONResponse(ErrorResponse(error="the caller's credentials could not be read from the "
+                                                        "connection; connect over the daemon's Unix socket").model_dump(),
+                                    status_code=403)
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _status_of(error: ApplianceError) -> int:
+    if isinstance(error, SubmissionRejected):
+        return error.status
+    if isinstance(error, UnknownJob):
+        return 404
+    if isinstance(error, BadTransition):
+        return 409
+    if isinstance(error, Unauthenticated):
+        return 403
+    return 400  # BadJobId and any other ApplianceError: bad input the caller can correct
+
+
+def create_app(daemon: "Daemon") -> FastAPI:
+    app = FastAPI(title="appliance control API", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.add_middleware(PeerCredentials)
+    store, bus = daemon.store, daemon.bus
+
+    @app.exception_handler(ApplianceError)
+    async def appliance_error(_request: Request, error: ApplianceError) -> JSONResponse:
+        body = ErrorResponse(error=str(error).splitlines()[0] if str(error) else type(error).__name__,
+                             errors=error.items() if isinstance(error, SubmissionRejected) else [],
+                             plan=error.plan if isinstance(error, SubmissionRejected) else None)
+        return JSONResponse(body.model_dump(), status_code=_status_of(error))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        message = (f"no API route {request.method} {request.url.path}" if error.status_code in (404, 405)
+                   else str(error.detail))
+        return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=error.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = f"bad request: {where + ': ' if where else ''}{first.get('msg', 'invalid')}"
+        return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=422)
+
+    def peer(request: Request) -> tuple[int, int]:
+        pid, uid, _gid = request.scope["state"]["peer"]
+        return uid, pid
+
+    def audited(request: Request, action: str, job_id: str | None, call):
+        uid, pid = peer(request)
+        try:
+            result = call()
+        except ApplianceError as error:
+            daemon.audit.record(uid=uid, pid=pid, action=action, job_id=job_id,
+                                outcome=f"refused: {str(error).splitlines()[0] if str(error) else ''}")
+            raise
+        except Exception as error:
+            daemon.audit.record(uid=uid, pid=pid, action=action, job_id=job_id, outcome=f"error: {error}")
+            raise
+        daemon.audit.record(uid=uid, pid=pid, action=action,
+                            job_id=getattr(result, "id", job_id) if result is not None else job_id, outcome="ok")
+        return result
+
+    @app.get("/status")
+    async def status(request: Request) -> DaemonStatus:
+        policy = daemon.policy
+        return DaemonStatus(version=__version__, pid=os.getpid(), uptime_seconds=time.time() - daemon.started,
+                            jobs=store.counts(), slots=len(daemon.supervisor.slots), data_dir=str(daemon.data_dir),
+                            plugins_dir=str(policy.plugins_dir),
+                            dataset_roots=[str(root) for root in policy.dataset_roots],
+                            max_upload_bytes=policy.max_upload_bytes, caller_uid=peer(request)[0])
+
+    @app.post("/jobs", status_code=201)
+    async def submit(request: Request, body: SubmitRequest) -> SubmitResponse:
+        uid, _pid = peer(request)
+
+        def run() -> SubmitResponse:
+            accepted = daemon.check(body)
+            if body.dry_run:
+                accepted.discard()
+                return SubmitResponse(job=None, plan=accepted.plan.to_dict(), dry_run=True)
+            job = daemon.supervisor.submit(accepted, uid=uid, user=user_name(uid))
+            return SubmitResponse(job=job, plan=accepted.plan.to_dict())
+
+        # Validation loads the dataset and plans the job: keep it off the event loop.
+        response = await asyncio.to_thread(audited, request, "dry_run" if body.dry_run else "submit", None,
+                                           lambda: run())
+        if body.dry_run:
+            return JSONResponse(response.model_dump(), status_code=200)
+        return response
+
+    @app.get("/jobs")
+    async def list_jobs() -> JobList:
+        return JobList(jobs=daemon.supervisor.with_phase(store.list()))
+
+    @app.get("/jobs/{job_id}")
+    async def show(job_id: str) -> JobDetail:
+        row = store.get(_checked(job_id))
+        job_dir = daemon.job_dir(job_id)
+        summary = daemon.supervisor.with_phase([row.summary])[0]
+        return JobDetail(**summary.model_dump(), spec=row.spec, plan=row.plan,
+                         events=store.events(0, job_id, kinds=("state",)), last_record=_last_line(job_dir / "metrics.jsonl"),
+                         checkpoints=_checkpoints(job_dir), best=_json_file(job_dir / "best" / "best.json"),
+                         job_dir=str(job_dir))
+
+    @app.post("/jobs/{job_id}/pause")
+    async def pause(request: Request, job_id: str) -> JobSummary:
+        return await asyncio.to_thread(audited, request, "pause", job_id,
+                                       lambda: daemon.supervisor.pause(_checked(job_id)))
+
+    @app.post("/jobs/{job_id}/resume")
+    async def resume(request: Request, job_id: str) -> JobSummary:
+        return await asyncio.to_thread(audited, request, "resume", job_id,
+                                       lambda: daemon.supervisor.resume(_checked(job_id)))
+
+    @app.post("/jobs/{job_id}/cancel")
+    async def cancel(request: Request, job_id: str) -> JobSummary:
+        return await asyncio.to_thread(audited, request, "cancel", job_id,
+                                       lambda: daemon.supervisor.cancel(_checked(job_id)))
+
+    @app.get("/jobs/{job_id}/metrics")
+    async def metrics(job_id: str, after_step: int = 0, limit: int = 1000) -> MetricsPage:
+        store.get(_checked(job_id))
+        limit = max(1, min(limit, 10000))
+        rows = [row for row in _jsonl(daemon.job_dir(job_id) / "metrics.jsonl") if row.get("step", 0) > after_step]
+        page = rows[:limit]
+        return MetricsPage(job_id=job_id, records=page,
+                           next_after_step=page[-1]["step"] if len(rows) > limit else None)
+
+    @app.get("/jobs/{job_id}/samples")
+    async def samples(job_id: str, limit: int = 100) -> RecordsPage:
+        store.get(_checked(job_id))
+        return RecordsPage(job_id=job_id, records=_jsonl(daemon.job_dir(job_id) / "samples.jsonl", last=limit))
+
+    @app.get("/jobs/{job_id}/judge")
+    async def judge(job_id: str, outcome: str | None = None, limit: int = 100) -> RecordsPage:
+        store.get(_checked(job_id))
+        rows = _jsonl(daemon.job_dir(job_id) / "judge.jsonl")
+        if outcome:
+            rows = [row for row in rows if row.get("outcome") == outcome]
+        return RecordsPage(job_id=job_id, records=rows[-max(1, limit):])
+
+    @app.get("/jobs/{job_id}/log")
+    async def log(job_id: str, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
+        store.get(_checked(job_id))
+        return _read_log(job_id, daemon.job_dir(job_id) / "log.txt", offset, max(1, min(max_bytes, 8 << 20)))
+
+    @app.get("/events")
+    async def events(after: int = 0, job: str | None = None, timeout: float = 0.0) -> EventsPage:
+        if job is not None:
+            _checked(job)
+        deadline = time.monotonic() + max(0.0, min(timeout, MAX_LONG_POLL_SECONDS))
+        while True:
+            newest = store.last_event_id()
+            found = store.events(after, job, limit=1000)
+            if found or time.monotonic() >= deadline:
+                cursor = found[-1].id if len(found) == 1000 else max([newest, after] + [e.id for e in found])
+                return EventsPage(events=found, cursor=cursor)
+            await bus.wait(deadline - time.monotonic())
+
+    @app.get("/device")
+    async def device() -> DeviceStatus:
+        return daemon.supervisor.device_status()
+
+    @app.get("/models")
+    async def models() -> ModelList:
+        return await asyncio.to_thread(_models, daemon.data_dir)
+
+    return app
+
+
+def _checked(job_id: str) -> str:
+    if not JOB_ID_PATTERN.match(job_id):
+        raise BadJobId(f"'{job_id}' is not a job id (ten lowercase hex digits, as 'appliance jobs list' shows)")
+    return job_id
+
+
+def _jsonl(path: Path, last: int | None = None) -> list[dict]:
+    if not path.is_file():
+        return []
+    lines: Any = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    if last is not None:
+        lines = deque(lines, maxlen=max(1, last))
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written right now
+    return rows
+
+
+def _last_line(path: Path) -> dict | None:
+    rows = _jsonl(path, last=2)
+    return rows[-1] if rows else None
+
+
+def _json_file(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _checkpoints(job_dir: Path) -> list[CheckpointInfo]:
+    root = job_dir / "checkpoints"
+    found = []
+    if root.is_dir():
+        for folder in sorted(root.iterdir()):
+            match = CHECKPOINT_DIR.match(folder.name)
+            if match and (folder / "state.json").is_file():  # state.json is written last: complete
+                found.append(CheckpointInfo(step=int(match[1]), path=str(folder)))
+    return found
+
+
+def _read_log(job_id: str, path: Path, offset: int, max_bytes: int) -> LogChunk:
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = max(0, size + offset) if offset < 0 else min(offset, size)
+            handle.seek(start)
+            data = handle.read(max_bytes)
+    except FileNotFoundError:
+        return LogChunk(job_id=job_id, text="", offset=0, next_offset=0, size=0)
+    text, consumed = _complete_utf8(data)
+    return LogChunk(job_id=job_id, text=text, offset=start, next_offset=start + consumed,
+                    size=max(size, start + len(data)))
+
+
+def _complete_utf8(data: bytes) -> tuple[str, int]:
+    """The text of `data` and the bytes it used: a character cut at the end waits for the next read."""
+    for cut in range(0, 4):
+        try:
+            return data[: len(data) - cut].decode("utf-8"), len(data) - cut
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", errors="replace"), len(data)
+
+
+def _models(data_dir: Path) -> ModelList:
+    from appliance.models.store import ModelStore, ModelStoreError
+
+    store = ModelStore(data_dir)
+    models = []
+    for name in store.names():
+        try:
+            model = store.get(name)
+            models.append(ModelInfo(name=name, path=str(model.path), architecture=model.architecture,
+                                    parameters=model.parameters, size_bytes=model.size_bytes))
+        except (ModelStoreError, OSError, ValueError):
+            models.append(ModelInfo(name=name, path=str(store.path_of(name))))
+    return ModelList(models=models)

@@ -1,0 +1,83 @@
+"""The daemon's parts in one place: job store, supervisor, audit log, submission policy, event bus, metrics.
+
+server.py runs it (socket, uvicorn, signals, sd_notify); control.py serves it.
+Constructing a Daemon takes the data dir's lock, so two daemons never share
+one job store.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from appliance import __version__
+from appliance.errors import ApplianceError
+from appliance.metrics.registry import TrainingMetrics
+from appliance.paths import jobs_dir
+from appliance.service.api import SubmitRequest
+from appliance.service.audit import AuditLog
+from appliance.service.control import EventBus
+from appliance.service.store import JobStore
+from appliance.service.submission import Accepted, Policy, check_submission
+from appliance.service.supervisor import Slot, Supervisor, probe_slots, slot_device
+
+DEFAULT_MAX_UPLOAD_BYTES = 64 * 2**20
+
+
+class DaemonError(ApplianceError):
+    """The daemon cannot start; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    data_dir: Path
+    dataset_roots: tuple[Path, ...] = ()  # default: <data-dir>/datasets
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    stop_timeout: float = 120.0
+    max_restarts: int = 3
+    backoff_seconds: tuple[float, ...] = (2.0, 4.0, 8.0)
+    slots: list[Slot] | None = field(default=None)  # default: probe_slots()
+
+
+class Daemon:
+    def __init__(self, options: DaemonOptions):
+        self.data_dir = Path(options.data_dir).absolute()
+        for folder in (self.data_dir, jobs_dir(self.data_dir), self.data_dir / "plugins",
+                       self.data_dir / "datasets", self.data_dir / "uploads"):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.data_dir / "appliance.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise DaemonError(f"another appliance daemon already serves {self.data_dir}; stop it first") from None
+        self.started = time.time()
+        self.policy = Policy(
+            data_dir=self.data_dir, plugins_dir=self.data_dir / "plugins",
+            dataset_roots=tuple(Path(root).absolute() for root in options.dataset_roots)
+            or (self.data_dir / "datasets",),
+            uploads_dir=self.data_dir / "uploads", max_upload_bytes=options.max_upload_bytes)
+        self.store = JobStore(self.data_dir / "appliance.db")
+        self.audit = AuditLog(self.data_dir / "audit.jsonl")
+        self.bus = EventBus()
+        self.store.listeners.append(self.bus.notify)
+        self.metrics = TrainingMetrics(version=__version__, student_model="", judge_model=None)
+        self.metrics.observe_disk(self.data_dir)
+        self.supervisor = Supervisor(self.store, self.data_dir, options.slots or probe_slots(), self.metrics,
+                                     max_restarts=options.max_restarts, backoff_seconds=options.backoff_seconds,
+                                     stop_timeout=options.stop_timeout, version=__version__)
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.supervisor.job_dir(job_id)
+
+    def check(self, request: SubmitRequest) -> Accepted:
+        """Validate and plan a submission against the first slot's device (all slots are alike)."""
+        return check_submission(request, self.policy, slot_device(self.supervisor.slots[0]))
+
+    def close(self) -> None:
+        self.store.close()
+        self.audit.close()
+        os.close(self._lock_fd)

@@ -1,0 +1,266 @@
+"""The daemon's job store: SQLite in WAL mode, one writer (the daemon), one table of allowed transitions.
+
+A job is queued at submit and claimed in FIFO order (the submit sequence).
+Every state change goes through `transition`, which checks TRANSITIONS and
+appends a "state" event in the same transaction; the events table is
+append-only and its id is the cursor the control API's long-poll hands out.
+Steps, phases, checkpoints and log lines of a running job are events too, so
+one cursor follows everything.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from appliance.errors import ApplianceError
+from appliance.service.api import JOB_STATES, JobEvent, JobSummary
+
+SCHEMA_VERSION = 1
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,   -- FIFO order
+    id          TEXT NOT NULL UNIQUE,
+    name        TEXT NOT NULL,
+    uid         INTEGER NOT NULL,
+    user        TEXT NOT NULL,
+    spec        TEXT NOT NULL,                      -- the validated spec, JSON, frozen at submit
+    plan        TEXT,                               -- the memory plan at submit, JSON
+    state       TEXT NOT NULL,
+    reason      TEXT NOT NULL DEFAULT '',
+    created     REAL NOT NULL,
+    updated     REAL NOT NULL,
+    step        INTEGER NOT NULL DEFAULT 0,
+    steps_total INTEGER NOT NULL DEFAULT 0,
+    slot        INTEGER,
+    attempts    INTEGER NOT NULL DEFAULT 0,         -- worker starts so far
+    restarts    INTEGER NOT NULL DEFAULT 0,         -- worker deaths restarted in a row
+    pgid        INTEGER                             -- the running worker's process group
+);
+CREATE TABLE IF NOT EXISTS events (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id  TEXT NOT NULL,
+    time    REAL NOT NULL,
+    kind    TEXT NOT NULL,
+    step    INTEGER,
+    data    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
+"""
+
+# state -> the states it may move to. Terminal states (succeeded, failed, cancelled) move nowhere.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "queued": frozenset({"running", "paused", "cancelled"}),
+    "running": frozenset({"succeeded", "failed", "cancelled", "paused", "interrupted"}),
+    "interrupted": frozenset({"queued", "running", "paused", "cancelled", "failed"}),
+    "paused": frozenset({"queued", "cancelled"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+}
+assert set(TRANSITIONS) == set(JOB_STATES)
+
+_SUMMARY_COLUMNS = "id, name, state, reason, uid, user, created, updated, step, steps_total, slot, attempts"
+
+
+class StoreError(ApplianceError):
+    """A request the job store refuses (unknown job, a transition the table does not allow)."""
+
+
+class UnknownJob(StoreError):
+    pass
+
+
+class BadTransition(StoreError):
+    pass
+
+
+@dataclass(frozen=True)
+class JobRow:
+    summary: JobSummary
+    spec: dict
+    plan: dict | None
+    restarts: int
+    pgid: int | None
+
+
+def new_job_id() -> str:
+    return secrets.token_hex(5)
+
+
+class JobStore:
+    """Thread-safe (one connection behind a lock); `listeners` are called with each new event id."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        self.listeners: list[Callable[[int], None]] = []
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=10000")
+            self._db.executescript(DDL)
+            found = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if found is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(found[0]) != SCHEMA_VERSION:
+                raise StoreError(f"{self.path} has job store schema {found[0]}; this appliance reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ----- writing -----------------------------------------------------------------------------
+
+    def _tx(self):
+        return _Transaction(self)
+
+    def submit(self, name: str, uid: int, user: str, spec: dict, plan: dict | None, steps_total: int) -> JobSummary:
+        now = time.time()
+        with self._tx() as db:
+            job_id = new_job_id()
+            while db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone():
+                job_id = new_job_id()
+            db.execute("INSERT INTO jobs (id, name, uid, user, spec, plan, state, created, updated, steps_total) "
+                       "VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
+                       (job_id, name, uid, user, json.dumps(spec), json.dumps(plan) if plan else None, now, now,
+                        steps_total))
+            event = self._append(db, job_id, "state", None, {"from": None, "to": "queued", "reason": "submitted"}, now)
+        self._notify(event)
+        return self.get(job_id).summary
+
+    def transition(self, job_id: str, to: str, reason: str = "", expect: Iterable[str] | None = None,
+                   **columns: Any) -> JobSummary:
+        """Move a job to `to` if TRANSITIONS allows it (and it is in `expect`, when given)."""
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+            if row is None:
+                raise UnknownJob(f"no job '{job_id}'; 'appliance jobs list' shows the jobs")
+            state = row["state"]
+            allowed = TRANSITIONS[state] if expect is None else TRANSITIONS[state] & set(expect)
+            if to not in allowed:
+                raise BadTransition(f"job '{job_id}' is {state}; it cannot become {to}")
+            sets = ", ".join(f"{column}=?" for column in columns)
+            db.execute(f"UPDATE jobs SET state=?, reason=?, updated=?{', ' + sets if sets else ''} WHERE id=?",
+                       (to, reason, now, *columns.values(), job_id))
+            event = self._append(db, job_id, "state", None, {"from": state, "to": to, "reason": reason}, now)
+        self._notify(event)
+        return self.get(job_id).summary
+
+    def update(self, job_id: str, **columns: Any) -> None:
+        """Columns other than the state (step, slot, pgid, attempts, restarts)."""
+        if "state" in columns:
+            raise ValueError("states change only through transition()")
+        sets = ", ".join(f"{column}=?" for column in columns)
+        with self._tx() as db:
+            db.execute(f"UPDATE jobs SET {sets} WHERE id=?", (*columns.values(), job_id))
+
+    def add_event(self, job_id: str, kind: str, data: dict, step: int | None = None,
+                  at: float | None = None) -> int:
+        with self._tx() as db:
+            event = self._append(db, job_id, kind, step, data, at or time.time())
+            if kind == "step" and step is not None:
+                db.execute("UPDATE jobs SET step=? WHERE id=?", (step, job_id))
+        self._notify(event)
+        return event
+
+    def claim_next(self, slot: int) -> JobSummary | None:
+        """The oldest queued job, now running on `slot` (None when the queue is empty)."""
+        with self._lock:
+            row = self._db.execute("SELECT id FROM jobs WHERE state='queued' ORDER BY seq LIMIT 1").fetchone()
+            if row is None:
+                return None
+            return self.transition(row["id"], "running", f"started on slot {slot}", slot=slot)
+
+    @staticmethod
+    def _append(db: sqlite3.Connection, job_id: str, kind: str, step: int | None, data: dict, at: float) -> int:
+        cursor = db.execute("INSERT INTO events (job_id, time, kind, step, data) VALUES (?, ?, ?, ?, ?)",
+                            (job_id, at, kind, step, json.dumps(data, default=float)))
+        return int(cursor.lastrowid)
+
+    def _notify(self, event_id: int) -> None:
+        for listener in list(self.listeners):
+            listener(event_id)
+
+    # ----- reading -----------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRow:
+        with self._lock:
+            row = self._db.execute(f"SELECT {_SUMMARY_COLUMNS}, spec, plan, restarts, pgid FROM jobs WHERE id=?",
+                                   (job_id,)).fetchone()
+        if row is None:
+            raise UnknownJob(f"no job '{job_id}'; 'appliance jobs list' shows the jobs")
+        return JobRow(_summary(row), json.loads(row["spec"]), json.loads(row["plan"]) if row["plan"] else None,
+                      row["restarts"], row["pgid"])
+
+    def list(self, states: Iterable[str] | None = None) -> list[JobSummary]:
+        query, args = f"SELECT {_SUMMARY_COLUMNS} FROM jobs", ()
+        if states is not None:
+            states = tuple(states)
+            query += f" WHERE state IN ({', '.join('?' * len(states))})"
+            args = states
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY seq", args).fetchall()
+        return [_summary(row) for row in rows]
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state").fetchall()
+        counts = {state: 0 for state in JOB_STATES}
+        counts.update({row["state"]: row["n"] for row in rows})
+        return counts
+
+    def events(self, after: int = 0, job_id: str | None = None, kinds: Iterable[str] | None = None,
+               limit: int = 1000) -> list[JobEvent]:
+        query, args = "SELECT id, job_id, time, kind, step, data FROM events WHERE id > ?", [after]
+        if job_id is not None:
+            query += " AND job_id = ?"
+            args.append(job_id)
+        if kinds is not None:
+            kinds = tuple(kinds)
+            query += f" AND kind IN ({', '.join('?' * len(kinds))})"
+            args += kinds
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
+        return [JobEvent(id=row["id"], job_id=row["job_id"], time=row["time"], kind=row["kind"], step=row["step"],
+                         data=json.loads(row["data"])) for row in rows]
+
+    def last_event_id(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT MAX(id) FROM events").fetchone()
+        return int(row[0] or 0)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT under the store's lock (ROLLBACK on error)."""
+
+    def __init__(self, store: JobStore):
+        self.store = store
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.store._lock.acquire()
+        self.store._db.execute("BEGIN IMMEDIATE")
+        return self.store._db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.store._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self.store._lock.release()
+
+
+def _summary(row: sqlite3.Row) -> JobSummary:
+    return JobSummary(id=row["id"], name=row["name"], state=row["state"], reason=row["reason"], uid=row["uid"],
+                      user=row["user"], created=row["created"], updated=row["updated"], step=row["step"],
+                      steps_total=row["steps_total"], slot=row["slot"], attempts=row["attempts"])

@@ -1,0 +1,175 @@
+"""A submitted job file -> a spec the daemon may run and its memory plan, or every reason it may not.
+
+The daemon never runs or reads what a caller points at:
+- a reward plugin ("file.py:function") must resolve inside `<data-dir>/plugins/`
+  (relative names start there), where an administrator installed it;
+- `task.dataset` is read only inside the dataset roots (`<data-dir>/datasets/`
+  or the configured list; relative names start at the first root); any other
+  file comes as an upload with the submission, bounded in size, and is checked
+  line by line by the same loader as `appliance config check`.
+Everything else is the existing validation (config.load + config.checks), so a
+refusal lists the errors exactly as `appliance config check` prints them. A
+job that does not fit the device is refused with its plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from appliance.config.checks import PLUGIN_REWARD, with_absolute_paths, world_errors
+from appliance.config.load import ConfigError, ParsedJob, parse_job
+from appliance.config.schema import JobSpec
+from appliance.errors import ApplianceError
+from appliance.service.api import ConfigErrorItem, SubmitRequest
+
+UPLOAD_FILE = "dataset.jsonl"
+
+
+class SubmissionRejected(ApplianceError):
+    """The job is refused: `status` is the HTTP status, `errors` the job-file errors, `plan` when it does not fit."""
+
+    def __init__(self, status: int, message: str, errors: list[ConfigError] | None = None,
+                 plan: dict | None = None):
+        super().__init__(message)
+        self.status, self.errors, self.plan = status, errors or [], plan
+
+    def items(self) -> list[ConfigErrorItem]:
+        return [ConfigErrorItem(**error.as_dict(), text=str(error)) for error in self.errors]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a submission may reach on this box."""
+
+    data_dir: Path
+    plugins_dir: Path
+    dataset_roots: tuple[Path, ...]
+    uploads_dir: Path
+    max_upload_bytes: int
+
+
+@dataclass(frozen=True)
+class Accepted:
+    spec: JobSpec
+    plan: Any  # appliance.budget.plan.Plan
+    upload_dir: Path | None  # holds the uploaded dataset the spec points at; removed if the job is not stored
+
+    def discard(self) -> None:
+        if self.upload_dir is not None:
+            shutil.rmtree(self.upload_dir, ignore_errors=True)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
+
+
+def _with_dataset(parsed: ParsedJob, dataset: str) -> ParsedJob:
+    data = dict(parsed.data)
+    data["task"] = {**data["task"], "dataset": dataset}
+    spec = parsed.spec
+    if spec is not None:
+        spec = spec.model_copy(update={"task": spec.task.model_copy(update={"dataset": dataset})})
+    return dataclasses.replace(parsed, data=data, spec=spec)
+
+
+def _dataset(parsed: ParsedJob, request: SubmitRequest, policy: Policy) -> tuple[ParsedJob, list[ConfigError], Path | None]:
+    """Point task.dataset at the upload or at a file in an allowed root; an error when it is neither."""
+    task = parsed.data.get("task")
+    reference = task.get("dataset") if isinstance(task, dict) else None
+    unexpected = [name for name in request.uploads if name != reference]
+    if unexpected:
+        return parsed, [parsed.error_at(("task", "dataset"), (
+            f"an uploaded file is named {unexpected[0]!r} but task.dataset is {reference!r}; "
+            "upload only the job's dataset, under the name task.dataset gives it"))], None
+    if not isinstance(reference, str) or not reference or reference.startswith("builtin:"):
+        return parsed, [], None  # the schema and the dataset check report what is wrong
+    if reference in request.uploads:
+        upload_dir = policy.uploads_dir / uuid.uuid4().hex
+        upload_dir.mkdir(parents=True, mode=0o750)
+        target = upload_dir / UPLOAD_FILE
+        target.write_text(request.uploads[reference], encoding="utf-8")
+        return _with_dataset(parsed, str(target)), [], upload_dir
+    roots = policy.dataset_roots
+    candidate = Path(reference).expanduser()
+    if not candidate.is_absolute():
+        candidate = roots[0] / candidate
+    if not any(_inside(candidate, root) for root in roots):
+        return parsed, [parsed.error_at(("task", "dataset"), (
+            f"the daemon reads datasets only inside {', '.join(str(root) for root in roots)}, and {reference} "
+            "is not there; 'appliance jobs submit' uploads a file it can read, or an administrator copies it "
+            f"into {roots[0]}"))], None
+    return _with_dataset(parsed, os.path.realpath(candidate)), [], None
+
+
+def _plugins(parsed: ParsedJob, plugins_dir: Path) -> tuple[ParsedJob, list[ConfigError]]:
+    """Plugins resolve inside the plugin dir; others are refused and hidden from the checks (never read)."""
+    rewards = parsed.data.get("rewards")
+    if not isinstance(rewards, list):
+        return parsed, []
+    errors, kept = [], []
+    for position, reward in enumerate(rewards):
+        name = reward.get("name") if isinstance(reward, dict) else None
+        match = PLUGIN_REWARD.match(name) if isinstance(name, str) else None
+        if match and not _inside(plugins_dir / Path(match["file"]).expanduser(), plugins_dir):
+            errors.append(parsed.error_at(("rewards", position, "name"), (
+                f"reward plugin '{name}' is outside the plugin folder {plugins_dir}; the daemon runs only "
+                "plugins an administrator installed there (name them file.py:function, relative to it)")))
+            reward = {**reward, "name": None}
+        kept.append(reward)
+    if not errors:
+        return parsed, []
+    return dataclasses.replace(parsed, data={**parsed.data, "rewards": kept}), errors
+
+
+def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted:
+    """The runnable spec and its plan on `device`, or SubmissionRejected (nothing is kept)."""
+    size = sum(len(text.encode("utf-8")) for text in request.uploads.values())
+    if size > policy.max_upload_bytes:
+        raise SubmissionRejected(413, (
+            f"the uploaded dataset is {size} bytes, over this daemon's limit of {policy.max_upload_bytes} bytes; "
+            f"ask an administrator to put it in {policy.dataset_roots[0]} and name it there"))
+    parsed = parse_job(request.yaml, request.file_name)
+    if not isinstance(parsed.data, dict):
+        raise SubmissionRejected(422, f"{request.file_name} is not a valid job file", parsed.errors)
+    parsed, errors, upload_dir = _dataset(parsed, request, policy)
+    try:
+        parsed, plugin_errors = _plugins(parsed, policy.plugins_dir)
+        errors = parsed.errors + errors + plugin_errors + world_errors(parsed, policy.plugins_dir, policy.data_dir)
+        if upload_dir is not None:  # say the user's file name, not where the daemon keeps the upload
+            staged, original = str(upload_dir / UPLOAD_FILE), request.uploads and next(iter(request.uploads))
+            errors = [dataclasses.replace(e, message=e.message.replace(staged, str(original))) for e in errors]
+        if errors:
+            errors.sort(key=lambda e: e.line if e.line is not None else 0)
+            raise SubmissionRejected(422, f"{request.file_name} has {len(errors)} error(s)", errors)
+        spec = with_absolute_paths(parsed.spec, policy.plugins_dir)
+        plan = plan_on(spec, policy.data_dir, device)
+        if not plan.fits:
+            raise SubmissionRejected(409, f"job '{spec.name}' does not fit this device: {plan.refusal()}",
+                                     plan=plan.to_dict())
+        return Accepted(spec, plan, upload_dir)
+    except BaseException:
+        if upload_dir is not None:
+            shutil.rmtree(upload_dir, ignore_errors=True)
+        raise
+
+
+def plan_on(spec: JobSpec, data_dir: Path, device):
+    """The budget manager's plan of `spec` on `device` (model shapes from the model store)."""
+    from appliance.budget.plan import plan_job
+    from appliance.budget.shapes import ShapeError, load_config
+    from appliance.models.store import ModelStoreError, resolve_model
+
+    try:
+        student = load_config(resolve_model(spec.student.model, data_dir, verify=False) / "config.json")
+        judge = None
+        if spec.judge is not None and not spec.judge.share_student_base:
+            judge = load_config(resolve_model(spec.judge.model, data_dir, verify=False) / "config.json")
+        return plan_job(spec, student, judge, device)
+    except (ShapeError, ModelStoreError, ValueError) as error:
+        raise SubmissionRejected(422, f"job '{spec.name}' cannot be planned: {error}") from error

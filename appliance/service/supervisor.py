@@ -1,0 +1,476 @@
+"""Device slots and the workers on them: spawn, report, reap, restart with backoff, pause, cancel, shut down.
+
+One job per slot (the CPU is one slot; on CUDA one per visible GPU, the
+worker pinned with CUDA_VISIBLE_DEVICES). A worker is a child process in its
+own process group (`process_group=0` at exec, so there is no moment it is
+not), and every end of a worker (done, paused, cancelled, crashed) kills the
+whole group: vLLM's EngineCore children would otherwise keep the GPU.
+
+Reports from a worker (steps, phases, memory, log lines) are appended to the
+job store as events and fed to the daemon's one TrainingMetrics. A worker
+that dies is restarted from its newest complete checkpoint after a backoff,
+at most `max_restarts` times in a row without a finished step; then the job
+fails with the last lines of its log as the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from appliance.errors import ApplianceError
+from appliance.paths import jobs_dir
+from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
+from appliance.service.store import BadTransition, JobStore
+from appliance.service.worker import EXIT_BAD_JOB, MODULE, Channel
+
+if TYPE_CHECKING:
+    from appliance.metrics.registry import TrainingMetrics
+    from appliance.service.submission import Accepted
+
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+LOG_TAIL_LINES = 12
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int
+    kind: str  # "cpu" | "cuda"
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def probe_slots(environ: dict | None = None, gpus_dir: Path = NVIDIA_GPUS) -> list[Slot]:
+    """The hardware boundary: one slot per visible NVIDIA GPU (CUDA_VISIBLE_DEVICES narrows them), else the CPU."""
+    environ = os.environ if environ is None else environ
+    present = sorted(gpus_dir.iterdir()) if gpus_dir.is_dir() else []
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [part.strip() for part in visible.split(",") if part.strip() and part.strip() != "-1"]
+    else:
+        ids = [str(index) for index in range(len(present))]
+    if not present or not ids:
+        return [Slot(0, "cpu", os.uname().machine)]
+    return [Slot(index, "cuda", f"GPU {device}", {"CUDA_VISIBLE_DEVICES": device}) for index, device in enumerate(ids)]
+
+
+def slot_device(slot: Slot):
+    """The slot's DeviceInfo for the planner (total and used memory)."""
+    from appliance.budget.device import DeviceInfo, probe_device
+
+    if slot.kind == "cpu":
+        return probe_device("cpu")
+    import torch  # only on a CUDA box
+
+    index = [s.strip() for s in os.environ.get("CUDA_VISIBLE_DEVICES", slot.env["CUDA_VISIBLE_DEVICES"]).split(",")]
+    ordinal = index.index(slot.env["CUDA_VISIBLE_DEVICES"]) if slot.env["CUDA_VISIBLE_DEVICES"] in index else 0
+    free, total = torch.cuda.mem_get_info(ordinal)
+    return DeviceInfo("cuda", int(total), int(total - free), torch.cuda.get_device_name(ordinal))
+
+
+@dataclass
+class Worker:
+    job_id: str
+    slot: Slot
+    proc: subprocess.Popen
+    channel: Channel
+    started: float
+    reader: threading.Thread | None = None
+    stop_reason: str | None = None  # what the daemon asked: "pause" | "shutdown"
+    stop_deadline: float | None = None
+    cancel_reason: str | None = None
+    outcome: dict | None = None  # the worker's last result / disk_full / error message
+    phase: str | None = None
+    planned_bytes: dict[str, int] = field(default_factory=dict)
+    budget_bytes: int | None = None
+    measured_bytes: dict[str, int] = field(default_factory=dict)
+    device_total_bytes: int = 0
+    device_used_bytes: int = 0
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def kill_group(pgid: int | None, sig: int = signal.SIGKILL) -> None:
+    if pgid:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+class Supervisor:
+    def __init__(self, store: JobStore, data_dir: Path, slots: list[Slot], metrics: "TrainingMetrics", *,
+                 max_restarts: int = 3, backoff_seconds: tuple[float, ...] = (2.0, 4.0, 8.0),
+                 stop_timeout: float = 120.0, version: str = ""):
+        from prometheus_client import Counter
+
+        self.store, self.data_dir, self.slots, self.metrics = store, Path(data_dir), slots, metrics
+        self.max_restarts, self.backoff_seconds, self.stop_timeout = max_restarts, backoff_seconds, stop_timeout
+        self.version = version
+        self.workers: dict[int, Worker] = {}
+        self.retry_at: dict[str, float] = {}
+        self.restarts_total = Counter("appliance_worker_restarts", "Workers restarted after they died",
+                                      registry=metrics.registry)
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    # ----- life cycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.recover()
+        self._publish_counts()
+        self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def recover(self) -> None:
+        """After a start: leftovers of a dead daemon's workers are killed; running/interrupted jobs requeued."""
+        for job in self.store.list(("running", "interrupted")):
+            row = self.store.get(job.id)
+            if row.pgid and _is_worker_group(row.pgid):
+                kill_group(row.pgid)
+                _wait_gone(row.pgid, 10.0)
+            if job.state == "running":
+                self.store.transition(job.id, "interrupted", "the daemon stopped while the job ran")
+            self.store.transition(job.id, "queued", "requeued at daemon start; resumes from its newest checkpoint",
+                                  slot=None, pgid=None)
+
+    def _loop(self) -> None:
+        while not self._closing:
+            self._wake.wait(0.5)
+            self._wake.clear()
+            try:
+                self.tick()
+            except Exception as error:  # keep supervising; the error is in the daemon's log
+                print(f"supervisor: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def tick(self) -> None:
+        with self._lock:
+            for worker in list(self.workers.values()):
+                if worker.proc.poll() is not None:
+                    self._reaped(worker)
+                elif worker.stop_deadline is not None and time.time() > worker.stop_deadline:
+                    kill_group(worker.proc.pid)  # it did not stop in time: the last checkpoint stands
+            self._schedule()
+        self.metrics.observe_disk(self.data_dir)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Ask every worker to checkpoint and stop; kill those still running after `timeout`; mark them interrupted."""
+        timeout = self.stop_timeout if timeout is None else timeout
+        with self._lock:
+            self._closing = True
+            for worker in self.workers.values():
+                self._ask_stop(worker, "shutdown", timeout)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with self._lock:
+                if all(worker.proc.poll() is not None for worker in self.workers.values()):
+                    break
+            time.sleep(0.1)
+        with self._lock:
+            for worker in list(self.workers.values()):
+                if worker.proc.poll() is None:
+                    kill_group(worker.proc.pid)
+                    worker.proc.wait()
+                self._reaped(worker)
+        if self._thread is not None:
+            self._wake.set()
+            self._thread.join(timeout=5)
+
+    # ----- requests from the control API ---------------------------------------------------------
+
+    def submit(self, accepted: "Accepted", uid: int, user: str) -> JobSummary:
+        import yaml
+
+        spec = accepted.spec
+        try:
+            job = self.store.submit(spec.name, uid, user, spec.model_dump(mode="json"), accepted.plan.to_dict(),
+                                    spec.grpo.steps)
+        except BaseException:
+            accepted.discard()
+            raise
+        job_dir = self.job_dir(job.id)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(job_dir / "job.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        self._publish_counts()
+        self.wake()
+        return job
+
+    def pause(self, job_id: str) -> JobSummary:
+        with self._lock:
+            job = self.store.get(job_id).summary
+            worker = self._worker_of(job_id)
+            if worker is not None:
+                if worker.stop_reason is None:
+                    self._ask_stop(worker, "pause", self.stop_timeout)
+                return job
+            if job.state in ("queued", "interrupted"):
+                self.retry_at.pop(job_id, None)
+                self.store.transition(job_id, "paused", "paused before it ran" if job.state == "queued"
+                                      else "paused while waiting to restart")
+                self._publish_counts()
+                return self.store.get(job_id).summary
+            raise BadTransition(f"job '{job_id}' is {job.state}; only a queued or running job can be paused")
+
+    def resume(self, job_id: str) -> JobSummary:
+        job = self.store.transition(job_id, "queued", "resumed; continues from its newest checkpoint",
+                                    expect=("queued",))
+        self._publish_counts()
+        self.wake()
+        return job
+
+    def cancel(self, job_id: str) -> JobSummary:
+        with self._lock:
+            worker = self._worker_of(job_id)
+            if worker is None:
+                self.retry_at.pop(job_id, None)
+                job = self.store.transition(job_id, "cancelled", "cancelled")
+                self._publish_counts()
+                return job
+            worker.cancel_reason = "cancelled"
+            kill_group(worker.proc.pid)
+            worker.proc.wait()
+            self._reaped(worker)
+            self.wake()
+            return self.store.get(job_id).summary
+
+    def with_phase(self, jobs: list[JobSummary]) -> list[JobSummary]:
+        phases = {worker.job_id: worker.phase for worker in list(self.workers.values())}
+        return [job.model_copy(update={"phase": phases.get(job.id)}) for job in jobs]
+
+    def device_status(self) -> DeviceStatus:
+        import shutil
+
+        slots = []
+        for slot in self.slots:
+            worker = self.workers.get(slot.index)
+            status = SlotStatus(index=slot.index, kind=slot.kind, name=slot.name)
+            if worker is not None:
+                status = status.model_copy(update={
+                    "job_id": worker.job_id, "phase": worker.phase, "budget_bytes": worker.budget_bytes,
+                    "planned_bytes": dict(worker.planned_bytes), "measured_bytes": dict(worker.measured_bytes),
+                    "total_bytes": worker.device_total_bytes, "used_bytes": worker.device_used_bytes})
+            slots.append(status)
+        return DeviceStatus(slots=slots, disk_free_bytes=shutil.disk_usage(self.data_dir).free)
+
+    # ----- internals -----------------------------------------------------------------------------
+
+    def job_dir(self, job_id: str) -> Path:
+        return jobs_dir(self.data_dir) / job_id
+
+    def _worker_of(self, job_id: str) -> Worker | None:
+        return next((worker for worker in self.workers.values() if worker.job_id == job_id), None)
+
+    def _ask_stop(self, worker: Worker, reason: str, timeout: float) -> None:
+        worker.stop_reason = reason
+        worker.stop_deadline = time.time() + timeout
+        worker.channel.send({"type": "stop", "reason": reason})
+
+    def _schedule(self) -> None:
+        if self._closing:
+            return
+        for slot in self.slots:
+            if slot.index in self.workers:
+                continue
+            job = self._next_retry(slot) or self.store.claim_next(slot.index)
+            if job is None:
+                return
+            self._spawn(job, slot)
+            self._publish_counts()
+
+    def _next_retry(self, slot: Slot) -> JobSummary | None:
+        now = time.time()
+        due = [job_id for job_id, at in self.retry_at.items() if at <= now]
+        for job in self.store.list(("interrupted",)):
+            if job.id in due:
+                del self.retry_at[job.id]
+                return self.store.transition(job.id, "running", f"restarted on slot {slot.index}", slot=slot.index)
+        return None
+
+    def _spawn(self, job: JobSummary, slot: Slot) -> None:
+        import socket
+
+        job_dir = self.job_dir(job.id)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        row = self.store.get(job.id)
+        # A first start begins at step 0; every later start resumes from the newest complete checkpoint.
+        resume = row.summary.attempts > 0
+        ours, theirs = socket.socketpair()
+        command = [sys.executable, "-m", MODULE, "--fd", str(theirs.fileno()), "--data-dir", str(self.data_dir),
+                   "--job-dir", str(job_dir)] + (["--resume"] if resume else [])
+        environment = {**os.environ, **slot.env, "PYTHONUNBUFFERED": "1"}
+        with open(job_dir / "log.txt", "ab") as log:
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    pass_fds=(theirs.fileno(),), process_group=0, env=environment, cwd=job_dir)
+        theirs.close()
+        worker = Worker(job.id, slot, proc, Channel(ours), time.time())
+        worker.reader = threading.Thread(target=self._read_reports, args=(worker,), daemon=True,
+                                         name=f"reports-{job.id}")
+        self.workers[slot.index] = worker
+        self.store.update(job.id, attempts=row.summary.attempts + 1, pgid=proc.pid, slot=slot.index)
+        spec = row.spec
+        self.metrics.build_info.clear()
+        self.metrics.build_info.labels(version=self.version, student_model=spec["student"]["model"],
+                                       judge_model=(spec.get("judge") or {}).get("model", "")).set(1)
+        worker.reader.start()
+
+    def _read_reports(self, worker: Worker) -> None:
+        from appliance.grpo.step_record import RunEvent, StepRecord
+        from appliance.metrics.run_exporter import apply_event
+
+        for message in worker.channel.messages():
+            kind = message.get("type")
+            try:
+                if kind == "step":
+                    record = StepRecord.from_dict(message["record"])
+                    self.store.add_event(worker.job_id, "step", message["record"], step=record.step, at=record.time)
+                    self.store.update(worker.job_id, restarts=0)
+                    self.metrics.observe_step(record)
+                    worker.measured_bytes = dict(record.memory.components_used_bytes)
+                    if record.memory.device_used_bytes is not None:
+                        worker.device_used_bytes = record.memory.device_used_bytes
+                elif kind == "event":
+                    event = RunEvent.from_dict(message["event"])
+                    self._observe_event(worker, event)
+                    apply_event(self.metrics, event)
+                elif kind in ("result", "disk_full", "error"):
+                    worker.outcome = message
+            except (KeyError, TypeError, ValueError) as error:
+                print(f"supervisor: bad report from the worker of {worker.job_id}: {error}", file=sys.stderr,
+                      flush=True)
+        self.wake()
+
+    def _observe_event(self, worker: Worker, event) -> None:
+        data = event.data
+        if event.kind == "phase":
+            worker.phase = data.get("phase") if data.get("state", "start") == "start" else None
+        elif event.kind == "memory" and "planned_bytes" in data:
+            worker.planned_bytes = dict(data["planned_bytes"])
+            worker.budget_bytes = data.get("budget_bytes")
+            worker.device_total_bytes = data.get("device_total_bytes") or 0
+            worker.device_used_bytes = data.get("device_used_bytes") or 0
+        if event.kind != "engine_metrics":  # snapshots go to the metrics only, not the event history
+            self.store.add_event(worker.job_id, event.kind, data, step=event.step, at=event.time)
+
+    def _reaped(self, worker: Worker) -> None:
+        """The worker's process is gone: end its group, settle the job's state, free the slot."""
+        returncode = worker.proc.wait()
+        kill_group(worker.proc.pid)
+        if worker.reader is not None:
+            worker.reader.join(timeout=10)
+        worker.channel.close()
+        self.workers.pop(worker.slot.index, None)
+        self.store.update(worker.job_id, slot=None, pgid=None)
+        try:
+            self._settle(worker, returncode)
+        except ApplianceError as error:  # e.g. cancelled by hand meanwhile
+            print(f"supervisor: {worker.job_id}: {error}", file=sys.stderr, flush=True)
+        self._publish_counts()
+
+    def _settle(self, worker: Worker, returncode: int) -> None:
+        job_id, outcome = worker.job_id, worker.outcome or {}
+        result = outcome.get("result") or {}
+        if worker.cancel_reason:
+            self.store.transition(job_id, "cancelled", worker.cancel_reason)
+        elif outcome.get("type") == "result" and result.get("status") == "completed":
+            self.store.transition(job_id, "succeeded", f"completed {result.get('step')} steps")
+        elif outcome.get("type") == "result":
+            step = result.get("step")
+            if (result.get("stop_reason") or worker.stop_reason) == "pause":
+                self.store.transition(job_id, "paused", f"paused after step {step} (checkpoint saved)")
+            else:
+                self.store.transition(job_id, "interrupted", f"stopped after step {step} (checkpoint saved): "
+                                      "the daemon shut down; it resumes at the next start")
+        elif outcome.get("type") == "disk_full":
+            self.store.transition(job_id, "paused", outcome.get("message", "the disk is full"))
+        elif outcome.get("type") == "error" or returncode == EXIT_BAD_JOB:
+            self.store.transition(job_id, "failed", outcome.get("message") or self._log_tail(job_id))
+        elif worker.stop_reason == "pause":
+            self.store.transition(job_id, "paused", f"paused; the worker did not stop in time ({describe_exit(returncode)})"
+                                  ", so it resumes from its newest checkpoint")
+        elif worker.stop_reason == "shutdown":
+            self.store.transition(job_id, "interrupted", f"the daemon shut down and the worker ended with "
+                                  f"{describe_exit(returncode)}; it resumes from its newest checkpoint")
+        else:
+            self._crashed(job_id, returncode)
+
+    def _crashed(self, job_id: str, returncode: int) -> None:
+        restarts = self.store.get(job_id).restarts + 1
+        if restarts > self.max_restarts:
+            self.store.transition(job_id, "failed", f"the worker ended with {describe_exit(returncode)} "
+                                  f"{restarts} times in a row; last lines of its log:\n{self._log_tail(job_id)}")
+            return
+        delay = self.backoff_seconds[min(restarts - 1, len(self.backoff_seconds) - 1)]
+        self.store.transition(job_id, "interrupted", f"the worker ended with {describe_exit(returncode)}; restart "
+                              f"{restarts}/{self.max_restarts} in {delay:g} s from the newest checkpoint")
+        self.store.update(job_id, restarts=restarts)
+        self.retry_at[job_id] = time.time() + delay
+        self.restarts_total.inc()
+
+    def _log_tail(self, job_id: str) -> str:
+        try:
+            lines = (self.job_dir(job_id) / "log.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-LOG_TAIL_LINES:])
+
+    def _publish_counts(self) -> None:
+        self.metrics.set_jobs(self.store.counts())
+
+
+def _is_worker_group(pgid: int) -> bool:
+    """True when a process of group `pgid` runs this appliance's worker (not a recycled group id)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) == pgid and MODULE.encode() in (entry / "cmdline").read_bytes():
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+def _wait_gone(pgid: int, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while _is_worker_group(pgid) and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)

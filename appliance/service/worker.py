@@ -1,0 +1,120 @@
+"""The worker: one job in its own process (and process group), reporting to the daemon as it goes.
+
+    python -m appliance.service.worker --fd N --data-dir D --job-dir J [--resume]
+
+The daemon starts it with a connected Unix stream socket as fd N and the
+job's log.txt as stdout and stderr. Only plain data crosses, one JSON object
+per line:
+
+    worker -> daemon  {"type": "step", "record": StepRecord.to_dict()}
+                      {"type": "event", "event": RunEvent.to_dict()}
+                      {"type": "result", "result": RunResult.to_dict()}
+                      {"type": "disk_full", "message": ...}   (then exit EXIT_DISK_FULL)
+                      {"type": "error", "message": ...}       (then exit EXIT_BAD_JOB: not worth a restart)
+    daemon -> worker  {"type": "stop", "reason": "pause" | "shutdown"}
+
+A stop request is polled by run_job between steps, which then checkpoints and
+returns. When the daemon goes away (the socket closes) the worker stops as on
+"shutdown": the checkpoint it leaves is where the next daemon resumes.
+"""
+
+from __future__ import annotations
+
+import appliance.offline  # noqa: F401  (before any ML import)
+
+import argparse
+import json
+import socket
+import sys
+import threading
+from pathlib import Path
+
+MODULE = "appliance.service.worker"
+EXIT_DONE, EXIT_CRASH, EXIT_BAD_JOB, EXIT_DISK_FULL = 0, 1, 2, 3
+
+
+class Channel:
+    """JSON lines over a stream socket; `send` is thread-safe, `messages` yields until the peer closes."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._lock = threading.Lock()
+        self._reader = sock.makefile("r", encoding="utf-8")
+
+    def send(self, message: dict) -> bool:
+        data = (json.dumps(message, default=float) + "\n").encode()
+        with self._lock:
+            try:
+                self.sock.sendall(data)
+                return True
+            except OSError:
+                return False  # the peer is gone; the caller finds out from its own loop
+
+    def messages(self):
+        try:
+            for line in self._reader:
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+        except (OSError, ValueError):
+            return
+
+    def close(self) -> None:
+        for closing in (self._reader.close, lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+            try:
+                closing()
+            except OSError:
+                pass
+
+
+def _listen_for_stop(channel: Channel, stop: dict) -> None:
+    for message in channel.messages():
+        if message.get("type") == "stop":
+            stop.setdefault("reason", message.get("reason") or "shutdown")
+    stop.setdefault("reason", "shutdown")  # the daemon is gone
+
+
+def run(channel: Channel, data_dir: Path, job_dir: Path, resume: bool) -> int:
+    from appliance.config.load import parse_job_text
+    from appliance.errors import ApplianceError, DiskFullError
+    from appliance.grpo.run import run_job
+
+    stop: dict = {}
+    threading.Thread(target=_listen_for_stop, args=(channel, stop), daemon=True, name="stop-listener").start()
+    try:
+        spec = parse_job_text((job_dir / "job.yaml").read_text(encoding="utf-8"), str(job_dir / "job.yaml"))
+        result = run_job(
+            spec, data_dir, job_dir, job_file_dir=job_dir, resume=resume,
+            on_step=lambda record: channel.send({"type": "step", "record": record.to_dict()}),
+            on_event=lambda event: channel.send({"type": "event", "event": event.to_dict()}),
+            stop_requested=lambda: stop.get("reason"),
+        )
+    except DiskFullError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        channel.send({"type": "disk_full", "message": str(error)})
+        return EXIT_DISK_FULL
+    except ApplianceError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        channel.send({"type": "error", "message": str(error)})
+        return EXIT_BAD_JOB
+    channel.send({"type": "result", "result": result.to_dict()})
+    return EXIT_DONE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=MODULE, description="one appliance job (started by the daemon)")
+    parser.add_argument("--fd", type=int, required=True, help="the daemon's end of the report channel")
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--job-dir", type=Path, required=True)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    channel = Channel(socket.socket(fileno=args.fd))
+    try:
+        return run(channel, args.data_dir, args.job_dir, args.resume)
+    finally:
+        channel.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

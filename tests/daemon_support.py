@@ -1,0 +1,269 @@
+"""Helpers for tests that run the real daemon: `appliance serve` processes, the real client, a real Prometheus.
+
+Importable from any test as `daemon_support` (tests/ is on sys.path). The
+fixtures built on them (tests/service/conftest.py) stop everything they start,
+also when a test fails: daemons (SIGTERM, then SIGKILL), the worker process
+groups they left, and Prometheus. Sockets live in short /tmp folders (a Unix
+socket path must stay under 108 bytes); every TCP port is on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from appliance.service.client import Client
+
+WORKER_MODULE = "appliance.service.worker"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def link_models(source_data_dir: Path, data_dir: Path) -> Path:
+    """A fresh data dir whose models/ points at the provisioned store (no copy, no re-hashing)."""
+    (data_dir / "models").mkdir(parents=True, exist_ok=True)
+    for model in (source_data_dir / "models").iterdir():
+        if not model.name.startswith("."):
+            os.symlink(model, data_dir / "models" / model.name)
+    return data_dir
+
+
+def tiny_job(name: str = "tiny", steps: int = 3, extra: str = "") -> str:
+    """A job that runs in seconds on the CPU with the bundled model."""
+    return f"""\
+name: {name}
+student:
+  model: smollm2-135m-instruct
+  quantization: nf4
+  lora: {{rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}}
+task:
+  dataset: builtin:multiply
+  operand_min: 2
+  operand_max: 5
+  held_out: 4
+rewards:
+  - {{name: correctness, weight: 1.0}}
+  - {{name: answer_format, weight: 0.5}}
+grpo:
+  group_size: 2
+  prompts_per_step: 1
+  max_new_tokens: 8
+  steps: {steps}
+checkpoint:
+  every: 1
+  keep_last: 2
+{extra}"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def short_tmp_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="apl-", dir="/tmp"))
+
+
+def worker_pids(data_dir: Path) -> list[int]:
+    """Live worker processes serving jobs of `data_dir`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            status = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if WORKER_MODULE.encode() in cmdline and any(str(data_dir).encode() == part for part in cmdline):
+            if status[status.rindex(")") + 2] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any non-zombie process is in process group `pgid`."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def kill_workers(data_dir: Path) -> None:
+    for pid in worker_pids(data_dir):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def daemon_env(extra: dict | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    env.pop("NOTIFY_SOCKET", None)
+    env.pop("WATCHDOG_USEC", None)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Daemon:
+    """One `python -m appliance serve` process."""
+
+    data_dir: Path
+    socket_path: Path
+    metrics_port: int
+    log_path: Path
+    args: list[str]
+    env: dict
+    proc: subprocess.Popen | None = None
+    clients: list = field(default_factory=list)
+
+    def start(self, wait: bool = True) -> "Daemon":
+        command = [sys.executable, "-m", "appliance", "serve", "--data-dir", str(self.data_dir),
+                   "--socket", str(self.socket_path), "--metrics-addr", f"127.0.0.1:{self.metrics_port}", *self.args]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO_ROOT)
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        def answers():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the daemon exited with {self.proc.returncode}:\n{self.log()}")
+            if not self.socket_path.exists():
+                return False
+            try:
+                with Client(self.socket_path, timeout=5) as client:
+                    return client.status()
+            except Exception:
+                return False
+        wait_for(answers, timeout, f"the daemon on {self.socket_path}")
+
+    def client(self, timeout: float = 30.0) -> Client:
+        client = Client(self.socket_path, timeout=timeout)
+        self.clients.append(client)
+        return client
+
+    def cli(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "appliance", "jobs", *args, "--socket", str(self.socket_path)],
+                              capture_output=True, text=True, env=self.env, cwd=REPO_ROOT, timeout=timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
+    def wait_state(self, job_id: str, states, timeout: float = 240.0):
+        states = {states} if isinstance(states, str) else set(states)
+        client = self.client()
+
+        def reached():
+            job = client.job(job_id)
+            if job.state in {"failed"} - states:
+                raise AssertionError(f"job {job_id} failed: {job.reason}\n{self.log()}")
+            return job if job.state in states else None
+        return wait_for(reached, timeout, f"job {job_id} to become {'/'.join(sorted(states))}", interval=0.3)
+
+    def wait_step(self, job_id: str, step: int, timeout: float = 240.0):
+        client = self.client()
+        return wait_for(lambda: (job := client.job(job_id)).step >= step and job, timeout,
+                        f"job {job_id} to finish step {step}", interval=0.2)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.stop(signal.SIGTERM, timeout=30)
+        kill_workers(self.data_dir)
+
+
+# ----- Prometheus ---------------------------------------------------------------------------------
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+@contextlib.contextmanager
+def run_prometheus(targets: list[str], scrape_interval: str = "1s"):
+    """Debian's `prometheus` on loopback with a temporary storage dir, scraping `targets`; yields its base URL."""
+    if PROMETHEUS is None:
+        pytest.fail("the 'prometheus' program is missing; install Debian's package: apt-get install -y prometheus")
+    folder = Path(tempfile.mkdtemp(prefix="apl-prom-"))
+    config = folder / "prometheus.yml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [{"job_name": "appliance", "static_configs": [{"targets": targets}]}],
+    }))
+    port = free_port()
+    log = open(folder / "prometheus.log", "wb")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def ready():
+            if proc.poll() is not None:
+                raise AssertionError(f"prometheus exited: {(folder / 'prometheus.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(base + "/-/ready", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+        wait_for(ready, 60, "prometheus to be ready")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def prometheus_query(base: str, query: str) -> list[dict]:
+    """The result vector of an instant query through Prometheus's HTTP API."""
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body = json.loads(response.read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
