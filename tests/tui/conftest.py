@@ -130,3 +130,10 @@ async def in_thread(call, *args):
 def screen_text(app) -> str:
     """What the terminal shows now, as plain text."""
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+def widget_text(app, selector: str) -> str:
+    """What the terminal shows now inside one widget's region."""
+    region = app.screen.query_one(selector).region
+    lines = screen_text(app).splitlines()[region.y:region.y + region.height]
+    return "\n".join(line[region.x:region.x + region.width] for line in lines)

@@ -9,6 +9,7 @@ production code.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from appliance.grpo.step_record import EvalResult, MemoryReading, RewardStats, StepRecord
 from appliance.service.api import CheckpointInfo, DeviceStatus, JobDetail, JobSummary, SlotStatus
@@ -18,6 +19,7 @@ from tui.screens.compare import CompareScreen
 from tui.screens.device import DeviceScreen
 from tui.screens.job import JobScreen
 from tui.screens.jobs import JobsScreen
+from tui.screens.new_job import NewJobScreen
 
 NOW = 1_790_000_000.0  # the frozen clock
 GIB = 2**30
@@ -127,7 +129,10 @@ class FixedDeviceScreen(DeviceScreen):
         self.post_message(m.DeviceLoaded(DEVICE, {"3f9a1c07de": PLAN}))
 
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multiply.yaml"
+
 SCREENS = {
+    "new job": NewJobScreen,
     "jobs": FixedJobsScreen,
     "job": lambda: FixedJobScreen(DETAIL.id, DETAIL.name),
     "compare": lambda: FixedCompareScreen(["3f9a1c07de", "0a1b2c3d4e", "5566778899"]),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixed import FixedApp
+from fixed import EXAMPLE, FixedApp
 
 SIZES = [(80, 24), (120, 40)]
 
@@ -23,3 +23,30 @@ async def settle(pilot) -> None:
 @pytest.mark.parametrize("screen", ["jobs", "job", "compare", "device"])
 def test_screen(snap_compare, screen, size):
     assert snap_compare(FixedApp(screen), terminal_size=size, run_before=settle)
+
+
+def test_confirm_modal_over_jobs(snap_compare):
+    async def ask_to_cancel(pilot):
+        await settle(pilot)
+        await pilot.press("down", "x")
+        await settle(pilot)
+
+    assert snap_compare(FixedApp("jobs"), terminal_size=(80, 24), run_before=ask_to_cancel)
+
+
+def test_help_over_job(snap_compare):
+    async def ask_for_keys(pilot):
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await settle(pilot)
+
+    assert snap_compare(FixedApp("job"), terminal_size=(80, 24), run_before=ask_for_keys)
+
+
+def test_new_job_with_an_example(snap_compare):
+    async def load_example(pilot):
+        await settle(pilot)
+        pilot.app.screen.load(EXAMPLE)
+        await settle(pilot)
+
+    assert snap_compare(FixedApp("new job"), terminal_size=(120, 40), run_before=load_example)

@@ -23,6 +23,7 @@ DETAIL_SECONDS = 2.0
 LOG_SECONDS = 1.0
 LOG_MAX_LINES = 2000
 OUTCOMES = ("ok", "parse_error", "timeout")
+TABS = ("overview", "samples", "judge", "logs", "config")
 
 
 class JobScreen(DaemonScreen):
@@ -30,6 +31,8 @@ class JobScreen(DaemonScreen):
         Binding("escape", "app.pop_screen", "Back"),
         *DaemonScreen.JOB_BINDINGS,
         Binding("g", "reload_tab", "Reload tab"),
+        *[Binding(str(number), f"tab('{tab}')", tab.capitalize(), show=False)
+          for number, tab in enumerate(TABS, start=1)],
     ]
 
     def __init__(self, job_id: str, name: str) -> None:
@@ -132,6 +135,9 @@ class JobScreen(DaemonScreen):
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.load_tab(event.pane.id)
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
 
     def action_reload_tab(self) -> None:
         self.load_tab(self.query_one(TabbedContent).active)

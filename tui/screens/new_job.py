@@ -31,8 +31,9 @@ class NewJobScreen(DaemonScreen):
     TITLE = "New job"
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
-        Binding("ctrl+v", "validate", "Validate"),
-        Binding("ctrl+s", "submit", "Submit"),
+        # priority: they work while the editor has focus (ctrl+v stays the editor's paste).
+        Binding("ctrl+t", "validate", "Validate", priority=True),
+        Binding("ctrl+s", "submit", "Submit", priority=True),
     ]
 
     def __init__(self) -> None:
@@ -45,9 +46,9 @@ class NewJobScreen(DaemonScreen):
             yield Select([(path.name, str(path)) for path in examples], prompt="an example", id="example")
             yield Input(placeholder="or a path to a job file, then enter", id="path")
         with Horizontal(id="new-main"):
-            yield TextArea("", id="editor", show_line_numbers=True)
+            yield TextArea("", id="editor", show_line_numbers=True, soft_wrap=False, tab_behavior="indent")
             with VerticalScroll(id="new-result-box"):
-                yield Static("Validate (ctrl+v) asks the daemon for every error or the memory plan; "
+                yield Static("Validate (ctrl+t) asks the daemon for every error or the memory plan; "
                              "Submit (ctrl+s) queues the job.", id="new-result")
                 yield MemoryBar(id="new-plan-bar")
         with Horizontal(id="new-buttons"):

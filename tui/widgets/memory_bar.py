@@ -73,8 +73,12 @@ class MemoryBar(Static):
         super().__init__(**kwargs)
         self.view = MemoryView()
 
+    def on_mount(self) -> None:
+        self.display = False  # nothing to draw until the first view arrives
+
     def show(self, view: MemoryView) -> None:
         self.view = view
+        self.display = bool(view.planned_bytes or view.used_bytes)
         self.update(self.render_view(view, max(10, self.content_size.width - 12)))
 
     def on_resize(self) -> None:
