@@ -17,8 +17,25 @@ from tui.views import TREND_STEPS
 # A poller that finds the daemon gone waits this long before the next try.
 RETRY_SECONDS = 2.0
 # The events long-poll: the daemon answers at once when something happens, else after this.
-EVENTS_WAIT_SECONDS = 10.0
+EVENTS_WAIT_SECONDS = 5.0
 LOG_BYTES = 64 * 1024
+
+
+class Wakeup:
+    """Waits on the daemon's events long-poll: returns as soon as something happens (to one job, or any)."""
+
+    def __init__(self, client: Client, job_id: str | None = None):
+        self.client, self.job_id = client, job_id
+        self.cursor: int | None = None
+
+    def wait(self, seconds: float = EVENTS_WAIT_SECONDS) -> None:
+        """The first call returns at once (and learns the cursor); later ones when there is news, or after `seconds`."""
+        timeout = 0.0 if self.cursor is None else seconds
+        try:
+            self.cursor = self.client.events(after=self.cursor or 0, job_id=self.job_id, timeout=timeout).cursor
+        except ClientError:
+            self.cursor = None  # after an outage, fetch at once instead of waiting for news
+            raise
 
 
 class JobsFeed:
@@ -26,10 +43,13 @@ class JobsFeed:
 
     def __init__(self, client: Client):
         self.client = client
+        self.wakeup = Wakeup(client)
         self.records: dict[str, list[StepRecord]] = {}
         self.budgets: dict[str, int | None] = {}
 
     def poll(self) -> m.JobsLoaded:
+        """The list now, then again whenever the daemon has news (or every few seconds, for the ages)."""
+        self.wakeup.wait()
         jobs = self.client.jobs()
         for job in jobs:
             self._catch_up(job)
@@ -48,16 +68,26 @@ class JobsFeed:
             del known[:-TREND_STEPS]
 
 
-def job_detail(client: Client, job_id: str, after_step: int) -> list:
-    """The job in full and its step records after `after_step`."""
-    job = client.job(job_id)
-    records = []
-    after: int | None = after_step
-    while after is not None:
-        page = client.metrics(job_id, after_step=after)
-        records += [StepRecord.from_dict(record) for record in page.records]
-        after = page.next_after_step
-    return [m.JobLoaded(job), m.StepsArrived(job_id, records)]
+class JobFeed:
+    """One job in full and its new step records, fetched again whenever the daemon has news of it."""
+
+    def __init__(self, client: Client, job_id: str):
+        self.client, self.job_id = client, job_id
+        self.wakeup = Wakeup(client, job_id)
+        self.last_step = 0
+
+    def poll(self) -> list:
+        self.wakeup.wait()
+        job = self.client.job(self.job_id)
+        records = []
+        after: int | None = self.last_step
+        while after is not None:
+            page = self.client.metrics(self.job_id, after_step=after)
+            records += [StepRecord.from_dict(record) for record in page.records]
+            after = page.next_after_step
+        if records:
+            self.last_step = records[-1].step
+        return [m.JobLoaded(job), m.StepsArrived(self.job_id, records)]
 
 
 def samples(client: Client, job_id: str, step: int | None) -> m.SamplesLoaded:

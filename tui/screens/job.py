@@ -19,7 +19,6 @@ from tui.widgets import format as fmt
 from tui.widgets.memory_bar import MemoryBar
 from tui.widgets.reward_chart import LineChart
 
-DETAIL_SECONDS = 2.0
 LOG_SECONDS = 1.0
 LOG_MAX_LINES = 2000
 OUTCOMES = ("ok", "parse_error", "timeout")
@@ -80,14 +79,10 @@ class JobScreen(DaemonScreen):
         self.start_polling()
 
     def start_polling(self) -> None:
-        polling.poll(self, "job-detail", lambda: feeds.job_detail(self.app.client, self.job_id, self.last_step),
-                     DETAIL_SECONDS)
+        detail = feeds.JobFeed(self.app.client, self.job_id)
+        polling.poll(self, "job-detail", detail.poll, interval=0.0)  # paced by the events long-poll
         log = feeds.LogFeed(self.app.client, self.job_id)
         polling.poll(self, "job-log", log.poll, LOG_SECONDS)
-
-    @property
-    def last_step(self) -> int:
-        return self.records[-1].step if self.records else 0
 
     def selected_job(self) -> tuple[str, str] | None:
         return self.job_id, self.job_name

@@ -15,7 +15,6 @@ from tui.screens.compare import CompareScreen
 from tui.screens.job import JobScreen
 from tui.widgets.job_table import SORTS, JobTable, sort_rows
 
-POLL_SECONDS = 1.0
 FILTERS = ("all",) + JOB_STATES
 
 
@@ -50,7 +49,7 @@ class JobsScreen(DaemonScreen):
 
     def start_polling(self) -> None:
         jobs = feeds.JobsFeed(self.app.client)
-        polling.poll(self, "jobs", jobs.poll, POLL_SECONDS)
+        polling.poll(self, "jobs", jobs.poll, interval=0.0)  # paced by the events long-poll
 
     def on_jobs_loaded(self, message: m.JobsLoaded) -> None:
         self.jobs = message.jobs
