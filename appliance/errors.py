@@ -10,3 +10,20 @@ from __future__ import annotations
 
 class ApplianceError(Exception):
     """A failure the user can act on; the message says what to change."""
+
+
+class DiskFullError(ApplianceError):
+    """A checkpoint could not be written for lack of disk space; the previous checkpoint is intact."""
+
+    def __init__(self, folder, needed_bytes: int | None, free_bytes: int | None):
+        self.folder, self.needed_bytes, self.free_bytes = folder, needed_bytes, free_bytes
+        needed = f"about {needed_bytes:,} bytes" if needed_bytes else "more space"
+        free = f"{free_bytes:,} bytes are free" if free_bytes is not None else "the disk is full"
+        super().__init__(
+            f"not enough disk space to write a checkpoint in {folder}: it needs {needed} and {free}; "
+            "free some space (or lower checkpoint.keep_last) and resume the job"
+        )
+
+
+class JobStopped(ApplianceError):
+    """A run ended early on purpose (e.g. too many non-finite steps in a row)."""

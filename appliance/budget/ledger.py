@@ -23,6 +23,7 @@ from typing import Callable, TypeVar
 
 import torch
 
+from appliance.errors import ApplianceError
 from appliance.budget.plan import Plan
 from appliance.config.sizes import format_bytes
 
@@ -95,7 +96,7 @@ class Ledger:
         }
 
 
-class OutOfMemoryAtMinimum(RuntimeError):
+class OutOfMemoryAtMinimum(ApplianceError, RuntimeError):
     """The step ran out of memory even at the smallest micro-batch."""
 
 

@@ -11,6 +11,7 @@ Qwen2, Qwen3, Gemma 2/3, Mistral) and anything with the same field names.
 
 from __future__ import annotations
 
+from appliance.errors import ApplianceError
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ _QK_NORM_FAMILIES = {"qwen3", "gemma3", "gemma3_text", "olmo2"}
 _SANDWICH_NORM_FAMILIES = {"gemma2", "gemma3", "gemma3_text"}
 
 
-class ShapeError(ValueError):
+class ShapeError(ApplianceError, ValueError):
     """A config.json lacks a field the planner needs; the message names it."""
 
 

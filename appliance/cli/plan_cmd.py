@@ -13,10 +13,11 @@ import json
 import sys
 from pathlib import Path
 
+from appliance.errors import ApplianceError
 from appliance.cli.main import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, add_data_dir, data_dir_of
 
 
-class PlanInputError(ValueError):
+class PlanInputError(ApplianceError, ValueError):
     """Bad command-line input; the message says what to change."""
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from appliance.errors import ApplianceError
 from appliance.config.schema import JobSpec
 
 # A key path (("rewards", 0, "name")) -> its 1-based line in the file.
@@ -38,7 +39,7 @@ class ConfigError:
         return {"file": self.file, "line": self.line, "key": self.key, "message": self.message}
 
 
-class JobFileError(Exception):
+class JobFileError(ApplianceError):
     """One or more problems in a job file; str() lists them one per line."""
 
     def __init__(self, errors: list[ConfigError]):

@@ -8,7 +8,7 @@ and sampling settings and return plain data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -55,6 +55,7 @@ class GenerationEngine(Protocol):
     """What the step loop and the judge need from a generator."""
 
     counters: EngineCounters
+    kind: str  # "hf" | "vllm"
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Apply the model's chat template with the generation prompt appended."""
@@ -74,12 +75,5 @@ class GenerationEngine(Protocol):
     def close(self) -> None:
         """Free everything; the engine is unusable afterwards."""
 
-
-@dataclass
-class EngineInfo:
-    """What an engine reports about itself (for plans, logs and metrics)."""
-
-    kind: str  # "hf" | "vllm"
-    model_name: str
-    adapter_version: int | None = None
-    extra: dict = field(default_factory=dict)
+    def metrics_snapshot(self) -> dict | None:
+        """The engine's own metrics as plain data (vLLM's `vllm:*`), or None when it keeps none."""

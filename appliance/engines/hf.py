@@ -130,6 +130,9 @@ class HFEngine:
     def wake(self) -> None:
         pass
 
+    def metrics_snapshot(self) -> dict | None:
+        return None  # transformers keeps no metrics of its own; the counters are in the StepRecord
+
     def close(self) -> None:
         self.model = None
         if torch.cuda.is_available():

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from appliance.engines.base import Completion, EngineCounters, EngineInfo, Sampling
+from appliance.engines.base import Completion, EngineCounters, Sampling
 from appliance.engines.vllm_metrics import capture_vllm_collectors, snapshot_collectors
 
 GIB = 1 << 30
@@ -374,14 +374,6 @@ class VLLMEngine:
     def metrics_snapshot(self) -> dict:
         """This engine's `vllm:*` metrics (labelled model_name) as plain data for the daemon."""
         return {"model_name": self.model_name, "families": snapshot_collectors(self._metric_collectors)}
-
-    def info(self) -> EngineInfo:
-        return EngineInfo(
-            kind=self.kind,
-            model_name=self.model_name,
-            adapter_version=self.adapter_version,
-            extra={"device": self.device, "start_seconds": self.start_seconds, "sleep_mode": self.sleep_mode},
-        )
 
     def close(self) -> None:
         if self._closed:

@@ -9,6 +9,8 @@ touched by retention.
 
 from __future__ import annotations
 
+from appliance.errors import ApplianceError, DiskFullError
+import errno
 import json
 import os
 import random
@@ -24,8 +26,20 @@ STATE_FILE = "state.json"
 PREFIX = "step-"
 
 
-class CheckpointError(Exception):
+class CheckpointError(ApplianceError):
     pass
+
+
+# Free space wanted before a checkpoint, relative to the last one's size (state.json and rounding).
+DISK_MARGIN = 1.1
+# How torch's zip writer reports a full disk: "enforce fail at inline_container.cc ... unexpected pos".
+_TORCH_DISK_FULL = ("unexpected pos", "file write failed", "No space left")
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return any(marker in str(error) for marker in _TORCH_DISK_FULL)
 
 
 @dataclass(frozen=True)
@@ -94,21 +108,44 @@ class CheckpointManager:
         return latest
 
     def save(self, step: int, write_payload, state: dict) -> Path:
-        """write_payload(folder) writes adapter/optimizer/...; state.json is written last."""
+        """write_payload(folder) writes adapter/optimizer/...; state.json is written last.
+
+        Raises DiskFullError, before writing anything, when the disk has less room
+        than the last checkpoint took, and when a write fails for lack of space
+        (the partial folder is removed; earlier checkpoints are untouched).
+        """
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"{PREFIX}{step:06d}"
         staging = self.root / f".tmp-{PREFIX}{step:06d}"
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        write_payload(staging)
-        (staging / STATE_FILE).write_text(json.dumps({"schema_version": SCHEMA_VERSION, "step": step, **state}, indent=2))
-        _fsync_tree(staging)
+        needed = self.estimated_bytes()
+        free = shutil.disk_usage(self.root).free
+        if needed and free < needed * DISK_MARGIN:
+            raise DiskFullError(self.root, int(needed * DISK_MARGIN), free)
+        try:
+            staging.mkdir()
+            write_payload(staging)
+            (staging / STATE_FILE).write_text(json.dumps({"schema_version": SCHEMA_VERSION, "step": step, **state},
+                                                         indent=2))
+            _fsync_tree(staging)
+        except (OSError, RuntimeError) as error:
+            if not _is_disk_full(error):
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+            raise DiskFullError(self.root, needed or None, shutil.disk_usage(self.root).free) from error
         if final.exists():  # a re-run of the same step after resume: replace it
             shutil.rmtree(final)
         os.replace(staging, final)
         self._fsync_root()
         self._retain()
         return final
+
+    def estimated_bytes(self) -> int:
+        """What the next checkpoint will take: the size of the newest complete one (0 when there is none)."""
+        complete = self.complete()
+        if not complete:
+            return 0
+        return sum(path.stat().st_size for path in complete[-1].path.rglob("*") if path.is_file())
 
     def update_best(self, adapter_source: Path, state: dict) -> None:
         """Copy an adapter folder to best/ atomically."""

@@ -12,13 +12,14 @@ from dataclasses import asdict, dataclass
 
 from appliance.engines.base import GenerationEngine, Sampling
 from appliance.grpo.rollout import generate_groups, score_groups
+from appliance.grpo.step_record import EvalResult
 from appliance.rewards.registry import WeightedReward
 from appliance.rewards.rules import correctness, format_compliant
 from appliance.tasks.base import Problem, Task
 
 
 @dataclass
-class EvalResult:
+class Evaluation:
     problems: int
     accuracy: float
     format_compliance: float
@@ -30,9 +31,14 @@ class EvalResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def summary(self) -> EvalResult:
+        """The part a StepRecord and the run's result carry."""
+        return EvalResult(accuracy=self.accuracy, format_compliance=self.format_compliance,
+                          reward_mean=self.reward_means.get("total", 0.0), problems=self.problems)
+
 
 def evaluate(engine: GenerationEngine, task: Task, problems: list[Problem], rewards: list[WeightedReward],
-             max_new_tokens: int, examples: int = 5) -> EvalResult:
+             max_new_tokens: int, examples: int = 5) -> Evaluation:
     started = time.monotonic()
     _, groups = generate_groups(engine, task, problems, Sampling(max_new_tokens=max_new_tokens, temperature=0.0))
     completions = [group[0] for group in groups]
@@ -43,7 +49,7 @@ def evaluate(engine: GenerationEngine, task: Task, problems: list[Problem], rewa
     means = {name: sum(v) / len(v) for name, v in scores.per_function.items()} if scores else {}
     if scores:
         means["total"] = sum(scores.total) / len(scores.total)
-    return EvalResult(
+    return Evaluation(
         problems=len(problems),
         accuracy=sum(correct) / count,
         format_compliance=sum(formatted) / count,
@@ -56,7 +62,7 @@ def evaluate(engine: GenerationEngine, task: Task, problems: list[Problem], rewa
 
 
 def evaluate_student(student, task: Task, problems: list[Problem], rewards: list[WeightedReward],
-                     max_new_tokens: int, use_adapter: bool) -> EvalResult:
+                     max_new_tokens: int, use_adapter: bool) -> Evaluation:
     """Greedy evaluation through the student's own weights, with its adapter on or switched off (the base)."""
     from appliance.engines.hf import HFEngine
 

@@ -7,6 +7,7 @@ as job.yaml at the first start, and a resume refuses a changed spec.
 
 from __future__ import annotations
 
+from appliance.errors import ApplianceError
 import appliance.offline  # noqa: F401
 
 import os
@@ -27,7 +28,7 @@ from appliance.rewards.registry import build_rewards
 from appliance.tasks.load import load_task
 
 
-class JobSetupError(Exception):
+class JobSetupError(ApplianceError):
     """The run cannot start; the message says what to change."""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import appliance.offline  # noqa: F401
 
+import dataclasses
 import math
 import resource
 import shutil
@@ -25,6 +26,7 @@ from appliance.grpo.checkpoint import CheckpointManager, restore_rng_state, rng_
 from appliance.grpo.optim import make_optimizer, make_scheduler
 from appliance.grpo.records import RunRecords
 from appliance.grpo.rollout import ScoredRollout, rollout
+from appliance.grpo.step_record import MemoryReading, RewardStats, StepRecord
 from appliance.grpo.student import Student
 from appliance.grpo.update import GrpoUpdater, UpdateStats
 from appliance.rewards.registry import WeightedReward
@@ -77,6 +79,9 @@ class Trainer:
         self.step = 0
         self.best_value: float | None = None
         self.micro_batch_size = choices.micro_batch_size
+        self.last_record: StepRecord | None = None
+        self.plan = None
+        self.on_event = lambda kind, **data: None  # run_job turns these into RunEvents
 
     # ----- resume -------------------------------------------------------------------------------
 
@@ -95,7 +100,7 @@ class Trainer:
         self.micro_batch_size = latest.state.get("micro_batch_size", self.micro_batch_size)
         self.records.rewind_to(self.step)
         self.engine.update_adapter(latest.path / "adapter", self.step)
-        self.records.log(f"resumed from {latest.path} at step {self.step}")
+        self.records.log(f"resumed '{self.spec.name}' at step {self.step} from {latest.path}")
         return self.step
 
     # ----- one step -----------------------------------------------------------------------------
@@ -109,7 +114,7 @@ class Trainer:
         """The optimizer step; an out-of-memory error halves the micro-batch and retries (the run goes on)."""
         from appliance.budget.ledger import run_with_oom_backoff
 
-        samples = scored.train_samples(use_engine_logprobs=getattr(self.engine, "kind", "hf") != "hf")
+        samples = scored.train_samples(use_engine_logprobs=self.engine.kind != "hf")
 
         def attempt(micro_batch_size: int) -> UpdateStats:
             self.optimizer.zero_grad(set_to_none=True)
@@ -123,7 +128,7 @@ class Trainer:
 
     def _sync_engine(self) -> None:
         """Hand the new adapter to the rollout engine: in memory for transformers, a folder for vLLM."""
-        if getattr(self.engine, "kind", "hf") != "vllm":
+        if self.engine.kind != "vllm":
             self.engine.update_adapter(None, self.step)
             return
         root = self.job_dir / "rollout-adapter"
@@ -134,19 +139,19 @@ class Trainer:
             if older != folder:
                 shutil.rmtree(older, ignore_errors=True)
 
-    def train_step(self) -> dict:
+    def train_step(self) -> StepRecord:
         started = time.monotonic()
-        if self.judge is not None and hasattr(self.judge, "set_step"):
+        if self.judge is not None:
             self.judge.set_step(self.step + 1)
         problems = self.stream.next_batch(self.spec.grpo.prompts_per_step)
-        tokens_before = self.engine.counters.generated_tokens
-        prompt_tokens_before = self.engine.counters.prompt_tokens
+        student_before = _counters(self.engine)
+        judge_before = self._judge_totals()
         self.engine.wake()
         self._start_phase()
         scored = rollout(self.engine, self.task, problems, self._sampling(), self.rewards, self.spec.grpo.scale_rewards)
         self._end_phase("judge" if self.judge is not None else "generate")
-        generated_tokens = self.engine.counters.generated_tokens - tokens_before
-        prompt_tokens = self.engine.counters.prompt_tokens - prompt_tokens_before
+        student_after = _counters(self.engine)
+        judge_after = self._judge_totals()
         self.engine.sleep()
         train_started = time.monotonic()
         self._start_phase()
@@ -156,18 +161,40 @@ class Trainer:
         self.step += 1
         self._sync_engine()
         synced = time.monotonic()
-        record = self._metrics(scored, stats, generated_tokens, prompt_tokens, {
-            **scored.seconds, "train": trained - train_started, "sync": synced - trained,
-        })
-        record["seconds"]["step"] = time.monotonic() - started
-        self.records.metrics(record)
+        judge_seconds = judge_after["seconds"] - judge_before["seconds"]
+        seconds = {"generate": scored.seconds["generate"], "reward": max(0.0, scored.seconds["reward"] - judge_seconds),
+                   "train": trained - train_started, "sync": synced - trained}
+        if self.judge is not None:
+            seconds["judge"] = judge_seconds
         self.records.samples(self._sample_records(scored))
+        tokens = {"student": (student_after[0] - student_before[0], student_after[1] - student_before[1])}
+        if self.judge is not None:
+            tokens["judge"] = (judge_after["generated_tokens"] - judge_before["generated_tokens"],
+                               judge_after["prompt_tokens"] - judge_before["prompt_tokens"])
+        draft = self._record(scored, stats, tokens, seconds)
         if self.step % self.spec.checkpoint.every == 0 or self.step == self.spec.grpo.steps:
             checkpoint_started = time.monotonic()
-            self.save_checkpoint(record)
-            record["seconds"]["checkpoint"] = time.monotonic() - checkpoint_started
+            self.save_checkpoint(draft)
+            seconds["checkpoint"] = time.monotonic() - checkpoint_started
+        seconds["step"] = time.monotonic() - started
+        record = dataclasses.replace(draft, seconds=dict(seconds), time=time.time())
+        self.records.metrics(record.to_dict())
+        self.last_record = record
         self.progress(record)
+        for engine in self.engines():
+            snapshot = engine.metrics_snapshot()
+            if snapshot is not None:
+                self.on_event("engine_metrics", snapshot=snapshot)
         return record
+
+    def engines(self) -> list[GenerationEngine]:
+        return [self.engine] + ([self.judge.engine] if self.judge is not None else [])
+
+    def _judge_totals(self) -> dict:
+        if self.judge is None:
+            return {"seconds": 0.0, "generated_tokens": 0, "prompt_tokens": 0}
+        stats = self.judge.stats()
+        return {key: stats[key] for key in ("seconds", "generated_tokens", "prompt_tokens")}
 
     def _measures_phases(self) -> bool:
         # Per-phase peaks need an allocator that reports them (CUDA). On the CPU, memory freed by one
@@ -187,41 +214,54 @@ class Trainer:
 
             self.ledger.phase_peak(phase, peak_bytes(self.ledger.plan.device.kind))
 
-    def _metrics(self, scored: ScoredRollout, stats: UpdateStats, generated_tokens: int, prompt_tokens: int,
-                 seconds: dict) -> dict:
+    def memory_reading(self) -> MemoryReading:
+        ledger = self.ledger
+        return MemoryReading(
+            peak_rss_bytes=peak_rss_bytes(),
+            planned_peak_bytes=ledger.plan.peak_bytes if ledger is not None else None,
+            device_used_bytes=torch.cuda.memory_allocated() if torch.cuda.is_available() else None,
+            phase_peak_bytes=dict(ledger.phase_peaks) if ledger is not None else {},
+            components_used_bytes=dict(ledger.used) if ledger is not None else {},
+        )
+
+    def _record(self, scored: ScoredRollout, stats: UpdateStats, tokens: dict[str, tuple[int, int]],
+                seconds: dict) -> StepRecord:
         lengths = [len(c.token_ids) for c in scored.flat]
-        per_function = {name: {"mean": s.mean, "std": s.std} for name, s in scored.scores.stats().items()}
-        generate_seconds = seconds.get("generate", 0.0)
-        return {
-            "step": self.step,
-            "reward_mean": _mean(scored.scores.total),
-            "reward_std": _std(scored.scores.total),
-            "rewards": per_function,
-            "loss": stats.loss,
-            "kl": stats.kl,
-            "clip_ratio": stats.clip_ratio,
-            "grad_norm": stats.grad_norm,
-            "learning_rate": self.scheduler.get_last_lr()[0],
-            "groups_informative": int(scored.advantages.informative.sum()),
-            "groups_total": len(scored.groups),
-            "trained_sequences": stats.sequences,
-            "trained_tokens": stats.tokens,
-            "micro_batch_size": self.micro_batch_size,
-            "completion_length_mean": _mean(lengths),
-            "completion_length_max": max(lengths) if lengths else 0,
-            "generated_tokens": generated_tokens,
-            "prompt_tokens": prompt_tokens,
-            "completions": len(lengths),
-            "tokens_per_second": generated_tokens / generate_seconds if generate_seconds > 0 else 0.0,
-            "logprob_diff_mean": stats.logprob_diff_mean,
-            "logprob_diff_max": stats.logprob_diff_max,
-            "seconds": seconds,
-            "memory": {"peak_rss_bytes": peak_rss_bytes(),
-                       "planned_peak_bytes": self.ledger.plan.peak_bytes if self.ledger is not None else None,
-                       "phase_peak_bytes": dict(self.ledger.phase_peaks) if self.ledger is not None else {},
-                       "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0},
-            "time": time.time(),
-        }
+        per_function = {name: RewardStats(float(s.mean), float(s.std)) for name, s in scored.scores.stats().items()}
+        phase_of = {"student": "generate", "judge": "judge"}
+        return StepRecord(
+            job=self.spec.name,
+            step=self.step,
+            steps_total=self.spec.grpo.steps,
+            time=time.time(),
+            reward_mean=_mean(scored.scores.total),
+            reward_std=_std(scored.scores.total),
+            rewards=per_function,
+            loss=stats.loss,
+            kl=stats.kl,
+            clip_ratio=stats.clip_ratio,
+            grad_norm=stats.grad_norm,
+            learning_rate=float(self.scheduler.get_last_lr()[0]),
+            nonfinite=stats.nonfinite,
+            groups_informative=int(scored.advantages.informative.sum()),
+            groups_total=len(scored.groups),
+            trained_sequences=stats.sequences,
+            trained_tokens=stats.tokens,
+            micro_batch_size=self.micro_batch_size,
+            completions=len(lengths),
+            completion_length_mean=_mean(lengths),
+            completion_length_max=max(lengths) if lengths else 0,
+            generated_tokens={role: generated for role, (generated, _) in tokens.items()},
+            prompt_tokens={role: prompt for role, (_, prompt) in tokens.items()},
+            tokens_per_second={role: generated / seconds[phase_of[role]] if seconds.get(phase_of[role], 0) > 0 else 0.0
+                               for role, (generated, _) in tokens.items()},
+            seconds=dict(seconds),
+            memory=self.memory_reading(),
+            eval=None,
+            logprob_diff_mean=stats.logprob_diff_mean,
+            logprob_diff_max=stats.logprob_diff_max,
+            judge_outcomes=dict(self.judge.outcomes) if self.judge is not None else {},
+        )
 
     def _sample_records(self, scored: ScoredRollout) -> list[dict]:
         records = []
@@ -242,9 +282,9 @@ class Trainer:
 
     # ----- checkpoints --------------------------------------------------------------------------
 
-    def save_checkpoint(self, record: dict) -> Path:
+    def save_checkpoint(self, record: StepRecord) -> Path:
         metric_name = self.spec.checkpoint.best_metric
-        value = _lookup(record, metric_name)
+        value = _lookup(record.to_dict(), metric_name)
         improved = value is not None and (self.best_value is None or value > self.best_value)
         if improved:
             self.best_value = value
@@ -258,24 +298,38 @@ class Trainer:
         path = self.checkpoints.save(self.step, payload, {
             "job": self.spec.name,
             "data_cursor": self.stream.state_dict(),
-            "metrics": {k: v for k, v in record.items() if isinstance(v, (int, float))},
+            "metrics": {k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))},
             "best_metric": metric_name,
             "best_value": self.best_value,
             "micro_batch_size": self.micro_batch_size,
         })
         if improved:
             self.checkpoints.update_best(path / "adapter", {"step": self.step, metric_name: value})
+        self.on_event("checkpoint", path=str(path), best=improved)
         return path
+
+    def ensure_checkpoint(self) -> None:
+        """Make sure the last finished step has a complete checkpoint (before a pause or shutdown)."""
+        if self.step == 0 or self.last_record is None:
+            return  # nothing trained yet, or the resumed step is the checkpoint itself
+        latest = self.checkpoints.latest()
+        if latest is None or latest.step != self.step:
+            self.save_checkpoint(self.last_record)
 
     def rewards_for_eval(self) -> list[WeightedReward]:
         """Rule rewards only: evaluation does not spend judge calls."""
         return [reward for reward in self.rewards if reward.name != "judge"]
 
-    def run(self) -> list[dict]:
-        records = []
-        while self.step < self.spec.grpo.steps:
-            records.append(self.train_step())
-        return records
+    def close(self) -> None:
+        """Release the engines (vLLM child processes, the judge's model); the trainer is unusable afterwards."""
+        if self.judge is not None:
+            self.judge.close()
+        for engine in self.engines():
+            engine.close()
+
+
+def _counters(engine: GenerationEngine) -> tuple[int, int]:
+    return engine.counters.generated_tokens, engine.counters.prompt_tokens
 
 
 def _lookup(record: dict, dotted: str):

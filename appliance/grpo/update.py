@@ -37,6 +37,7 @@ class UpdateStats:
     tokens: int = 0
     logprob_diff_mean: float = 0.0  # |trainer - engine| on sampled tokens, when the engine differs
     logprob_diff_max: float = 0.0
+    nonfinite: bool = False  # a NaN/inf loss or gradient norm: the optimizer step was skipped
 
 
 class InjectedOutOfMemory(torch.OutOfMemoryError):

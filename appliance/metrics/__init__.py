@@ -1,10 +1,10 @@
 """Prometheus metrics of the appliance: the appliance_* registry, engine re-export, and the HTTP exporter."""
 
 from appliance.metrics.engines import EngineSnapshotCollector, SnapshotError
-from appliance.metrics.registry import MetricsRecordError, TrainingMetrics
+from appliance.metrics.registry import TrainingMetrics
 from appliance.metrics.server import MetricsServer, parse_metrics_addr, serve_metrics
 
 __all__ = [
-    "EngineSnapshotCollector", "MetricsRecordError", "MetricsServer", "SnapshotError", "TrainingMetrics",
+    "EngineSnapshotCollector", "MetricsServer", "SnapshotError", "TrainingMetrics",
     "parse_metrics_addr", "serve_metrics",
 ]

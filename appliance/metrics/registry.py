@@ -2,8 +2,8 @@
 
 `TrainingMetrics` owns one CollectorRegistry holding exactly the `appliance_*`
 metrics of the design table plus the re-exported `vllm:*` engine metrics. Its
-`observe_*` methods take what the rest of the appliance already produces: the
-trainer's metrics.jsonl record, the memory Plan and Ledger, a DeviceInfo, the
+`observe_*` methods take what the rest of the appliance already produces: a
+StepRecord, the memory Plan and Ledger, a DeviceInfo, the
 judge's outcome and token totals, an engine snapshot. Labels never carry job
 ids or steps, so the series count stays fixed however long the appliance runs.
 """
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from appliance.grpo.step_record import StepRecord
 from appliance.metrics.engines import EngineSnapshotCollector
 
 if TYPE_CHECKING:
@@ -24,15 +25,11 @@ if TYPE_CHECKING:
     from appliance.budget.plan import Plan
 
 PREFIX = "appliance_"
-# The phases of a step that the trainer's record times (its "step" total is the sum, not a phase).
-STEP_PHASES = ("generate", "judge", "reward", "train", "sync", "checkpoint")
+# The phases of a step that a StepRecord times (its "step" total is the whole step, not a phase).
+STEP_PHASES = ("generate", "judge", "reward", "train", "sync", "checkpoint", "eval")
 # From a fraction of a second (CPU sync) to half an hour (a large GPU step with a judge).
 STEP_DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, float("inf"))
 STUDENT, JUDGE = "student", "judge"
-
-
-class MetricsRecordError(ValueError):
-    """A trainer metrics record lacks a key the metrics need."""
 
 
 class TrainingMetrics:
@@ -66,59 +63,65 @@ class TrainingMetrics:
         self.judge_requests = Counter(PREFIX + "judge_requests", "Judge requests by outcome", ["outcome"], registry=r)
         self.jobs = Gauge(PREFIX + "jobs", "Jobs by state", ["state"], registry=r)
         self.disk_free = Gauge(PREFIX + "disk_free_bytes", "Free bytes on the data dir's file system", registry=r)
+        self.eval_accuracy = Gauge(PREFIX + "eval_accuracy", "Held-out accuracy at the last evaluation", registry=r)
+        self.nonfinite_steps = Counter(PREFIX + "nonfinite_steps", "Steps whose optimizer step was skipped for a "
+                                       "NaN/inf loss or gradient", registry=r)
         self.build_info = Gauge(PREFIX + "build_info", "Always 1; the labels say what runs",
                                 ["version", "student_model", "judge_model"], registry=r)
         self.build_info.labels(version=version, student_model=student_model, judge_model=judge_model or "").set(1)
 
         self.engines = EngineSnapshotCollector()
         r.register(self.engines)
-        # Judge totals are cumulative; counters advance by the difference to the last totals seen.
+        # Judge outcome totals are cumulative; counters advance by the difference to the last totals seen.
         self._judge_seen: dict[str, float] = {}
         self._job_states: set[str] = set()
 
-    # ----- the trainer's metrics.jsonl record ---------------------------------------------------
+    # ----- one finished step ------------------------------------------------------------------
 
-    def observe_step(self, record: Mapping, completions: int | None = None) -> None:
-        """One finished step, as the trainer writes it to metrics.jsonl.
+    def observe_step(self, record: StepRecord) -> None:
+        """One finished step: counters advance by the step's amounts, gauges show this step.
 
-        `completions` (or the record's "completions" key) counts the student's
-        completions of the step, and the record's "prompt_tokens" the prompt
-        tokens; when absent, those counters are left as they are. The judge
-        phase of step_duration_seconds comes from `observe_judge`, not from here.
+        The judge's outcome counts in the record are cumulative for the job;
+        the counters advance by what grew since the last record seen.
         """
-        step = record.get("step", "?")
-
-        def need(key: str, within: Mapping = record, where: str = ""):
-            if key not in within:
-                raise MetricsRecordError(f"metrics record of step {step} has no '{where}{key}'; "
-                                         "pass the dict the trainer writes to metrics.jsonl")
-            return within[key]
-
-        self.generated_tokens.labels(role=STUDENT).inc(need("generated_tokens"))
-        self.tokens_per_second.labels(role=STUDENT).set(need("tokens_per_second"))
-        if record.get("prompt_tokens") is not None:
-            self.prompt_tokens.labels(role=STUDENT).inc(record["prompt_tokens"])
-        completions = record.get("completions") if completions is None else completions
-        if completions is not None:
-            self.completions.inc(completions)
-        self.reward_mean.set(need("reward_mean"))
-        self.reward_std.set(need("reward_std"))
-        self.kl.set(need("kl"))
-        self.loss.set(need("loss"))
-        self.clip_ratio.set(need("clip_ratio"))
-        seconds = need("seconds")
+        for role, tokens in record.generated_tokens.items():
+            self.generated_tokens.labels(role=role).inc(tokens)
+        for role, tokens in record.prompt_tokens.items():
+            self.prompt_tokens.labels(role=role).inc(tokens)
+        for role, rate in record.tokens_per_second.items():
+            self.tokens_per_second.labels(role=role).set(rate)
+        self.completions.inc(record.completions)
+        self.reward_mean.set(record.reward_mean)
+        self.reward_std.set(record.reward_std)
+        self.kl.set(record.kl)
+        self.loss.set(record.loss)
+        self.clip_ratio.set(record.clip_ratio)
         for phase in STEP_PHASES:
-            if phase != JUDGE and seconds.get(phase) is not None:
-                self.step_duration.labels(phase=phase).observe(seconds[phase])
+            if record.seconds.get(phase) is not None:
+                self.step_duration.labels(phase=phase).observe(record.seconds[phase])
+        for outcome, total in record.judge_outcomes.items():
+            self.judge_requests.labels(outcome=outcome).inc(self._grown(f"outcome:{outcome}", total))
+        if record.nonfinite:
+            self.nonfinite_steps.inc()
+        if record.eval is not None:
+            self.eval_accuracy.set(record.eval.accuracy)
+        for component, used in record.memory.components_used_bytes.items():
+            self.memory_used.labels(component=component).set(used)
+        if record.memory.device_used_bytes is not None:
+            self.device_used.set(record.memory.device_used_bytes)
         self.train_steps.inc()
 
     # ----- memory ------------------------------------------------------------------------------
 
     def observe_plan(self, plan: "Plan") -> None:
         """The memory plan: planned bytes per component and the budget."""
-        for component, size in plan.components.items():
+        self.observe_planned(plan.components, plan.budget_bytes)
+
+    def observe_planned(self, components: Mapping[str, int], budget_bytes: int) -> None:
+        """Planned bytes per component and the budget, as plain data (a run's "memory" event)."""
+        for component, size in components.items():
             self.memory_planned.labels(component=component).set(size)
-        self.memory_budget.set(plan.budget_bytes)
+        self.memory_budget.set(budget_bytes)
 
     def observe_ledger(self, ledger: "Ledger") -> None:
         """What the components really used so far (the largest measurement of each)."""
@@ -127,34 +130,18 @@ class TrainingMetrics:
             self.memory_used.labels(component=component).set(gauges["used_bytes"])
 
     def observe_device(self, device: "DeviceInfo") -> None:
-        self.device_total.set(device.total_bytes)
-        self.device_used.set(device.used_bytes)
+        self.observe_device_bytes(device.total_bytes, device.used_bytes)
+
+    def observe_device_bytes(self, total_bytes: int, used_bytes: int | None) -> None:
+        self.device_total.set(total_bytes)
+        if used_bytes is not None:
+            self.device_used.set(used_bytes)
 
     def observe_disk(self, path: str | Path) -> None:
         """Free bytes where `path` lives (the data dir: checkpoints and the model store)."""
         self.disk_free.set(shutil.disk_usage(path).free)
 
     # ----- judge, jobs, engines ----------------------------------------------------------------
-
-    def observe_judge(self, stats: Mapping, outcomes: Mapping[str, int] | None = None) -> None:
-        """The judge's running totals: `Judge.stats()` and `Judge.outcomes`; call after each step.
-
-        The counters advance by what grew since the last call. Totals that went
-        down belong to a new Judge (a new job), so they count from zero again.
-        The judge's generate seconds since the last call are one judge-phase
-        observation of step_duration_seconds.
-        """
-        outcomes = stats.get("outcomes", {}) if outcomes is None else outcomes
-        for outcome, total in outcomes.items():
-            self.judge_requests.labels(outcome=outcome).inc(self._grown(f"outcome:{outcome}", total))
-        self.generated_tokens.labels(role=JUDGE).inc(self._grown("generated_tokens", stats.get("generated_tokens", 0)))
-        self.prompt_tokens.labels(role=JUDGE).inc(self._grown("prompt_tokens", stats.get("prompt_tokens", 0)))
-        if "tokens_per_second" in stats:
-            self.tokens_per_second.labels(role=JUDGE).set(stats["tokens_per_second"])
-        if "seconds" in stats:
-            judged = self._grown("seconds", stats["seconds"])
-            if judged > 0:
-                self.step_duration.labels(phase=JUDGE).observe(judged)
 
     def _grown(self, key: str, total: float) -> float:
         last = self._judge_seen.get(key, 0)

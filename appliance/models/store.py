@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.errors import ApplianceError
 from appliance.paths import models_dir
 
 MANIFEST = "manifest.json"
@@ -22,7 +23,7 @@ MANIFEST_SCHEMA = 1
 MODEL_FILE_SUFFIXES = (".safetensors", ".json", ".jinja", ".txt", ".model", ".py")
 
 
-class ModelStoreError(Exception):
+class ModelStoreError(ApplianceError):
     """A model is missing, incomplete or altered; the message says which file and what to do."""
 
 

@@ -8,6 +8,7 @@ imported with importlib under a private module name, so two job files with a
 
 from __future__ import annotations
 
+from appliance.errors import ApplianceError
 import hashlib
 import importlib.util
 import inspect
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 
-class RewardError(ValueError):
+class RewardError(ApplianceError, ValueError):
     """A reward in the job file cannot be built or returned a bad value; the message says what to change."""
 
 

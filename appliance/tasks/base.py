@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from appliance.errors import ApplianceError
 import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
 
-class TaskError(ValueError):
+class TaskError(ApplianceError, ValueError):
     """The task section or its dataset is unusable; the message names the key, file or line to fix."""
 
 

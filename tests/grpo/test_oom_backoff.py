@@ -31,9 +31,9 @@ def test_forced_oom_is_survived_by_halving_the_micro_batch(tmp_path, store_data_
     trainer.updater.inject_oom_once = True
     first = trainer.train_step()
     second = trainer.train_step()
-    assert first["trained_sequences"] > 0
-    assert first["micro_batch_size"] == 4 and trainer.micro_batch_size == 4
+    assert first.trained_sequences > 0
+    assert first.micro_batch_size == 4 and trainer.micro_batch_size == 4
     assert [(h.from_size, h.to_size) for h in trainer.ledger.halvings] == [(8, 4)]
     assert "out of memory, micro-batch 8 -> 4" in (job_dir / "log.txt").read_text()
-    assert math.isfinite(first["loss"]) and first["grad_norm"] > 0
-    assert second["step"] == 2 and second["micro_batch_size"] == 4
+    assert math.isfinite(first.loss) and first.grad_norm > 0
+    assert second.step == 2 and second.micro_batch_size == 4

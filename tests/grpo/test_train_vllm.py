@@ -65,13 +65,13 @@ def test_two_vllm_steps_sync_the_adapter_and_agree_with_the_trainer(tmp_path, fr
             assert engine.adapter_version == step  # the new adapter is loaded after each step ...
             # ... and the step's rollouts came from the previous one (none before the first update).
             assert engine.last_served_adapter_version == (step - 1 or None)
-        assert [r["step"] for r in records] == [1, 2]
-        trained = [r for r in records if r["trained_sequences"] > 0]
+        assert [r.step for r in records] == [1, 2]
+        trained = [r for r in records if r.trained_sequences > 0]
         assert trained, "no informative group in two steps"
         for record in trained:
-            assert record["logprob_diff_mean"] < LOGPROB_BOUND
-            print(f"step {record['step']}: mean |vLLM - trainer| logprob {record['logprob_diff_mean']:.2e}, "
-                  f"max {record['logprob_diff_max']:.2e}")
+            assert record.logprob_diff_mean < LOGPROB_BOUND
+            print(f"step {record.step}: mean |vLLM - trainer| logprob {record.logprob_diff_mean:.2e}, "
+                  f"max {record.logprob_diff_max:.2e}")
 
         served_after = sum(engine.continuation_logprobs(prompt_ids, continuation))
         trained_after = sum(_trainer_logprobs(student, prompt_ids, continuation))

@@ -1,7 +1,8 @@
-"""The appliance_* metrics, scraped over real HTTP after feeding them trainer records, plan, ledger, judge."""
+"""The appliance_* metrics, scraped over real HTTP after feeding them StepRecords, the plan and the ledger."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from appliance.budget.phases import COMPONENTS
 from appliance.budget.plan import plan_job
 from appliance.budget.shapes import load_config
 from appliance.config.load import load_job
-from appliance.metrics import MetricsRecordError
+from appliance.grpo.step_record import EvalResult, MemoryReading, RewardStats, StepRecord
 from appliance.models.provision import DEMO_MODEL_NAME
 from appliance.models.store import ModelStore
 
@@ -21,24 +22,25 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multiply.yaml"
 GiB = 2**30
 
 
-def trainer_record(step: int, checkpoint: bool = False, **overrides) -> dict:
-    """A metrics.jsonl record with the keys Trainer._metrics writes, plus the integrator's two counts."""
-    record = {
-        "step": step, "reward_mean": 0.25 * step, "reward_std": 0.4, "rewards": {
-            "correctness": {"mean": 0.1 * step, "std": 0.3}, "answer_format": {"mean": 0.9, "std": 0.1}},
-        "loss": -0.012 * step, "kl": 0.003 * step, "clip_ratio": 0.05, "grad_norm": 0.8, "learning_rate": 2e-4,
-        "groups_informative": 3, "groups_total": 4, "trained_sequences": 24, "trained_tokens": 600,
-        "micro_batch_size": 8, "completion_length_mean": 12.5, "completion_length_max": 24,
-        "generated_tokens": 400 + step, "tokens_per_second": 50.0 * step, "logprob_diff_mean": 0.0,
-        "logprob_diff_max": 0.01,
-        "seconds": {"generate": 8.0, "reward": 0.02, "train": 20.0, "sync": 0.3, "step": 28.32},
-        "memory": {"peak_rss_bytes": 3 * GiB, "cuda_max_allocated_bytes": 0},
-        "time": 1.79e9 + step, "completions": 32, "prompt_tokens": 1200,
-    }
+def step_record(step: int, checkpoint: bool = False, judge_outcomes: dict | None = None, **overrides) -> StepRecord:
+    """A StepRecord as the trainer builds it after a step (the values are chosen, the type is the real one)."""
+    seconds = {"generate": 8.0, "reward": 0.02, "train": 20.0, "sync": 0.3, "step": 28.32}
     if checkpoint:
-        record["seconds"]["checkpoint"] = 1.5
-    record.update(overrides)
-    return record
+        seconds["checkpoint"] = 1.5
+    values = dict(
+        job="multiply-demo", step=step, steps_total=30, time=1.79e9 + step, reward_mean=0.25 * step, reward_std=0.4,
+        rewards={"correctness": RewardStats(0.1 * step, 0.3), "answer_format": RewardStats(0.9, 0.1)},
+        loss=-0.012 * step, kl=0.003 * step, clip_ratio=0.05, grad_norm=0.8, learning_rate=2e-4, nonfinite=False,
+        groups_informative=3, groups_total=4, trained_sequences=24, trained_tokens=600, micro_batch_size=8,
+        completions=32, completion_length_mean=12.5, completion_length_max=24,
+        generated_tokens={"student": 400 + step}, prompt_tokens={"student": 1200},
+        tokens_per_second={"student": 50.0 * step}, seconds=seconds,
+        memory=MemoryReading(peak_rss_bytes=3 * GiB, planned_peak_bytes=4 * GiB, device_used_bytes=None,
+                             phase_peak_bytes={}, components_used_bytes={}),
+        judge_outcomes=judge_outcomes or {},
+    )
+    values.update(overrides)
+    return StepRecord(**values)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +51,8 @@ def plan(store_data_dir):
 
 
 def test_two_trainer_steps_add_up_in_the_counters_and_the_gauges_show_the_last(metrics, scrape):
-    metrics.observe_step(trainer_record(1))
-    metrics.observe_step(trainer_record(2, checkpoint=True))
+    metrics.observe_step(step_record(1))
+    metrics.observe_step(StepRecord.from_dict(step_record(2, checkpoint=True).to_dict()))  # a metrics.jsonl line
     got = scrape()
 
     assert got.value("appliance_generated_tokens_total", role="student") == 401 + 402
@@ -72,20 +74,15 @@ def test_two_trainer_steps_add_up_in_the_counters_and_the_gauges_show_the_last(m
     assert phases == {"generate", "reward", "train", "sync", "checkpoint"}  # "step" is the total, not a phase
 
 
-def test_completions_can_be_passed_when_the_record_does_not_count_them(metrics, scrape):
-    record = trainer_record(1)
-    del record["completions"], record["prompt_tokens"]
-    metrics.observe_step(record, completions=32)
+def test_skipped_updates_and_held_out_accuracy_reach_their_metrics(metrics, scrape):
+    metrics.observe_step(step_record(1, nonfinite=True))
+    metrics.observe_step(step_record(2, eval=EvalResult(accuracy=0.62, format_compliance=0.9, reward_mean=1.1,
+                                                        problems=100)))
+    metrics.observe_step(step_record(3, nonfinite=True))
     got = scrape()
-    assert got.value("appliance_completions_total") == 32
-    assert got.value("appliance_prompt_tokens_total", role="student") is None
-
-
-def test_a_record_without_a_needed_key_is_refused_naming_the_key_and_step(metrics):
-    record = trainer_record(7)
-    del record["kl"]
-    with pytest.raises(MetricsRecordError, match="step 7 has no 'kl'"):
-        metrics.observe_step(record)
+    assert got.value("appliance_nonfinite_steps_total") == 2
+    assert got.value("appliance_eval_accuracy") == 0.62
+    assert got.value("appliance_train_steps_total") == 3
 
 
 def test_plan_ledger_device_and_disk_fill_the_memory_gauges(metrics, scrape, plan, tmp_path):
@@ -113,17 +110,21 @@ def test_plan_ledger_device_and_disk_fill_the_memory_gauges(metrics, scrape, pla
 
 
 def test_judge_counters_only_go_up_and_a_new_judge_counts_on(metrics, scrape):
-    totals = [
+    steps = [  # the judge's cumulative outcomes in each record; tokens and seconds are per step
         ({"ok": 3, "parse_error": 1, "timeout": 0}, 90, 300, 2.0),
-        ({"ok": 7, "parse_error": 1, "timeout": 2}, 250, 800, 5.0),
-        ({"ok": 7, "parse_error": 1, "timeout": 2}, 250, 800, 5.0),  # a step without judging
-        ({"ok": 2, "parse_error": 0, "timeout": 0}, 40, 100, 1.0),  # a new Judge (next job): totals restart
+        ({"ok": 7, "parse_error": 1, "timeout": 2}, 160, 500, 3.0),
+        ({"ok": 7, "parse_error": 1, "timeout": 2}, 0, 0, 0.0),  # a step without judging
+        ({"ok": 2, "parse_error": 0, "timeout": 0}, 40, 100, 1.0),  # a new job's judge: totals restart
     ]
     seen = []
-    for outcomes, generated, prompt, seconds in totals:
-        stats = {"outcomes": dict(outcomes), "generated_tokens": generated, "prompt_tokens": prompt,
-                 "seconds": seconds, "tokens_per_second": generated / seconds}
-        metrics.observe_judge(stats, outcomes)
+    for index, (outcomes, generated, prompt, seconds) in enumerate(steps, start=1):
+        record = step_record(index, judge_outcomes=outcomes)
+        record = dataclasses.replace(
+            record, generated_tokens={**record.generated_tokens, "judge": generated},
+            prompt_tokens={**record.prompt_tokens, "judge": prompt},
+            tokens_per_second={**record.tokens_per_second, "judge": generated / seconds if seconds else 0.0},
+            seconds={**record.seconds, **({"judge": seconds} if seconds else {})})
+        metrics.observe_step(record)
         got = scrape()
         seen.append({outcome: got.value("appliance_judge_requests_total", outcome=outcome) for outcome in outcomes})
         seen[-1]["generated"] = got.value("appliance_generated_tokens_total", role="judge")
@@ -141,10 +142,10 @@ def test_judge_counters_only_go_up_and_a_new_judge_counts_on(metrics, scrape):
 
 
 def test_build_info_jobs_and_no_job_or_step_label_anywhere(metrics, scrape, plan):
-    metrics.observe_step(trainer_record(1, checkpoint=True))
+    metrics.observe_step(step_record(1, checkpoint=True, judge_outcomes={"ok": 1},
+                                     generated_tokens={"student": 401, "judge": 5}, prompt_tokens={"student": 9}))
     metrics.observe_plan(plan)
     metrics.observe_ledger(Ledger(plan))
-    metrics.observe_judge({"generated_tokens": 5, "prompt_tokens": 9, "seconds": 0.5}, {"ok": 1})
     metrics.set_jobs({"running": 1, "queued": 2})
     metrics.set_jobs({"running": 1, "succeeded": 1})
     got = scrape()
@@ -164,7 +165,8 @@ def test_build_info_jobs_and_no_job_or_step_label_anywhere(metrics, scrape, plan
         "appliance_reward_std", "appliance_kl", "appliance_loss", "appliance_clip_ratio",
         "appliance_memory_planned_bytes", "appliance_memory_used_bytes", "appliance_memory_budget_bytes",
         "appliance_device_memory_total_bytes", "appliance_device_memory_used_bytes", "appliance_judge_requests",
-        "appliance_jobs", "appliance_disk_free_bytes", "appliance_build_info",
+        "appliance_jobs", "appliance_disk_free_bytes", "appliance_build_info", "appliance_eval_accuracy",
+        "appliance_nonfinite_steps", "appliance_nonfinite_steps_created",
         # prometheus_client's creation timestamps of the counters and the histogram
         "appliance_generated_tokens_created", "appliance_prompt_tokens_created", "appliance_completions_created",
         "appliance_train_steps_created", "appliance_step_duration_seconds_created",
