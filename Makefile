@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export APPLIANCE_DATA_DIR ?= $(CURDIR)/.appliance
 
-.PHONY: venv demo test test-fast clean
+.PHONY: venv demo test test-fast lint clean
 
 venv: $(STAMP)
 
@@ -29,7 +29,12 @@ demo: venv
 	$(BIN)/appliance models provision-demo
 	$(BIN)/appliance train examples/multiply.yaml --restart --eval
 
-test: venv
+# The linter and the import contracts (DESIGN.md "Who may import whom") run before the tests.
+lint: venv
+	$(BIN)/ruff check appliance tui tests bench
+	$(BIN)/lint-imports
+
+test: venv lint
 	$(BIN)/python -m pytest --durations=15
 
 test-fast: venv
