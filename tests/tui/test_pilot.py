@@ -10,7 +10,8 @@ test stops the daemon under the app and starts it again.
 from __future__ import annotations
 
 import pytest
-from conftest import in_thread, screen_text, tiny_job_yaml, until, widget_text
+from daemon_support import tiny_job
+from tui_support import in_thread, screen_text, until, widget_text
 
 from appliance.service.client import Client
 from tui.app import ApplianceApp
@@ -54,7 +55,7 @@ async def test_operator_path_against_a_real_daemon(daemon):
         # New job: validate (the daemon's dry run shows the plan), then submit.
         await pilot.press("n")
         await until(pilot, lambda: isinstance(app.screen, NewJobScreen), "the new job screen", 10)
-        app.screen.query_one("#editor").load_text(tiny_job_yaml())
+        app.screen.query_one("#editor").load_text(tiny_job("tui-pilot", steps=40))
         await pilot.press("ctrl+t")
         await until(pilot, lambda: "fits" in screen_text(app) and "budget" in screen_text(app),
                     "the dry run's memory plan", 60)

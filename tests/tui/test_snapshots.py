@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixed import EXAMPLE, FixedApp
+from tui_fixed import EXAMPLE, FixedApp
 
 SIZES = [(80, 24), (120, 40)]
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import tiny_job_yaml
+from daemon_support import tiny_job
 
 from appliance.service.client import Client
 
@@ -30,7 +30,7 @@ def tui_command(socket_path: Path) -> list[str]:
 def test_tui_in_tmux_shows_a_submitted_job(daemon):
     session = f"appliance-tui-{os.getpid()}"
     with Client(daemon.socket_path) as client:
-        job = client.submit_text("tmux-check.yaml", tiny_job_yaml(name="tmux-check", steps=2)).job
+        job = client.submit_text("tmux-check.yaml", tiny_job("tmux-check", steps=2)).job
         env = {key: value for key, value in os.environ.items() if key not in ("COLORTERM", "TMUX")}
         env["TERM"] = "xterm-256color"
         command = " ".join(tui_command(daemon.socket_path))
