@@ -10,7 +10,6 @@ from __future__ import annotations
 from appliance.grpo.step_record import StepRecord
 from appliance.service.api import TERMINAL_STATES, JobSummary
 from appliance.service.client import Client, ClientError
-from appliance.service.client import DaemonUnreachable as Unreachable
 from tui import messages as m
 from tui.views import TREND_STEPS
 
