@@ -47,6 +47,7 @@ async def test_operator_path_against_a_real_daemon(daemon):
     client = Client(daemon.socket_path)
     app = ApplianceApp(str(daemon.socket_path))
     seen_states: list[str] = []
+    seconds: dict[str, float] = {}  # what each wait took, printed for the record
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.reachable is True and isinstance(app.screen, JobsScreen),
                     "the jobs screen reaching the daemon", 30)
@@ -72,39 +73,46 @@ async def test_operator_path_against_a_real_daemon(daemon):
                 seen_states.append(state)
             return state
 
-        await until(pilot, lambda: listed_state() is not None and "tui-pilot" in screen_text(app),
-                    "the job listed by name", 30)
-        await until(pilot, lambda: listed_state() == "running", "the job shown running", STATE_WAIT)
+        seconds["listed after submit"] = await until(
+            pilot, lambda: listed_state() is not None and "tui-pilot" in screen_text(app), "the job listed by name", 30)
+        seconds["shown running"] = await until(pilot, lambda: listed_state() == "running", "the job shown running",
+                                               STATE_WAIT)
 
         # The job screen: charts receive points, a sample's completions are visible.
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, JobScreen), "the job screen", 10)
         chart = app.screen.query_one("#chart-reward", LineChart)
-        await until(pilot, lambda: chart.point_count >= 1, "a reward point on the chart", STEP_WAIT)
+        seconds["first chart point"] = await until(pilot, lambda: chart.point_count >= 1,
+                                                   "a reward point on the chart", STEP_WAIT)
         assert app.screen.query_one("#chart-tps", LineChart).point_count >= 1
         await pilot.click("#--content-tab-samples")
         samples = (await in_thread(client.samples, job.id)).records
         line = next(line.strip() for record in samples for line in record["completion"].splitlines() if line.strip())
-        await until(pilot, lambda: line[:12] in screen_text(app), f"the completion {line[:12]!r} on screen", 30)
+        seconds["sample shown"] = await until(pilot, lambda: line[:12] in screen_text(app),
+                                              f"the completion {line[:12]!r} on screen", 30)
         await pilot.click("#--content-tab-overview")
 
         # Pause, resume, cancel through the modals; each lands in the daemon and on screen.
         await confirm(pilot, "p")
-        await until(pilot, lambda: client.job(job.id).state == "paused", "the daemon pausing the job", STATE_WAIT)
-        await until(pilot, lambda: " paused " in widget_text(app, "#job-head"), "the job screen showing paused", 10)
+        seconds["paused in the daemon"] = await until(pilot, lambda: client.job(job.id).state == "paused",
+                                                      "the daemon pausing the job", STATE_WAIT)
+        seconds["then on screen"] = await until(pilot, lambda: " paused " in widget_text(app, "#job-head"),
+                                                "the job screen showing paused", 10)
         await confirm(pilot, "r")
-        await until(pilot, lambda: client.job(job.id).state in ("queued", "running"),
-                    "the daemon resuming the job", STATE_WAIT)
+        seconds["resumed in the daemon"] = await until(pilot, lambda: client.job(job.id).state in ("queued", "running"),
+                                                       "the daemon resuming the job", STATE_WAIT)
         await until(pilot, lambda: any(f" {state} " in widget_text(app, "#job-head") for state in ("queued", "running")),
                     "the job screen showing the job resumed", 10)
         await confirm(pilot, "x")
-        await until(pilot, lambda: client.job(job.id).state == "cancelled", "the daemon cancelling the job", 60)
+        seconds["cancelled in the daemon"] = await until(pilot, lambda: client.job(job.id).state == "cancelled",
+                                                         "the daemon cancelling the job", 60)
         await until(pilot, lambda: " cancelled " in widget_text(app, "#job-head"), "the job screen showing cancelled",
                     10)
 
         await pilot.press("escape")
         await until(pilot, lambda: listed_state() == "cancelled", "the jobs table showing cancelled", 10)
     client.close()
+    print("seconds: " + ", ".join(f"{what} {value:.1f}" for what, value in seconds.items()))
     # What the jobs table showed while it was on top: the job changing state, ending cancelled.
     assert seen_states[0] in ("queued", "running") and "running" in seen_states, seen_states
     assert seen_states[-1] == "cancelled", seen_states

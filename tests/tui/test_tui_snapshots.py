@@ -1,6 +1,6 @@
 """SVG snapshots of the jobs, job, compare and device screens at 80x24 and 120x40 (fixed data, frozen clock).
 
-Update after an intended change with `pytest tests/tui/test_snapshots.py --snapshot-update`
+Update after an intended change with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`
 and look at the report before committing the new SVGs.
 """
 
