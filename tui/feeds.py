@@ -161,6 +161,9 @@ class EventsFeed:
         return changes
 
 
+ASKED = {"pause": "pausing", "resume": "resuming", "cancel": "cancelling"}
+
+
 def act(client: Client, action: str, job_id: str) -> m.ActionDone | m.ActionFailed:
     """pause / resume / cancel one job; the daemon's refusal comes back as its sentence."""
     call = {"pause": client.pause, "resume": client.resume, "cancel": client.cancel}[action]
@@ -168,7 +171,8 @@ def act(client: Client, action: str, job_id: str) -> m.ActionDone | m.ActionFail
         job = call(job_id)
     except ClientError as error:  # DaemonUnreachable included
         return m.ActionFailed(action, job_id, str(error))
-    return m.ActionDone(action, job_id, f"{job.name} ({job.id}) is {job.state}")
+    # A running job pauses or stops at the end of its step: the state change is notified when it happens.
+    return m.ActionDone(action, job_id, f"{ASKED[action]} {job.name} ({job.id}); it is {job.state} now")
 
 
 def submit(client: Client, file_name: str, text: str, dry_run: bool) -> m.Validated | m.ActionDone | m.ActionFailed:

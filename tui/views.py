@@ -34,10 +34,6 @@ def memory_used(record: StepRecord) -> int:
     return memory.device_used_bytes if memory.device_used_bytes is not None else memory.peak_rss_bytes
 
 
-def plan_budget(plan: dict | None) -> int | None:
-    return None if not plan else plan.get("budget_bytes")
-
-
 def memory_view(slot: SlotStatus) -> MemoryView:
     return MemoryView(planned_bytes=dict(slot.planned_bytes), used_bytes=dict(slot.measured_bytes),
                       budget_bytes=slot.budget_bytes, device_total_bytes=slot.total_bytes or None,

@@ -14,6 +14,7 @@ from daemon_support import tiny_job
 from tui_support import in_thread, screen_text, until, widget_text
 
 from appliance.service.client import Client
+from tui import messages as m
 from tui.app import ApplianceApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.job import JobScreen
@@ -48,7 +49,13 @@ async def test_operator_path_against_a_real_daemon(daemon):
     app = ApplianceApp(str(daemon.socket_path))
     seen_states: list[str] = []
     seconds: dict[str, float] = {}  # what each wait took, printed for the record
-    async with app.run_test(size=(120, 40)) as pilot:
+    changes: list[m.JobChanged] = []
+
+    def record(message) -> None:
+        if isinstance(message, m.JobChanged):
+            changes.append(message)
+
+    async with app.run_test(size=(120, 40), notifications=True, message_hook=record) as pilot:
         await until(pilot, lambda: app.reachable is True and isinstance(app.screen, JobsScreen),
                     "the jobs screen reaching the daemon", 30)
         assert "no jobs yet" in screen_text(app)
@@ -98,6 +105,8 @@ async def test_operator_path_against_a_real_daemon(daemon):
                                                       "the daemon pausing the job", STATE_WAIT)
         seconds["then on screen"] = await until(pilot, lambda: " paused " in widget_text(app, "#job-head"),
                                                 "the job screen showing paused", 10)
+        await until(pilot, lambda: f"{job.name} ({job.id}) is paused" in screen_text(app),
+                    "the notification of the pause", 10)
         await confirm(pilot, "r")
         seconds["resumed in the daemon"] = await until(pilot, lambda: client.job(job.id).state in ("queued", "running"),
                                                        "the daemon resuming the job", STATE_WAIT)
@@ -116,6 +125,9 @@ async def test_operator_path_against_a_real_daemon(daemon):
     # What the jobs table showed while it was on top: the job changing state, ending cancelled.
     assert seen_states[0] in ("queued", "running") and "running" in seen_states, seen_states
     assert seen_states[-1] == "cancelled", seen_states
+    # The events long-poll reported each change (the notifications' source).
+    assert [c.state for c in changes if c.job_id == job.id][-1] == "cancelled"
+    assert {"running", "paused", "cancelled"} <= {c.state for c in changes if c.job_id == job.id}
 
 
 @pytest.mark.anyio
