@@ -93,7 +93,7 @@ class ApplianceApp(App):
 
     def show_banner(self) -> None:
         text = ("" if self.reachable is not False else
-                f"Daemon unreachable — {self.unreachable_reason} — retrying every {feeds.RETRY_SECONDS:.0f}s")
+                f"Daemon unreachable, retrying every {feeds.RETRY_SECONDS:.0f}s: {self.unreachable_reason}")
         for screen in self.screen_stack:
             for banner in screen.query("#banner"):
                 banner.update(text)

@@ -92,18 +92,22 @@ class MemoryBar(Static):
         bars = Table.grid(padding=(0, 1))
         bars.add_column(width=8)
         bars.add_column()
+        measured = bool(view.used_bytes)  # a plan alone (before the job runs) has no used row
         bars.add_row("planned", stacked_bar(view.planned_bytes, scale, width, view.budget_bytes))
-        bars.add_row("used", stacked_bar(view.used_bytes, scale, width, view.budget_bytes))
+        if measured:
+            bars.add_row("used", stacked_bar(view.used_bytes, scale, width, view.budget_bytes))
 
         legend = Table(box=None, padding=(0, 1), show_edge=False, expand=False)
         legend.add_column("component")
         legend.add_column("planned", justify="right")
-        legend.add_column("used", justify="right")
+        if measured:
+            legend.add_column("used", justify="right")
         for name in dict(_ordered({**view.planned_bytes, **view.used_bytes})):
             style = COMPONENT_STYLES.get(name, OTHER_STYLE)
-            legend.add_row(Text("■ ", style=style) + Text(name), fmt.gib(view.planned_bytes.get(name), 2),
-                           fmt.gib(view.used_bytes.get(name), 2))
-        legend.add_row(Text("total", style="bold"), fmt.gib(planned_total, 2), fmt.gib(used_total, 2))
+            cells = [fmt.gib(view.planned_bytes.get(name), 2)] + ([fmt.gib(view.used_bytes.get(name), 2)] if measured else [])
+            legend.add_row(Text("■ ", style=style) + Text(name), *cells)
+        totals = [fmt.gib(planned_total, 2)] + ([fmt.gib(used_total, 2)] if measured else [])
+        legend.add_row(Text("total", style="bold"), *totals)
         summary = Text.assemble(
             ("budget ", "bold"), f"{fmt.gib(view.budget_bytes)} {BUDGET_MARK}   ",
             ("device ", "bold"), fmt.used_of(view.device_used_bytes, view.device_total_bytes),
