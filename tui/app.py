@@ -49,11 +49,10 @@ class ApplianceApp(App):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, socket_path: str | None = None, *, now: Callable[[], float] = time.time,
-                 client: Client | None = None):
+    def __init__(self, socket_path: str | None = None, *, now: Callable[[], float] = time.time):
         super().__init__()
         self.socket_path = socket_path or default_socket()
-        self.client = client or Client(self.socket_path, timeout=CLIENT_TIMEOUT_SECONDS)
+        self.client = Client(self.socket_path, timeout=CLIENT_TIMEOUT_SECONDS)
         self.now = now  # the clock for ages and ETAs (frozen in snapshot tests)
         self.reachable: bool | None = None
         self.unreachable_reason = ""
