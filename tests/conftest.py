@@ -37,6 +37,14 @@ def demo_model_dir(store_data_dir: Path) -> Path:
     return ModelStore(store_data_dir).verify(DEMO_MODEL_NAME).path
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(demo_model_dir: Path, tmp_path_factory) -> Path:
+    """A tiny random Llama with the bundled tokenizer (tests/tiny_model.py): real parts, seconds per step."""
+    from tiny_model import make_tiny_model
+
+    return make_tiny_model(demo_model_dir, tmp_path_factory.mktemp("tiny-llama"))
+
+
 def link_model_store(source_data_dir: Path, data_dir: Path) -> Path:
     """A fresh data dir whose models/ points at the provisioned store (no copy, no re-hashing)."""
     (data_dir / "models").mkdir(parents=True, exist_ok=True)

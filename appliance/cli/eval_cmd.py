@@ -36,6 +36,7 @@ def adapter_folder(path: Path) -> Path:
 def _eval(args) -> int:
     from appliance.config.checks import load_checked_job
     from appliance.config.load import JobFileError
+    from appliance.conventions import JUDGE_REWARD
     from appliance.grpo.evaluate import evaluate_student
     from appliance.grpo.student import Student
     from appliance.models.loading import default_device
@@ -58,7 +59,7 @@ def _eval(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     problems = [p for p in problems if p.answer is not None][: args.limit]  # no reference: no accuracy
-    rewards = build_rewards([r for r in spec.rewards if r.name != "judge"], args.file.resolve().parent)
+    rewards = build_rewards([r for r in spec.rewards if r.name != JUDGE_REWARD], args.file.resolve().parent)
     result = evaluate_student(student, task, problems, rewards, spec.grpo.max_new_tokens, use_adapter=adapter is not None)
     report = {"job": spec.name, "adapter": str(adapter) if adapter else None, **result.to_dict()}
     if args.json:

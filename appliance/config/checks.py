@@ -14,7 +14,6 @@ run user code.
 from __future__ import annotations
 
 import ast
-import difflib
 import math
 import os
 import re
@@ -22,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from appliance.config.load import ConfigError, JobFileError, ParsedJob, read_job
+from appliance.conventions import BUILTIN_DATASET_PREFIX, JUDGE_REWARD, PLUGIN_REWARD, PLUGIN_SYNTAX, is_builtin_dataset
+from appliance.suggest import closest, did_you_mean
 from appliance.config.schema import JobSpec
 
-JUDGE_REWARD = "judge"
-# "path/to/file.py:function"
-PLUGIN_REWARD = re.compile(r"^(?P<file>.+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
 
 
 def registered_reward_names() -> list[str]:
@@ -92,7 +90,29 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
         elif parsed.spec is not None:
             errors += _task_errors(parsed, base_dir)
     errors += _reward_errors(parsed, base_dir)
+    errors += _best_metric_errors(parsed)
     return errors
+
+
+def _best_metric_errors(parsed: ParsedJob) -> list[ConfigError]:
+    """checkpoint.best_metric names a number every record (or every evaluated record) carries."""
+    from appliance.config.best import EVAL_METRICS, allowed_metrics
+
+    metric = _at(parsed.data, "checkpoint", "best_metric")
+    if not isinstance(metric, str):
+        return []  # absent (the default) or the schema reports its type
+    rewards = parsed.data.get("rewards")
+    names = [r["name"] for r in rewards if isinstance(r, dict) and isinstance(r.get("name"), str)] \
+        if isinstance(rewards, list) else []
+    allowed = allowed_metrics(names)
+    key = ("checkpoint", "best_metric")
+    if metric not in allowed:
+        hint = did_you_mean(metric, allowed) or f"; one of: {', '.join(allowed)}"
+        return [parsed.error_at(key, f"unknown metric '{metric}'{hint}")]
+    if metric in EVAL_METRICS and not isinstance(_at(parsed.data, "checkpoint", "eval_every"), int):
+        return [parsed.error_at(key, f"'{metric}' is measured only with checkpoint.eval_every set; set it "
+                                     "(e.g. eval_every: 10) or follow a training metric such as reward_mean")]
+    return []
 
 
 def model_problem(reference: str, base_dir: Path, data_dir: Path, store_names: list[str]) -> str | None:
@@ -112,7 +132,7 @@ def model_problem(reference: str, base_dir: Path, data_dir: Path, store_names: l
     if not store_names:
         return (f"model '{reference}' is not in the model store at {where}, which is empty; "
                 "run 'appliance models provision-demo' or 'appliance models import DIR --name NAME'")
-    close = _closest(reference, store_names)
+    close = closest(reference, store_names)
     hint = f"did you mean '{close}'?" if close else f"stored models: {', '.join(store_names)}"
     return f"model '{reference}' is not in the model store at {where}; {hint}"
 
@@ -121,14 +141,14 @@ def dataset_problem(dataset: str, base_dir: Path, read_rows: bool = True) -> str
     """Why `task.dataset` cannot be read here; with `read_rows` every row of a .jsonl file is checked."""
     from appliance.tasks.base import TaskError
     from appliance.tasks.jsonl import load_jsonl_problems
-    from appliance.tasks.load import BUILTIN_PREFIX, BUILTINS
+    from appliance.tasks.load import BUILTINS
 
-    builtins = [BUILTIN_PREFIX + name for name in BUILTINS]
+    builtins = [BUILTIN_DATASET_PREFIX + name for name in BUILTINS]
     if dataset in builtins:
         return None
-    close = _closest(dataset.removeprefix(BUILTIN_PREFIX), list(BUILTINS))
-    hint = f"; did you mean '{BUILTIN_PREFIX}{close}'?" if close else ""
-    if dataset.startswith(BUILTIN_PREFIX):
+    close = closest(dataset.removeprefix(BUILTIN_DATASET_PREFIX), list(BUILTINS))
+    hint = f"; did you mean '{BUILTIN_DATASET_PREFIX}{close}'?" if close else ""
+    if dataset.startswith(BUILTIN_DATASET_PREFIX):
         return f"unknown built-in dataset '{dataset}'{hint or '; built-in: ' + ', '.join(builtins)}"
     if not dataset.endswith(".jsonl"):
         return f"'{dataset}' is neither {' nor '.join(builtins)} nor a .jsonl file{hint}"
@@ -181,7 +201,7 @@ def plugin_problem(file_part: str, function: str, base_dir: Path) -> str | None:
     defined = _top_level_names(tree)
     if function in defined:
         return None
-    close = _closest(function, sorted(defined))
+    close = closest(function, sorted(defined))
     hint = f"; did you mean '{close}'?" if close else (f"; it defines: {', '.join(sorted(defined))}" if defined else "")
     return f"plugin file {file} defines no top-level function '{function}'{hint}"
 
@@ -208,7 +228,7 @@ def _reward_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
         if plugin:
             problem = plugin_problem(plugin["file"], plugin["function"], base_dir)
         elif ":" in name:
-            problem = f"a plugin reward is written path/to/file.py:function, not '{name}'"
+            problem = f"a plugin reward is written {PLUGIN_SYNTAX}, not '{name}'"
         else:
             if registered is None:
                 registered = registered_reward_names()
@@ -226,9 +246,9 @@ def _reward_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
 def _registered_problem(name: str, registered: list[str]) -> str | None:
     if name in registered:
         return None
-    close = _closest(name, registered)
+    close = closest(name, registered)
     hint = f"did you mean '{close}'?" if close else f"registered: {', '.join(registered)}"
-    return f"unknown reward '{name}'; {hint} (or a plugin: path/to/file.py:function)"
+    return f"unknown reward '{name}'; {hint} (or a plugin: {PLUGIN_SYNTAX})"
 
 
 def _weight_of(reward: dict) -> float | None:
@@ -251,7 +271,7 @@ def with_absolute_paths(spec: JobSpec, base_dir: Path) -> JobSpec:
     if judge is not None and _is_path(judge.model):
         judge = judge.model_copy(update={"model": str(_absolute(judge.model, base_dir))})
     task = spec.task
-    if not task.dataset.startswith("builtin:"):
+    if not is_builtin_dataset(task.dataset):
         task = task.model_copy(update={"dataset": str(_absolute(task.dataset, base_dir))})
     rewards = []
     for reward in spec.rewards:
@@ -291,11 +311,3 @@ def _is_path(reference: str) -> bool:
 
 def _absolute(reference: str, base_dir: Path) -> Path:
     return Path(os.path.normpath(base_dir / Path(reference).expanduser()))
-
-
-def _closest(word: str, candidates: list[str]) -> str | None:
-    lowered = {candidate.lower(): candidate for candidate in candidates}
-    if word.lower() in lowered:
-        return lowered[word.lower()]
-    close = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
-    return lowered[close[0]] if close else None

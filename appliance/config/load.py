@@ -9,7 +9,6 @@ finds (model store, files, reward registry) at the same keys and lines.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from appliance.errors import ApplianceError
+from appliance.suggest import did_you_mean
 from appliance.config.schema import JobSpec
 
 # A key path (("rewards", 0, "name")) -> its 1-based line in the file.
@@ -155,8 +155,7 @@ def _describe(error: dict, path: tuple) -> str:
     if kind == "extra_forbidden":
         model = _model_at(path[:-1])
         known = list(model.model_fields) if model else []
-        close = difflib.get_close_matches(str(path[-1]), known, n=1, cutoff=0.6)
-        hint = f"; did you mean '{close[0]}'?" if close else (f"; known keys: {', '.join(known)}" if known else "")
+        hint = did_you_mean(str(path[-1]), known) or (f"; known keys: {', '.join(known)}" if known else "")
         return f"unknown key{hint}"
     if kind == "missing":
         return "required key is missing"

@@ -158,7 +158,14 @@ class DeviceSpec(Spec):
 class CheckpointSpec(Spec):
     every: PositiveInt = 20
     keep_last: PositiveInt = 3
-    best_metric: str = "reward_mean"
+    # Greedy held-out evaluation every N steps (and at the last); null: none during training.
+    eval_every: PositiveInt | None = None
+    # Held-out problems per evaluation (the first N of the split); null: all of them.
+    eval_limit: PositiveInt | None = None
+    # What best/ follows: null is eval.accuracy with eval_every, else reward_mean (see config/best.py).
+    best_metric: str | None = None
+    # max or min; null: the metric's natural direction (min for loss and kl).
+    best_mode: Literal["max", "min"] | None = None
 
 
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -17,6 +17,20 @@ import torch
 from appliance.engines.base import Completion, EngineCounters, Sampling
 
 
+# Sample from the policy itself: switch off every logits processor a model's generation_config.json
+# may bring (Qwen2.5-Instruct sets repetition_penalty 1.05, top_k 20), so that the completions and
+# their logprobs are those of the distribution the trainer computes. Explicit None overrides the
+# model's values (transformers applies call arguments last).
+POLICY_SAMPLING = {
+    "top_k": None, "min_p": None, "typical_p": None, "top_h": None, "epsilon_cutoff": None, "eta_cutoff": None,
+    "repetition_penalty": None, "encoder_repetition_penalty": None, "no_repeat_ngram_size": None,
+    "encoder_no_repeat_ngram_size": None, "bad_words_ids": None, "sequence_bias": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None, "min_length": 0, "min_new_tokens": None, "guidance_scale": None,
+    "watermarking_config": None, "renormalize_logits": False,
+}
+
+
 class HFEngine:
     """Generates with any transformers causal LM (plain, bitsandbytes-quantized or peft-wrapped)."""
 
@@ -86,8 +100,8 @@ class HFEngine:
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
-            top_k=None,
             eos_token_id=self._stop_ids,
+            **POLICY_SAMPLING,
             pad_token_id=self.tokenizer.pad_token_id,
             return_dict_in_generate=True,
             output_scores=True,

@@ -150,6 +150,8 @@ class VLLMEngine:
             # The metrics that metrics_snapshot() reads exist only with stats on.
             "disable_log_stats": False,
             "enable_lora": enable_lora,
+            # Defaults from vLLM, not from the model's generation_config.json (see generate()).
+            "generation_config": "vllm",
         }
         if enable_lora:
             llm_args["max_lora_rank"] = self.max_lora_rank
@@ -245,6 +247,8 @@ class VLLMEngine:
                 # Distinct seeds per prompt; vLLM adds the sample index within a prompt.
                 seed=None if sampling.seed is None else sampling.seed + index * sampling.n,
                 logprobs=0,  # the sampled token's logprob only
+                # The trainer's policy exactly: no penalties or truncation from the model's generation_config.
+                repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, top_k=0, min_p=0.0,
             )
             for index in range(len(prompts))
         ]

@@ -114,7 +114,7 @@ def rollout_engine_kind(spec: JobSpec, device: str) -> str:
     return "vllm" if device.startswith("cuda") else "hf"
 
 
-def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Path, progress=None) -> Trainer:
+def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Path) -> Trainer:
     device = default_device()
     torch.manual_seed(spec.grpo.seed)
     student_dir = resolve_model(spec.student.model, data_dir)
@@ -126,10 +126,7 @@ def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Pa
     judge = make_judge(spec, student, judge_dir, job_dir, device, plan) if spec.judge else None
     rewards = build_rewards(spec.rewards, job_file_dir, judge=judge)
     ledger = measure_loaded(plan, student, engine) if plan is not None else None
-    trainer = Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger,
-                      progress=progress)
-    trainer.plan = plan
-    return trainer
+    return Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger, plan=plan)
 
 
 def _tensor_bytes(tensors) -> int:

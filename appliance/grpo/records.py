@@ -1,8 +1,8 @@
-"""What a run leaves behind besides checkpoints: metrics.jsonl, samples.jsonl, log.txt.
+"""What a run leaves behind besides checkpoints: metrics.jsonl, samples.jsonl, judge.jsonl, log.txt.
 
 Each JSONL line is flushed and fsynced as it is written, so a crash loses at
 most the line being written. On resume, lines for steps after the checkpoint
-are dropped (those steps run again). samples.jsonl is bounded: when it grows
+are dropped from metrics, samples and judge records (those steps run again). samples.jsonl is bounded: when it grows
 past its limit it is rotated to samples.jsonl.1 (one generation kept).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 SAMPLES_LIMIT_BYTES = 20 * 2**20
@@ -42,7 +43,10 @@ def truncate_after_step(path: Path, step: int) -> None:
         return
     kept = [row for row in read_jsonl(path) if row.get("step", 0) <= step]
     temporary = Path(path).with_suffix(".jsonl.tmp")
-    temporary.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in kept))
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(temporary, path)
 
 
@@ -51,12 +55,14 @@ class RunRecords:
         self.job_dir = Path(job_dir)
         self.metrics_path = self.job_dir / "metrics.jsonl"
         self.samples_path = self.job_dir / "samples.jsonl"
+        self.judge_path = self.job_dir / "judge.jsonl"
         self.log_path = self.job_dir / "log.txt"
         self.samples_limit_bytes = samples_limit_bytes
 
     def rewind_to(self, step: int) -> None:
-        truncate_after_step(self.metrics_path, step)
-        truncate_after_step(self.samples_path, step)
+        """Drop the lines of steps after `step` (they run again after a resume)."""
+        for path in (self.metrics_path, self.samples_path, self.judge_path):
+            truncate_after_step(path, step)
 
     def metrics(self, record: dict) -> None:
         append_jsonl(self.metrics_path, record)
@@ -69,4 +75,4 @@ class RunRecords:
 
     def log(self, line: str) -> None:
         with open(self.log_path, "a", encoding="utf-8") as handle:
-            handle.write(line.rstrip("\n") + "\n")
+            handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line.rstrip()}\n")

@@ -7,8 +7,7 @@ those reach the trainer.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +25,6 @@ class ScoredRollout:
     groups: list[list[Completion]]  # groups[i] = the completions of problems[i]
     scores: RewardScores  # flattened group-major: index = i * group_size + j
     advantages: GroupAdvantages
-    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def flat(self) -> list[Completion]:
@@ -55,27 +53,18 @@ def generate_groups(engine: GenerationEngine, task: Task, problems: list[Problem
 
 
 def score_groups(problems: list[Problem], groups: list[list[Completion]], rewards: list[WeightedReward]) -> RewardScores:
+    """Every reward on every completion; rules see the real token count as metadata["completion_tokens"]."""
     samples = [
         RewardSample(prompt=problem.question, completion=completion.text, reference=problem.answer,
-                     metadata=dict(problem.metadata), group=index)
+                     metadata={**problem.metadata, "completion_tokens": len(completion.token_ids)}, group=index)
         for index, (problem, group) in enumerate(zip(problems, groups))
         for completion in group
     ]
     return score_samples(rewards, samples)
 
 
-def rollout(engine: GenerationEngine, task: Task, problems: list[Problem], sampling: Sampling,
-            rewards: list[WeightedReward], scale_rewards: bool, on_phase=None) -> ScoredRollout:
-    """on_phase(name, seconds) is told how long each phase took (generate, reward)."""
-    started = time.monotonic()
-    prompts, groups = generate_groups(engine, task, problems, sampling)
-    generated = time.monotonic()
-    scores = score_groups(problems, groups, rewards)
-    scored = time.monotonic()
-    totals = torch.tensor(scores.total, dtype=torch.float32).view(len(problems), sampling.n)
-    advantages = group_advantages(totals, scale_by_std=scale_rewards)
-    seconds = {"generate": generated - started, "reward": scored - generated}
-    if on_phase:
-        for name, value in seconds.items():
-            on_phase(name, value)
-    return ScoredRollout(problems, prompts, groups, scores, advantages, seconds)
+def scored_rollout(problems: list[Problem], prompts: list[str], groups: list[list[Completion]], scores: RewardScores,
+                   scale_rewards: bool) -> ScoredRollout:
+    """Group advantages of the weighted totals; groups whose rewards are all equal carry none."""
+    totals = torch.tensor(scores.total, dtype=torch.float32).view(len(problems), -1)
+    return ScoredRollout(problems, prompts, groups, scores, group_advantages(totals, scale_by_std=scale_rewards))

@@ -51,8 +51,6 @@ def _event(emit: EventCallback, kind: str, step: int, **data) -> None:
 
 def _drive(trainer, spec: JobSpec, resume: bool, evaluate: bool, eval_limit: int | None, on_step: StepCallback,
            emit: EventCallback, stop_requested: StopCallback) -> RunResult:
-    from appliance.grpo.evaluate import evaluate_student
-
     log = trainer.records.log
 
     def log_and_emit(line: str) -> None:
@@ -74,15 +72,14 @@ def _drive(trainer, spec: JobSpec, resume: bool, evaluate: bool, eval_limit: int
     log_and_emit(f"job '{spec.name}' in {trainer.job_dir}: {spec.grpo.steps} steps, micro-batch "
                  f"{trainer.micro_batch_size}, gradient checkpointing {'on' if choices.gradient_checkpointing else 'off'}"
                  f", rollouts on {choices.rollout_weights} weights ({trainer.engine.kind})")
-    held_out = trainer.task.held_out[:eval_limit] if eval_limit else trainer.task.held_out
     evaluations: dict[str, dict] = {}
 
     def held_out_eval(adapter: bool, when: str) -> EvalResult:
-        evaluation = evaluate_student(trainer.student, trainer.task, held_out, trainer.rewards_for_eval(),
-                                      spec.grpo.max_new_tokens, use_adapter=adapter)
+        started = time.monotonic()
+        evaluation = trainer.evaluate_held_out(adapter=adapter, limit=eval_limit)
         evaluations[when] = evaluation.to_dict()
         result = evaluation.summary()
-        _event(emit, "eval", trainer.step, when=when, **result.to_dict())
+        _event(emit, "eval", trainer.step, when=when, seconds=time.monotonic() - started, **result.to_dict())
         return result
 
     before = held_out_eval(adapter=False, when="before") if evaluate and trainer.step == 0 else None

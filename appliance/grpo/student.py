@@ -1,7 +1,10 @@
 """The student: a bitsandbytes 4-bit (or unquantized) base with a peft LoRA adapter.
 
 The reference policy for the KL term is the same model with the adapter
-disabled, so no second copy of the weights is held. Log-probabilities are
+disabled, so no second copy of the weights is held. The model rests in eval
+mode (generation shares these weights); only the gradient pass runs in
+training mode, where LoRA dropout applies and transformers' gradient
+checkpointing recomputes each layer (it is a no-op on layers in eval mode). Log-probabilities are
 computed only at completion positions (`logits_to_keep`), because the logits
 tensor (batch x positions x vocab x 4 bytes) is the largest in the step.
 """
@@ -73,6 +76,7 @@ class Student:
             task_type="CAUSAL_LM",
         )
         self.model = get_peft_model(base, lora)
+        self.model.eval()
         # LoRA parameters train in fp32 whatever the compute dtype: updates are tiny.
         for parameter in self.trainable_parameters():
             parameter.data = parameter.data.float()
@@ -84,11 +88,23 @@ class Student:
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id
 
-    def completion_logprobs(self, batch: TokenBatch, temperature: float, reference: bool = False) -> torch.Tensor:
+    def completion_logprobs(self, batch: TokenBatch, temperature: float, reference: bool = False,
+                            train: bool = False) -> torch.Tensor:
         """log p(completion token) under the student at `temperature`: [N, C].
 
+        train=True: the gradient pass, in training mode (dropout on, checkpointing
+        active); otherwise eval mode, as for old and reference logprobs.
         reference=True evaluates the base model (adapter disabled) without gradients.
         """
+        if train and not reference:
+            self.model.train()
+            try:
+                return self._logprobs(batch, temperature, reference=False)
+            finally:
+                self.model.eval()
+        return self._logprobs(batch, temperature, reference)
+
+    def _logprobs(self, batch: TokenBatch, temperature: float, reference: bool) -> torch.Tensor:
         batch_device = {k: getattr(batch, k).to(self.device) for k in ("input_ids", "attention_mask", "completion_ids")}
         position_ids = (batch_device["attention_mask"].cumsum(-1) - 1).clamp(min=0)
         width = batch.completion_ids.shape[1]

@@ -1,8 +1,9 @@
-"""The GRPO step loop: rollout, reward, update, sync, record, checkpoint — and exact resume.
+"""The GRPO step loop: rollout, reward, update, sync, record, evaluate, checkpoint — and exact resume.
 
-`Trainer.from_job` builds every part from a validated JobSpec; `run()` trains
-until `grpo.steps`. The loop knows nothing of the daemon: progress goes to a
-callback, records to the job folder.
+`Trainer` is built by `job.build_trainer` from a validated JobSpec and driven
+by `run.run_job`, one `train_step()` at a time. The loop knows nothing of the
+daemon: each step ends in one StepRecord, written to metrics.jsonl and handed
+to `progress`; phase changes and checkpoints go to `on_event`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import appliance.offline  # noqa: F401
 
 import dataclasses
-import math
 import resource
 import shutil
 import statistics
@@ -20,20 +20,27 @@ from pathlib import Path
 
 import torch
 
+from appliance.config import best as best_rule
 from appliance.config.schema import JobSpec
+from appliance.conventions import JUDGE_REWARD
 from appliance.engines.base import GenerationEngine, Sampling
-from appliance.grpo.checkpoint import CheckpointManager, restore_rng_state, rng_state
+from appliance.errors import JobStopped
+from appliance.grpo.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager
 from appliance.grpo.optim import make_optimizer, make_scheduler
+from appliance.grpo.phases import PhaseClock
 from appliance.grpo.records import RunRecords
-from appliance.grpo.rollout import ScoredRollout, rollout
+from appliance.grpo.rollout import ScoredRollout, generate_groups, score_groups, scored_rollout
 from appliance.grpo.step_record import MemoryReading, RewardStats, StepRecord
 from appliance.grpo.student import Student
+from appliance.grpo.training_state import UpdateSnapshot, load_payload, write_adapter, write_payload
 from appliance.grpo.update import GrpoUpdater, UpdateStats
 from appliance.rewards.registry import WeightedReward
 from appliance.tasks.base import Task
 from appliance.tasks.stream import ProblemStream
 
 SAMPLES_PER_STEP = 8  # completions recorded in samples.jsonl per step (bounded)
+# Steps in a row whose update was skipped for a NaN/inf loss or gradient before the job stops.
+MAX_NONFINITE_IN_A_ROW = 3
 
 
 def sampling_seed(job_seed: int, step: int) -> int:
@@ -58,7 +65,7 @@ class RuntimeChoices:
 
 class Trainer:
     def __init__(self, spec: JobSpec, job_dir: Path, student: Student, engine: GenerationEngine, task: Task,
-                 rewards: list[WeightedReward], choices: RuntimeChoices, judge=None, ledger=None, progress=None):
+                 rewards: list[WeightedReward], choices: RuntimeChoices, judge=None, ledger=None, plan=None):
         self.spec = spec
         self.job_dir = Path(job_dir)
         self.student = student
@@ -68,7 +75,9 @@ class Trainer:
         self.choices = choices
         self.judge = judge
         self.ledger = ledger
-        self.progress = progress or (lambda record: None)
+        self.plan = plan
+        self.progress = lambda record: None  # run_job's on_step
+        self.on_event = lambda kind, **data: None  # run_job turns these into RunEvents
         self.stream = ProblemStream(task.train, seed=spec.task.seed)
         self.optimizer = make_optimizer(student.trainable_parameters(), spec.grpo, choices.device)
         self.scheduler = make_scheduler(self.optimizer, spec.grpo)
@@ -76,34 +85,91 @@ class Trainer:
                                    spec.engine.vllm.importance_sampling_cap)
         self.checkpoints = CheckpointManager(self.job_dir, spec.checkpoint.keep_last)
         self.records = RunRecords(self.job_dir)
+        self.best_metric, self.best_mode = best_rule.resolve(spec.checkpoint.best_metric, spec.checkpoint.best_mode,
+                                                             spec.checkpoint.eval_every is not None)
         self.step = 0
-        self.best_value: float | None = None
+        self.best: dict | None = None  # {"step", "value", "metric"} of best/
         self.micro_batch_size = choices.micro_batch_size
+        self.nonfinite_in_a_row = 0
         self.last_record: StepRecord | None = None
-        self.plan = None
-        self.on_event = lambda kind, **data: None  # run_job turns these into RunEvents
 
     # ----- resume -------------------------------------------------------------------------------
 
     def resume(self) -> int | None:
-        """Load the newest complete checkpoint; returns its step (None when there is none)."""
-        latest = self.checkpoints.latest()
-        if latest is None:
-            return None
-        self.student.load_adapter(latest.path / "adapter")
-        self.optimizer.load_state_dict(torch.load(latest.path / "optimizer.pt", weights_only=False))
-        self.scheduler.load_state_dict(torch.load(latest.path / "scheduler.pt", weights_only=False))
-        restore_rng_state(torch.load(latest.path / "rng.pt", weights_only=False))
-        self.stream.load_state_dict(latest.state["data_cursor"])
-        self.step = latest.step
-        self.best_value = latest.state.get("best_value")
-        self.micro_batch_size = latest.state.get("micro_batch_size", self.micro_batch_size)
+        """Load the newest loadable checkpoint (falling back past damaged ones); its step, or None when none exists."""
+        candidates = self.checkpoints.candidates()
+        problems = []
+        for info in candidates:
+            missing = self.checkpoints.missing_files(info)
+            try:
+                if missing:
+                    raise CheckpointError(f"missing {', '.join(missing)}")
+                load_payload(info.path, self.student, self.optimizer, self.scheduler)
+                self.stream.load_state_dict(info.state["data_cursor"])
+            except Exception as error:  # noqa: BLE001 - any unreadable file means: use the previous one
+                problems.append(f"{info.path.name}: {type(error).__name__}: {error}")
+                self.records.log(f"checkpoint {info.path.name} is damaged ({type(error).__name__}: {error}); "
+                                 "falling back to the previous complete checkpoint")
+                continue
+            self._restore_state(info)
+            return self.step
+        if candidates:
+            raise CheckpointError(f"no checkpoint in {self.checkpoints.root} can be loaded ({'; '.join(problems)}); "
+                                  "--restart begins the run again")
+        return None
+
+    def _restore_state(self, info: CheckpointInfo) -> None:
+        self.step = info.step
+        self.micro_batch_size = info.state.get("micro_batch_size", self.micro_batch_size)
+        self.nonfinite_in_a_row = info.state.get("nonfinite_in_a_row", 0)
+        self.best = self._reconciled_best(info)
         self.records.rewind_to(self.step)
-        self.engine.update_adapter(latest.path / "adapter", self.step)
-        self.records.log(f"resumed '{self.spec.name}' at step {self.step} from {latest.path}")
-        return self.step
+        self.engine.update_adapter(info.path / "adapter", self.step)
+        self.records.log(f"resumed '{self.spec.name}' at step {self.step} from {info.path}")
+
+    def _reconciled_best(self, info: CheckpointInfo) -> dict | None:
+        state = self.checkpoints.reconcile_best(info)
+        if state is None or state.get("metric") != self.best_metric:
+            return None  # no best yet, or one chosen by another metric: start over with this one
+        if state != info.state.get("best"):
+            self.records.log(f"best/ holds step {state['step']} ({self.best_metric} {state['value']:.4g}); "
+                             "kept as the best so far")
+        return state
 
     # ----- one step -----------------------------------------------------------------------------
+
+    def train_step(self) -> StepRecord:
+        clock = PhaseClock(self.ledger, self.on_event)
+        if self.judge is not None:
+            self.judge.set_step(self.step + 1)
+        problems = self.stream.next_batch(self.spec.grpo.prompts_per_step)
+        before = self._token_totals()
+        self.engine.wake()
+        with clock.phase("generate", memory="generate"):
+            prompts, groups = generate_groups(self.engine, self.task, problems, self._sampling())
+        with clock.phase("reward", memory="judge" if self.judge is not None else None):
+            scores = score_groups(problems, groups, self.rewards)
+        self.engine.sleep()
+        scored = scored_rollout(problems, prompts, groups, scores, self.spec.grpo.scale_rewards)
+        with clock.phase("train", memory="train"):
+            stats = self._update(scored)
+        self.step += 1
+        with clock.phase("sync"):
+            self._sync_engine()
+        self.records.samples(self._sample_records(scored))
+        evaluation = self._evaluate_if_due(clock)
+        record = self._record(scored, stats, before, clock, evaluation)
+        self._keep_best(record)
+        if self.step % self.spec.checkpoint.every == 0 or self.step == self.spec.grpo.steps:
+            with clock.phase("checkpoint"):
+                self.save_checkpoint(record)
+        record = dataclasses.replace(record, seconds=self._seconds(clock, before), time=time.time())
+        self.records.metrics(record.to_dict())
+        self.last_record = record
+        self.progress(record)
+        self._report_engines()
+        self._check_finite(record)
+        return record
 
     def _sampling(self) -> Sampling:
         grpo = self.spec.grpo
@@ -111,14 +177,26 @@ class Trainer:
                         top_p=grpo.top_p, seed=sampling_seed(grpo.seed, self.step + 1))
 
     def _update(self, scored: ScoredRollout) -> UpdateStats:
-        """The optimizer step; an out-of-memory error halves the micro-batch and retries (the run goes on)."""
+        """The optimizer step; an out-of-memory error halves the micro-batch and retries (the run goes on).
+
+        A retry never repeats an applied update: with several iterations an error
+        after the first optimizer step restores the adapter and optimizer first.
+        """
         from appliance.budget.ledger import run_with_oom_backoff
 
         samples = scored.train_samples(use_engine_logprobs=self.engine.kind != "hf")
+        snapshot = UpdateSnapshot(self.student, self.optimizer) if self.spec.grpo.iterations > 1 and samples else None
 
         def attempt(micro_batch_size: int) -> UpdateStats:
             self.optimizer.zero_grad(set_to_none=True)
-            return self.updater.step(samples, micro_batch_size)
+            try:
+                return self.updater.step(samples, micro_batch_size)
+            except torch.OutOfMemoryError:
+                if self.updater.applied_steps and snapshot is not None:
+                    snapshot.restore()
+                    self.records.log(f"step {self.step + 1}: undid {self.updater.applied_steps} applied update(s) "
+                                     "before the retry")
+                raise
 
         stats, used = run_with_oom_backoff(attempt, self.micro_batch_size, ledger=self.ledger)
         if used != self.micro_batch_size:
@@ -133,86 +211,89 @@ class Trainer:
             return
         root = self.job_dir / "rollout-adapter"
         folder = root / f"v{self.step:06d}"
-        self.student.save_adapter(folder)
+        write_adapter(self.student, folder)
         self.engine.update_adapter(folder, self.step)
         for older in root.iterdir():
             if older != folder:
                 shutil.rmtree(older, ignore_errors=True)
 
-    def train_step(self) -> StepRecord:
-        started = time.monotonic()
-        if self.judge is not None:
-            self.judge.set_step(self.step + 1)
-        problems = self.stream.next_batch(self.spec.grpo.prompts_per_step)
-        student_before = _counters(self.engine)
-        judge_before = self._judge_totals()
-        self.engine.wake()
-        self._start_phase()
-        scored = rollout(self.engine, self.task, problems, self._sampling(), self.rewards, self.spec.grpo.scale_rewards)
-        self._end_phase("judge" if self.judge is not None else "generate")
-        student_after = _counters(self.engine)
-        judge_after = self._judge_totals()
-        self.engine.sleep()
-        train_started = time.monotonic()
-        self._start_phase()
-        stats = self._update(scored)
-        self._end_phase("train")
-        trained = time.monotonic()
-        self.step += 1
-        self._sync_engine()
-        synced = time.monotonic()
-        judge_seconds = judge_after["seconds"] - judge_before["seconds"]
-        seconds = {"generate": scored.seconds["generate"], "reward": max(0.0, scored.seconds["reward"] - judge_seconds),
-                   "train": trained - train_started, "sync": synced - trained}
-        if self.judge is not None:
-            seconds["judge"] = judge_seconds
-        self.records.samples(self._sample_records(scored))
-        tokens = {"student": (student_after[0] - student_before[0], student_after[1] - student_before[1])}
-        if self.judge is not None:
-            tokens["judge"] = (judge_after["generated_tokens"] - judge_before["generated_tokens"],
-                               judge_after["prompt_tokens"] - judge_before["prompt_tokens"])
-        draft = self._record(scored, stats, tokens, seconds)
-        if self.step % self.spec.checkpoint.every == 0 or self.step == self.spec.grpo.steps:
-            checkpoint_started = time.monotonic()
-            self.save_checkpoint(draft)
-            seconds["checkpoint"] = time.monotonic() - checkpoint_started
-        seconds["step"] = time.monotonic() - started
-        record = dataclasses.replace(draft, seconds=dict(seconds), time=time.time())
-        self.records.metrics(record.to_dict())
-        self.last_record = record
-        self.progress(record)
+    def _check_finite(self, record: StepRecord) -> None:
+        if not record.nonfinite:
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_in_a_row += 1
+        self.records.log(f"step {record.step}: non-finite loss or gradient (loss {record.loss}, grad norm "
+                         f"{record.grad_norm}); the update was skipped ({self.nonfinite_in_a_row} in a row)")
+        if self.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
+            raise JobStopped(
+                f"{self.nonfinite_in_a_row} steps in a row (up to step {record.step}) had a NaN or inf loss or "
+                "gradient, so no update was applied; lower grpo.learning_rate or check the rewards, then resume "
+                "from the last checkpoint"
+            )
+
+    def _report_engines(self) -> None:
         for engine in self.engines():
             snapshot = engine.metrics_snapshot()
             if snapshot is not None:
                 self.on_event("engine_metrics", snapshot=snapshot)
-        return record
 
     def engines(self) -> list[GenerationEngine]:
         return [self.engine] + ([self.judge.engine] if self.judge is not None else [])
 
-    def _judge_totals(self) -> dict:
-        if self.judge is None:
-            return {"seconds": 0.0, "generated_tokens": 0, "prompt_tokens": 0}
-        stats = self.judge.stats()
-        return {key: stats[key] for key in ("seconds", "generated_tokens", "prompt_tokens")}
+    # ----- evaluation and the best adapter ------------------------------------------------------
 
-    def _measures_phases(self) -> bool:
-        # Per-phase peaks need an allocator that reports them (CUDA). On the CPU, memory freed by one
-        # phase stays in the process (glibc keeps it), so only the whole run's peak RSS is comparable
-        # with the plan: it is in every metrics record next to the planned peak.
-        return self.ledger is not None and self.ledger.plan.device.kind == "cuda"
+    def evaluate_held_out(self, adapter: bool = True, limit: int | None = None):
+        """Greedy evaluation on the held-out split (its first `limit` problems): an Evaluation."""
+        from appliance.grpo.evaluate import evaluate_student
 
-    def _start_phase(self) -> None:
-        if self._measures_phases():
-            from appliance.budget.device import reset_peak
+        problems = self.task.held_out[:limit] if limit else self.task.held_out
+        return evaluate_student(self.student, self.task, problems, self.rewards_for_eval(),
+                                self.spec.grpo.max_new_tokens, use_adapter=adapter)
 
-            reset_peak(self.ledger.plan.device.kind)
+    def _evaluate_if_due(self, clock: PhaseClock):
+        every = self.spec.checkpoint.eval_every
+        if every is None or not self.task.held_out:
+            return None
+        if self.step % every and self.step != self.spec.grpo.steps:
+            return None
+        with clock.phase("eval"):
+            summary = self.evaluate_held_out(adapter=True, limit=self.spec.checkpoint.eval_limit).summary()
+        self.on_event("eval", when="step", **summary.to_dict())
+        return summary
 
-    def _end_phase(self, phase: str) -> None:
-        if self._measures_phases() and phase in self.ledger.plan.phases:
-            from appliance.budget.device import peak_bytes
+    def _keep_best(self, record: StepRecord) -> None:
+        """best/ follows the best metric at every step that measures it (every step, or every evaluation)."""
+        value = best_rule.metric_value(record.to_dict(), self.best_metric)
+        if value is None or record.nonfinite:
+            return
+        if not best_rule.improves(value, self.best["value"] if self.best else None, self.best_mode):
+            return
+        self.best = {"step": self.step, "value": value, "metric": self.best_metric, "mode": self.best_mode}
+        path = self.checkpoints.update_best(lambda folder: write_adapter(self.student, folder), self.best)
+        self.on_event("checkpoint", path=str(path), best=True)
 
-            self.ledger.phase_peak(phase, peak_bytes(self.ledger.plan.device.kind))
+    def rewards_for_eval(self) -> list[WeightedReward]:
+        """Rule rewards only: evaluation does not spend judge calls."""
+        return [reward for reward in self.rewards if reward.name != JUDGE_REWARD]
+
+    # ----- the record ---------------------------------------------------------------------------
+
+    def _token_totals(self) -> dict:
+        totals = {"student": (self.engine.counters.generated_tokens, self.engine.counters.prompt_tokens)}
+        if self.judge is not None:
+            stats = self.judge.stats()
+            totals["judge"] = (stats["generated_tokens"], stats["prompt_tokens"])
+            totals["judge_seconds"] = stats["seconds"]
+        return totals
+
+    def _seconds(self, clock: PhaseClock, before: dict) -> dict[str, float]:
+        """Phase seconds, with the judge's share of the reward phase shown as its own phase."""
+        seconds = clock.total()
+        if self.judge is not None:
+            judged = self.judge.stats()["seconds"] - before["judge_seconds"]
+            seconds["judge"] = judged
+            seconds["reward"] = max(0.0, seconds.get("reward", 0.0) - judged)
+        return seconds
 
     def memory_reading(self) -> MemoryReading:
         ledger = self.ledger
@@ -224,50 +305,36 @@ class Trainer:
             components_used_bytes=dict(ledger.used) if ledger is not None else {},
         )
 
-    def _record(self, scored: ScoredRollout, stats: UpdateStats, tokens: dict[str, tuple[int, int]],
-                seconds: dict) -> StepRecord:
+    def _record(self, scored: ScoredRollout, stats: UpdateStats, before: dict, clock: PhaseClock,
+                evaluation) -> StepRecord:
         lengths = [len(c.token_ids) for c in scored.flat]
-        per_function = {name: RewardStats(float(s.mean), float(s.std)) for name, s in scored.scores.stats().items()}
-        phase_of = {"student": "generate", "judge": "judge"}
+        after = self._token_totals()
+        seconds = self._seconds(clock, before)
+        roles = {"student": "generate", "judge": "judge"}
+        generated = {role: after[role][0] - before[role][0] for role in roles if role in before}
+        prompted = {role: after[role][1] - before[role][1] for role in roles if role in before}
         return StepRecord(
-            job=self.spec.name,
-            step=self.step,
-            steps_total=self.spec.grpo.steps,
-            time=time.time(),
-            reward_mean=_mean(scored.scores.total),
-            reward_std=_std(scored.scores.total),
-            rewards=per_function,
-            loss=stats.loss,
-            kl=stats.kl,
-            clip_ratio=stats.clip_ratio,
-            grad_norm=stats.grad_norm,
-            learning_rate=float(self.scheduler.get_last_lr()[0]),
-            nonfinite=stats.nonfinite,
-            groups_informative=int(scored.advantages.informative.sum()),
-            groups_total=len(scored.groups),
-            trained_sequences=stats.sequences,
-            trained_tokens=stats.tokens,
-            micro_batch_size=self.micro_batch_size,
-            completions=len(lengths),
-            completion_length_mean=_mean(lengths),
+            job=self.spec.name, step=self.step, steps_total=self.spec.grpo.steps, time=time.time(),
+            reward_mean=_mean(scored.scores.total), reward_std=_std(scored.scores.total),
+            rewards={name: RewardStats(float(s.mean), float(s.std)) for name, s in scored.scores.stats().items()},
+            loss=stats.loss, kl=stats.kl, clip_ratio=stats.clip_ratio, grad_norm=stats.grad_norm,
+            learning_rate=float(self.scheduler.get_last_lr()[0]), nonfinite=stats.nonfinite,
+            groups_informative=int(scored.advantages.informative.sum()), groups_total=len(scored.groups),
+            trained_sequences=stats.sequences, trained_tokens=stats.tokens, micro_batch_size=self.micro_batch_size,
+            completions=len(lengths), completion_length_mean=_mean(lengths),
             completion_length_max=max(lengths) if lengths else 0,
-            generated_tokens={role: generated for role, (generated, _) in tokens.items()},
-            prompt_tokens={role: prompt for role, (_, prompt) in tokens.items()},
-            tokens_per_second={role: generated / seconds[phase_of[role]] if seconds.get(phase_of[role], 0) > 0 else 0.0
-                               for role, (generated, _) in tokens.items()},
-            seconds=dict(seconds),
-            memory=self.memory_reading(),
-            eval=None,
-            logprob_diff_mean=stats.logprob_diff_mean,
-            logprob_diff_max=stats.logprob_diff_max,
+            generated_tokens=generated, prompt_tokens=prompted,
+            tokens_per_second={role: tokens / seconds[roles[role]] if seconds.get(roles[role], 0) > 0 else 0.0
+                               for role, tokens in generated.items()},
+            seconds=seconds, memory=self.memory_reading(), eval=evaluation,
+            logprob_diff_mean=stats.logprob_diff_mean, logprob_diff_max=stats.logprob_diff_max,
             judge_outcomes=dict(self.judge.outcomes) if self.judge is not None else {},
         )
 
     def _sample_records(self, scored: ScoredRollout) -> list[dict]:
         records = []
-        flat = scored.flat
         group_size = self.spec.grpo.group_size
-        for index, completion in enumerate(flat[:SAMPLES_PER_STEP]):
+        for index, completion in enumerate(scored.flat[:SAMPLES_PER_STEP]):
             group = index // group_size
             records.append({
                 "step": self.step,
@@ -283,29 +350,16 @@ class Trainer:
     # ----- checkpoints --------------------------------------------------------------------------
 
     def save_checkpoint(self, record: StepRecord) -> Path:
-        metric_name = self.spec.checkpoint.best_metric
-        value = _lookup(record.to_dict(), metric_name)
-        improved = value is not None and (self.best_value is None or value > self.best_value)
-        if improved:
-            self.best_value = value
-
-        def payload(folder: Path) -> None:
-            self.student.save_adapter(folder / "adapter")
-            torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
-            torch.save(self.scheduler.state_dict(), folder / "scheduler.pt")
-            torch.save(rng_state(), folder / "rng.pt")
-
-        path = self.checkpoints.save(self.step, payload, {
-            "job": self.spec.name,
-            "data_cursor": self.stream.state_dict(),
-            "metrics": {k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))},
-            "best_metric": metric_name,
-            "best_value": self.best_value,
-            "micro_batch_size": self.micro_batch_size,
-        })
-        if improved:
-            self.checkpoints.update_best(path / "adapter", {"step": self.step, metric_name: value})
-        self.on_event("checkpoint", path=str(path), best=improved)
+        path = self.checkpoints.save(
+            self.step, lambda folder: write_payload(folder, self.student, self.optimizer, self.scheduler), {
+                "job": self.spec.name,
+                "data_cursor": self.stream.state_dict(),
+                "metrics": {k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))},
+                "best": self.best,
+                "micro_batch_size": self.micro_batch_size,
+                "nonfinite_in_a_row": self.nonfinite_in_a_row,
+            })
+        self.on_event("checkpoint", path=str(path), best=False)
         return path
 
     def ensure_checkpoint(self) -> None:
@@ -316,29 +370,12 @@ class Trainer:
         if latest is None or latest.step != self.step:
             self.save_checkpoint(self.last_record)
 
-    def rewards_for_eval(self) -> list[WeightedReward]:
-        """Rule rewards only: evaluation does not spend judge calls."""
-        return [reward for reward in self.rewards if reward.name != "judge"]
-
     def close(self) -> None:
         """Release the engines (vLLM child processes, the judge's model); the trainer is unusable afterwards."""
         if self.judge is not None:
             self.judge.close()
         for engine in self.engines():
             engine.close()
-
-
-def _counters(engine: GenerationEngine) -> tuple[int, int]:
-    return engine.counters.generated_tokens, engine.counters.prompt_tokens
-
-
-def _lookup(record: dict, dotted: str):
-    value = record
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def _mean(values) -> float:

@@ -3,11 +3,13 @@
 Only completions of informative groups reach this module (groups whose
 rewards were all equal carry zero advantage and were dropped by the caller).
 With `iterations` > 1 the same rollout is reused; the ratio is then taken
-against logprobs stored before the first update (old policy).
+against logprobs stored before the first update (old policy). A NaN or inf
+loss or gradient norm skips the optimizer step (`UpdateStats.nonfinite`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -40,10 +42,6 @@ class UpdateStats:
     nonfinite: bool = False  # a NaN/inf loss or gradient norm: the optimizer step was skipped
 
 
-class InjectedOutOfMemory(torch.OutOfMemoryError):
-    """Raised by the test hook to rehearse the out-of-memory path on machines without a GPU."""
-
-
 def _chunks(items: list, size: int) -> list[list]:
     return [items[start:start + size] for start in range(0, len(items), size)]
 
@@ -56,8 +54,23 @@ def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
     return torch.tensor([row + [0.0] * (width - len(row)) for row in rows], dtype=torch.float32)
 
 
+@dataclass
+class MicroBatch:
+    """One micro-batch with what is fixed before the first update: old logprobs and importance weights."""
+
+    samples: list[TrainSample]
+    batch: TokenBatch
+    old_logprobs: torch.Tensor | None  # None: the ratio is taken against the detached current logprobs
+    importance_weights: torch.Tensor | None  # min(exp(old - engine), cap); None without engine logprobs
+
+
 class GrpoUpdater:
-    """Applies GRPO updates to a student; holds no state besides the optimizer it is given."""
+    """Applies GRPO updates to a student; holds no state besides the optimizer it is given.
+
+    `applied_steps` counts the optimizer steps the current (or last) call of
+    `step()` applied, so a caller retrying after an error knows whether the
+    adapter already moved.
+    """
 
     def __init__(self, student: Student, optimizer, scheduler, spec: GrpoSpec, importance_sampling_cap: float = 2.0):
         self.student = student
@@ -65,65 +78,83 @@ class GrpoUpdater:
         self.scheduler = scheduler
         self.spec = spec
         self.importance_sampling_cap = importance_sampling_cap
-        self.inject_oom_once = False  # test hook: raise one OutOfMemoryError inside the next backward
+        self.applied_steps = 0
 
-    def _old_logprobs(self, micro_batches: list[list[TrainSample]]) -> list[torch.Tensor | None]:
-        if self.spec.iterations == 1:
-            return [None] * len(micro_batches)  # ratio against the detached current logprobs
-        with torch.no_grad():
-            return [self.student.completion_logprobs(_batch(self.student, mb), self.spec.temperature).detach()
-                    for mb in micro_batches]
+    def prepare(self, samples: list[TrainSample], micro_batch_size: int) -> tuple[list[MicroBatch], list[torch.Tensor]]:
+        """Micro-batches with old logprobs (eval mode, before any update) and truncated importance weights.
+
+        As in TRL, the importance weight of an engine rollout compares the
+        engine's logprobs with the policy that sampled (the old policy), once:
+        later iterations' drift stays in the GRPO ratio, not in the weight.
+        """
+        prepared, diffs = [], []
+        for chunk in _chunks(samples, micro_batch_size):
+            batch = _batch(self.student, chunk)
+            has_engine = all(s.engine_logprobs is not None for s in chunk)
+            old = weights = None
+            if self.spec.iterations > 1 or has_engine:
+                with torch.no_grad():
+                    old = self.student.completion_logprobs(batch, self.spec.temperature).detach()
+            if has_engine:
+                from appliance.engines.importance import truncated_importance_weights
+
+                mask = batch.completion_mask.to(old.device).float()
+                engine_logp = _padded([s.engine_logprobs for s in chunk], old.shape[1]).to(old.device)
+                weights, _ = truncated_importance_weights(old, engine_logp, mask, self.importance_sampling_cap)
+                diffs.append((old - engine_logp).abs()[mask.bool()])
+            prepared.append(MicroBatch(chunk, batch, old if self.spec.iterations > 1 else None, weights))
+        return prepared, diffs
 
     def step(self, samples: list[TrainSample], micro_batch_size: int) -> UpdateStats:
+        self.applied_steps = 0
         stats = UpdateStats(sequences=len(samples), tokens=sum(len(s.completion_ids) for s in samples))
         if not samples:
             return stats
-        micro_batches = _chunks(samples, micro_batch_size)
+        micro_batches, diffs = self.prepare(samples, micro_batch_size)
         normalizer = StepNormalizer(len(samples), stats.tokens, len(micro_batches), self.spec.max_new_tokens)
-        old = self._old_logprobs(micro_batches)
         parameters = self.student.trainable_parameters()
-        diffs: list[torch.Tensor] = []
+        iterations = 0
         for _ in range(self.spec.iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for micro, old_logp in zip(micro_batches, old):
-                output = self._micro_step(micro, old_logp, normalizer, diffs)
-                stats.loss += float(output.loss.detach())
-                stats.kl += output.kl_mean / len(micro_batches)
-                stats.clip_ratio += output.clip_ratio / len(micro_batches)
+            loss = kl = clip = 0.0
+            for micro in micro_batches:
+                output = self._micro_step(micro, normalizer)
+                loss += float(output.loss.detach())
+                kl += output.kl_mean / len(micro_batches)
+                clip += output.clip_ratio / len(micro_batches)
                 stats.micro_batches += 1
-            stats.grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.spec.max_grad_norm))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.spec.max_grad_norm))
+            stats.loss, stats.kl, stats.clip_ratio, stats.grad_norm = (
+                stats.loss + loss, stats.kl + kl, stats.clip_ratio + clip, grad_norm)
+            iterations += 1
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                # Skip this update (and the rollout's later iterations): the adapter keeps its finite values.
+                stats.nonfinite = True
+                break
             self.optimizer.step()
+            self.applied_steps += 1
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        stats.loss /= self.spec.iterations
-        stats.kl /= self.spec.iterations
-        stats.clip_ratio /= self.spec.iterations
+        stats.loss /= iterations
+        stats.kl /= iterations
+        stats.clip_ratio /= iterations
         if diffs:
             joined = torch.cat(diffs)
-            stats.logprob_diff_mean, stats.logprob_diff_max = float(joined.mean()), float(joined.max())
+            if joined.numel():
+                stats.logprob_diff_mean, stats.logprob_diff_max = float(joined.mean()), float(joined.max())
         return stats
 
-    def _micro_step(self, micro: list[TrainSample], old_logp, normalizer: StepNormalizer, diffs: list):
-        batch = _batch(self.student, micro)
-        logp = self.student.completion_logprobs(batch, self.spec.temperature)
-        mask = batch.completion_mask.to(logp.device).float()
-        advantages = torch.tensor([s.advantage for s in micro], dtype=torch.float32, device=logp.device)
+    def _micro_step(self, micro: MicroBatch, normalizer: StepNormalizer):
+        logp = self.student.completion_logprobs(micro.batch, self.spec.temperature, train=True)
+        mask = micro.batch.completion_mask.to(logp.device).float()
+        advantages = torch.tensor([s.advantage for s in micro.samples], dtype=torch.float32, device=logp.device)
         ref_logp = None
         if self.spec.beta > 0:
-            ref_logp = self.student.completion_logprobs(batch, self.spec.temperature, reference=True)
-        weights = None
-        if all(s.engine_logprobs is not None for s in micro):
-            engine_logp = _padded([s.engine_logprobs for s in micro], logp.shape[1]).to(logp.device)
-            from appliance.engines.importance import truncated_importance_weights
-
-            weights, _ = truncated_importance_weights(logp.detach(), engine_logp, mask, self.importance_sampling_cap)
-            diffs.append((logp.detach() - engine_logp).abs()[mask.bool()])
+            ref_logp = self.student.completion_logprobs(micro.batch, self.spec.temperature, reference=True)
+        old = logp.detach() if micro.old_logprobs is None else micro.old_logprobs
         output = policy_loss(
-            logp, logp.detach() if old_logp is None else old_logp, advantages, mask, self.spec.loss, normalizer,
-            self.spec.epsilon, self.spec.epsilon_high, self.spec.beta, ref_logp, weights,
+            logp, old, advantages, mask, self.spec.loss, normalizer,
+            self.spec.epsilon, self.spec.epsilon_high, self.spec.beta, ref_logp, micro.importance_weights,
         )
-        if self.inject_oom_once:
-            self.inject_oom_once = False
-            raise InjectedOutOfMemory("injected out-of-memory (test hook)")
         output.loss.backward()
         return output

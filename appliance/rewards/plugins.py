@@ -8,7 +8,6 @@ imported with importlib under a private module name, so two job files with a
 
 from __future__ import annotations
 
-from appliance.errors import ApplianceError
 import hashlib
 import importlib.util
 import inspect
@@ -16,15 +15,11 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from appliance.errors import ApplianceError
+
 
 class RewardError(ApplianceError, ValueError):
     """A reward in the job file cannot be built or returned a bad value; the message says what to change."""
-
-
-def is_plugin_name(name: str) -> bool:
-    """True for "file.py:function" names, which are user plugins rather than registered rules."""
-    path, separator, function = name.rpartition(":")
-    return bool(separator) and path.endswith(".py") and bool(function)
 
 
 def load_plugin(name: str, base_dir: Path) -> Callable[..., float]:

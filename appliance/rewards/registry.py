@@ -9,7 +9,6 @@ is which.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
 import statistics
@@ -18,10 +17,12 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from appliance.config.schema import RewardSpec
-from appliance.rewards.plugins import RewardError, is_plugin_name, load_plugin
+from appliance.conventions import JUDGE_REWARD, PLUGIN_SYNTAX, is_plugin_reward
+from appliance.suggest import did_you_mean
+from appliance.rewards.plugins import RewardError, load_plugin
 from appliance.rewards.rules import RULES
 
-JUDGE = "judge"
+JUDGE = JUDGE_REWARD
 
 
 @dataclass(frozen=True)
@@ -114,16 +115,14 @@ def build_rewards(specs: Sequence[RewardSpec], base_dir: Path, judge: BatchRewar
                 raise RewardError(f"{where}: the judge takes its settings from the 'judge' section, not params")
             built.append(WeightedReward(spec.name, spec.weight, judge))
             continue
-        if is_plugin_name(spec.name):
+        if is_plugin_reward(spec.name):
             function = load_plugin(spec.name, base_dir)
         elif spec.name in RULES:
             function = RULES[spec.name]
         else:
-            close = difflib.get_close_matches(spec.name, known_reward_names(), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
             raise RewardError(
-                f"{where}: unknown reward{hint} Known: {', '.join(known_reward_names())},"
-                " or a plugin 'path/to/file.py:function'"
+                f"{where}: unknown reward{did_you_mean(spec.name, known_reward_names())} Known: "
+                f"{', '.join(known_reward_names())}, or a plugin '{PLUGIN_SYNTAX}'"
             )
         _check_params(where, function, dict(spec.params))
         if spec.name in RULES:

@@ -61,7 +61,8 @@ class Channel:
             return
 
     def close(self) -> None:
-        for closing in (self._reader.close, lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+        # shutdown() first: it wakes a thread blocked reading, which holds the reader's lock that close() needs.
+        for closing in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self._reader.close, self.sock.close):
             try:
                 closing()
             except OSError:

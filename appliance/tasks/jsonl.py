@@ -13,11 +13,11 @@ lines are skipped. Every bad line is reported with its number (the first ten).
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from appliance.suggest import did_you_mean
 from appliance.tasks.base import Problem, TaskError
 
 ROW_KEYS = ("id", "question", "messages", "answer", "metadata")
@@ -73,8 +73,7 @@ def _check_keys(row: dict) -> None:
     unknown = [key for key in row if key not in ROW_KEYS]
     if unknown:
         key = unknown[0]
-        close = difflib.get_close_matches(key, ROW_KEYS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; allowed keys: {', '.join(ROW_KEYS)}"
+        hint = did_you_mean(key, ROW_KEYS) or f"; allowed keys: {', '.join(ROW_KEYS)}"
         raise RowError(f"unknown key {key!r}{hint}")
 
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 from appliance.config.schema import TaskSpec
+from appliance.conventions import BUILTIN_DATASET_PREFIX
+from appliance.suggest import closest
 from appliance.tasks.base import FewShot, Task, TaskError, split_held_out
 from appliance.tasks.gsm8k import load_gsm8k
 from appliance.tasks.jsonl import load_jsonl_problems
 from appliance.tasks.multiply import load_multiply
 
-BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("multiply", "gsm8k")
 
 
@@ -21,18 +21,18 @@ def load_task(spec: TaskSpec, base_dir: Path) -> Task:
     A dataset path is relative to `base_dir` (the job file's folder) unless absolute.
     """
     dataset = spec.dataset
-    if dataset.startswith(BUILTIN_PREFIX):
-        builtin = dataset[len(BUILTIN_PREFIX) :]
+    if dataset.startswith(BUILTIN_DATASET_PREFIX):
+        builtin = dataset[len(BUILTIN_DATASET_PREFIX) :]
         if builtin == "multiply":
             train, held_out = load_multiply(spec.operand_min, spec.operand_max, spec.held_out, spec.seed)
         elif builtin == "gsm8k":
             train, held_out = split_held_out(load_gsm8k(), spec.held_out, spec.seed, source=dataset)
         else:
-            close = difflib.get_close_matches(builtin, BUILTINS, n=1)
-            hint = f"; did you mean 'builtin:{close[0]}'?" if close else ""
+            close = closest(builtin, BUILTINS)
+            hint = f"; did you mean '{BUILTIN_DATASET_PREFIX}{close}'?" if close else ""
             raise TaskError(
                 f"task.dataset: unknown built-in {dataset!r}{hint}"
-                f" (built-ins: {', '.join(BUILTIN_PREFIX + name for name in BUILTINS)}, or a path to a .jsonl file)"
+                f" (built-ins: {', '.join(BUILTIN_DATASET_PREFIX + name for name in BUILTINS)}, or a path to a .jsonl file)"
             )
         name = dataset
     else:

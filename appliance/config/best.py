@@ -1,0 +1,44 @@
+"""What `checkpoint.best_metric` may name, its direction, and its value in a metrics.jsonl record.
+
+One place for the rule: config checks validate a job file's best_metric with
+it, and the trainer reads the value of each step's record through it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+# Numbers of a StepRecord that make sense to keep the best of.
+STEP_METRICS = ("reward_mean", "reward_std", "loss", "kl", "clip_ratio", "completion_length_mean",
+                "groups_informative")
+EVAL_METRICS = ("eval.accuracy", "eval.format_compliance", "eval.reward_mean")
+MINIMIZED = ("loss", "kl", "reward_std", "completion_length_mean", "clip_ratio")
+
+
+def allowed_metrics(reward_names: Iterable[str]) -> list[str]:
+    """Every valid best_metric for a job with these rewards."""
+    per_reward = [f"rewards.{name}.mean" for name in [*reward_names, "total"]]
+    return [*STEP_METRICS, *per_reward, *EVAL_METRICS]
+
+
+def resolve(best_metric: str | None, best_mode: str | None, evaluates: bool) -> tuple[str, str]:
+    """(metric, "max" | "min") for a checkpoint section, defaults filled in."""
+    metric = best_metric or ("eval.accuracy" if evaluates else "reward_mean")
+    return metric, best_mode or ("min" if metric in MINIMIZED else "max")
+
+
+def metric_value(record: dict[str, Any], metric: str) -> float | None:
+    """The finite number at a dotted path of a record's dict, or None (e.g. a step without evaluation)."""
+    value: Any = record
+    for part in metric.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def improves(value: float, best: float | None, mode: str) -> bool:
+    return best is None or (value > best if mode == "max" else value < best)

@@ -1,0 +1,26 @@
+"""Spellings the job file and the code share, each defined once.
+
+The judge's reward name, how a plugin reward is written, and the prefix of
+the datasets shipped inside the package. Config checks, the reward registry,
+the task loader and the trainer all read them from here.
+"""
+
+from __future__ import annotations
+
+import re
+
+# The reward supplied by the job's LLM judge (rewards: [{name: judge}]).
+JUDGE_REWARD = "judge"
+# A plugin reward: "path/to/file.py:function".
+PLUGIN_REWARD = re.compile(r"^(?P<file>.+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
+PLUGIN_SYNTAX = "path/to/file.py:function"
+# task.dataset of a dataset shipped inside the package: builtin:multiply, builtin:gsm8k.
+BUILTIN_DATASET_PREFIX = "builtin:"
+
+
+def is_plugin_reward(name: str) -> bool:
+    return PLUGIN_REWARD.match(name) is not None
+
+
+def is_builtin_dataset(dataset: str) -> bool:
+    return dataset.startswith(BUILTIN_DATASET_PREFIX)
