@@ -43,6 +43,15 @@ def test_help_over_job(snap_compare):
     assert snap_compare(FixedApp("job"), terminal_size=(80, 24), run_before=ask_for_keys)
 
 
+def test_job_samples_tab(snap_compare):
+    async def open_samples(pilot):
+        await settle(pilot)
+        await pilot.press("2")
+        await settle(pilot)
+
+    assert snap_compare(FixedApp("job"), terminal_size=(80, 24), run_before=open_samples)
+
+
 def test_new_job_with_an_example(snap_compare):
     async def load_example(pilot):
         await settle(pilot)

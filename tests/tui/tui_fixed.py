@@ -110,11 +110,27 @@ class FixedJobsScreen(JobsScreen):
         self.post_message(m.JobsLoaded(JOBS, {k: v[-16:] for k, v in HISTORY.items()}, BUDGETS))
 
 
+SAMPLES = [  # samples.jsonl lines of step 37: two prompts, two completions each
+    {"step": 37, "question": "What is 7 * 8?", "reference": "56", "completion": "7 * 8 = 56 <answer>56</answer>",
+     "reward": 1.5, "rewards": {"correctness": 1.0, "strict_format": 1.0}, "advantage": 0.71},
+    {"step": 37, "question": "What is 7 * 8?", "reference": "56", "completion": "<answer>54</answer>",
+     "reward": 0.5, "rewards": {"correctness": 0.0, "strict_format": 1.0}, "advantage": -0.71},
+    {"step": 37, "question": "What is 11 * 3?", "reference": "33", "completion": "11 * 3 = 33 <answer>33</answer>",
+     "reward": 1.5, "rewards": {"correctness": 1.0, "strict_format": 1.0}, "advantage": 0.0},
+    {"step": 37, "question": "What is 11 * 3?", "reference": "33", "completion": "The answer is 33.",
+     "reward": 1.5, "rewards": {"correctness": 1.0, "strict_format": 0.0}, "advantage": 0.0},
+]
+
+
 class FixedJobScreen(JobScreen):
     def start_polling(self) -> None:
         self.post_message(m.JobLoaded(DETAIL))
         self.post_message(m.StepsArrived(DETAIL.id, HISTORY[DETAIL.id]))
         self.post_message(m.LogLoaded(DETAIL.id, LOG, reset=True))
+
+    def load_tab(self, tab: str | None) -> None:
+        if tab == "samples":
+            self.post_message(m.SamplesLoaded(DETAIL.id, 37, [35, 36, 37], SAMPLES))
 
 
 class FixedCompareScreen(CompareScreen):
