@@ -1,8 +1,9 @@
 """The blocking calls to the daemon, each returning typed messages; the app and screens run them in workers.
 
-A feed never raises for the daemon's sake: an unreachable daemon becomes a
-DaemonUnreachable message and a refused request an ActionFailed one, so a
-poller's loop keeps going and reconnects by itself.
+Reads raise the client's errors and tui.polling turns them into messages
+(DaemonUnreachable, ActionFailed) so that a poller keeps going and reconnects
+by itself; actions (pause, resume, cancel, submit) return their refusal as a
+message themselves.
 """
 
 from __future__ import annotations
@@ -106,17 +107,21 @@ class LogFeed:
     def __init__(self, client: Client, job_id: str):
         self.client, self.job_id = client, job_id
         self.offset: int | None = None
+        self.partial = ""  # a line still being written
 
     def poll(self) -> m.LogLoaded | None:
         chunk = self.client.log(self.job_id, offset=-LOG_BYTES if self.offset is None else self.offset)
-        reset = self.offset is None or chunk.next_offset < self.offset
+        reset = self.offset is None or chunk.size < self.offset  # first read, or the log was truncated
+        if reset:
+            self.partial = ""
         if not chunk.text and not reset:
             return None
         text = chunk.text
         if self.offset is None and chunk.offset > 0:
             text = text.partition("\n")[2]  # the tail starts mid-line
         self.offset = chunk.next_offset
-        return m.LogLoaded(self.job_id, text.splitlines(), reset)
+        *lines, self.partial = (self.partial + text).split("\n")
+        return m.LogLoaded(self.job_id, lines, reset)
 
 
 def device(client: Client) -> m.DeviceLoaded:

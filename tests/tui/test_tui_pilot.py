@@ -97,7 +97,13 @@ async def test_operator_path_against_a_real_daemon(daemon):
         line = next(line.strip() for record in samples for line in record["completion"].splitlines() if line.strip())
         seconds["sample shown"] = await until(pilot, lambda: line[:12] in screen_text(app),
                                               f"the completion {line[:12]!r} on screen", 30)
-        await pilot.click("#--content-tab-overview")
+        # Logs: the tail of log.txt, as the daemon serves it.
+        await pilot.press("4")
+        logged = (await in_thread(client.log, job.id)).text
+        first = next(line.strip() for line in logged.splitlines() if line.strip())
+        seconds["log shown"] = await until(pilot, lambda: first[:20] in widget_text(app, "#log"),
+                                           f"the log line {first[:20]!r} on screen", 30)
+        await pilot.press("1")
 
         # Pause, resume, cancel through the modals; each lands in the daemon and on screen.
         await confirm(pilot, "p")
