@@ -121,7 +121,8 @@ class LogFeed:
             text = text.partition("\n")[2]  # the tail starts mid-line
         self.offset = chunk.next_offset
         *lines, self.partial = (self.partial + text).split("\n")
-        return m.LogLoaded(self.job_id, lines, reset)
+        # Progress bars redraw a line with carriage returns: keep what a terminal would show last.
+        return m.LogLoaded(self.job_id, [line.rsplit("\r", 1)[-1] for line in lines], reset)
 
 
 def device(client: Client) -> m.DeviceLoaded:
