@@ -73,6 +73,7 @@ def _after(longer: str, prefix: str, what: str) -> str:
 def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajectory:
     """Input ids, assistant mask and logprobs of `trajectory` under `tokenizer`'s chat template."""
     rendered = template_messages(trajectory.messages, trajectory.tools)
+    shift = len(rendered) - len(trajectory.messages)  # 1 when a system message was added for the tools
     out = TokenizedTrajectory(input_ids=[], assistant_mask=[], logprobs=[])
     eos = tokenizer.eos_token or ""
     covered = ""  # the rendered text accounted for so far
@@ -86,11 +87,12 @@ def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajector
     for index, message in enumerate(trajectory.messages):
         if not isinstance(message, AssistantMessage):
             continue
-        prompt = _render(tokenizer, rendered[:index], generation_prompt=True)
+        position = index + shift
+        prompt = _render(tokenizer, rendered[:position], generation_prompt=True)
         add_context(_after(prompt, covered, f"message {index}'s generation prompt"))
-        turn_text = _after(_render(tokenizer, rendered[:index + 1], generation_prompt=False), prompt,
+        turn_text = _after(_render(tokenizer, rendered[:position + 1], generation_prompt=False), prompt,
                            f"assistant message {index}")
-        content = rendered[index]["content"]
+        content = rendered[position]["content"]
         if not turn_text.startswith(content):
             raise TemplateError(f"the chat template changes the text of assistant message {index}; "
                                 "its tokens cannot be matched to what the model wrote")
