@@ -64,14 +64,14 @@ def engine(demo_model_dir):
 def test_the_bundled_model_plays_a_few_turns(engine, tmp_path, name, options):
     environment = load_environment(name, tmp_path, options)
     environment.max_turns = 2  # the scripted call, then one model turn: keeps this under a minute
-    model = EngineChatClient(engine, Sampling(max_new_tokens=32, temperature=1.0, seed=0))
+    model = EngineChatClient(engine, Sampling(max_new_tokens=24, temperature=1.0, seed=0))
     client = ScriptedFirstTurn(FIRST_CALL[name], model)
-    groups = asyncio.run(rollout_groups(environment, client, environment.scenarios("train", 2, seed=0), 2))
+    groups = asyncio.run(rollout_groups(environment, client, environment.scenarios("train", 2, seed=0), 1))
 
-    assert model.batch_sizes == [4]  # the four concurrent model turns went to the engine as one batch
+    assert model.batch_sizes == [2]  # the two concurrent model turns went to the engine as one batch
     trajectories = [t for g in groups for t in g.trajectories]
-    assert len(trajectories) == 4 and all(math.isfinite(t.reward) for t in trajectories)
-    for trajectory in trajectories:
+    assert len(trajectories) == 2 and all(math.isfinite(t.reward) for t in trajectories)
+    for number, trajectory in enumerate(trajectories):
         scripted, generated = [m for m in trajectory.messages if isinstance(m, AssistantMessage)]
         assert scripted.sampled is None and trajectory.messages[3].role == "tool"  # the tool answered turn 1
         assert generated.sampled is not None and generated.sampled.token_ids
@@ -85,6 +85,8 @@ def test_the_bundled_model_plays_a_few_turns(engine, tmp_path, name, options):
         assert tokenized.input_ids[:sampled_at[0]] == generated.sampled.prompt_token_ids
         assert tokenized.context_mismatches == 0
         assert tokenized.context_tokens > tokenized.trained_tokens > 0
+        if number:
+            continue  # one forward pass per environment is proof enough and keeps the test short
 
         # the stored logprobs are the model's (temperature 1, no top-p): a teacher-forced pass agrees
         with torch.no_grad():
