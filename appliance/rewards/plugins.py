@@ -24,27 +24,34 @@ class RewardError(ApplianceError, ValueError):
 
 def load_plugin(name: str, base_dir: Path) -> Callable[..., float]:
     """Import `file.py` and return its `function`; every failure is a RewardError naming both."""
+    return load_from_file(name, base_dir, "reward plugin", RewardError, "relative to the job file's folder")
+
+
+def load_from_file(name: str, base_dir: Path, what: str, error: type[Exception], relative_to: str) -> Callable:
+    """The object `attribute` of "file.py:attribute", file relative to `base_dir`; failures raise `error`.
+
+    The one loader of "file.py:name" plugins (rewards here, agent environments
+    in appliance.agents.loading); `what` and `relative_to` word its messages.
+    """
     path_text, _, function_name = name.rpartition(":")
     path = Path(path_text).expanduser()
     if not path.is_absolute():
         path = Path(base_dir) / path
     path = path.resolve()
     if not path.is_file():
-        raise RewardError(f"reward plugin {name!r}: file {path} does not exist (paths are relative to the job file's folder)")
+        raise error(f"{what} {name!r}: file {path} does not exist (paths are {relative_to})")
 
     module_name = "appliance_reward_plugin_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise RewardError(f"reward plugin {name!r}: {path} cannot be imported as a Python module")
+        raise error(f"{what} {name!r}: {path} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up here
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except Exception as exc:
         sys.modules.pop(module_name, None)
-        raise RewardError(
-            f"reward plugin {name!r}: importing {path} failed: {type(error).__name__}: {error}"
-        ) from error
+        raise error(f"{what} {name!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
 
     function = getattr(module, function_name, None)
     if function is None:
@@ -53,10 +60,10 @@ def load_plugin(name: str, base_dir: Path) -> Callable[..., float]:
             for attribute, value in vars(module).items()
             if inspect.isfunction(value) and value.__module__ == module_name and not attribute.startswith("_")
         )
-        raise RewardError(
-            f"reward plugin {name!r}: {path} has no function {function_name!r}"
+        raise error(
+            f"{what} {name!r}: {path} has no function {function_name!r}"
             f" (functions defined there: {', '.join(available) or 'none'})"
         )
     if not callable(function):
-        raise RewardError(f"reward plugin {name!r}: {function_name!r} in {path} is not a function")
+        raise error(f"{what} {name!r}: {function_name!r} in {path} is not a function")
     return function

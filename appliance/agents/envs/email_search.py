@@ -1,0 +1,99 @@
+"""builtin:email-search, ART's email agent in small: find the one email that answers a question.
+
+The mailbox comes from `mailbox.generate_mailbox(seed)`; each question has
+exactly one right email. Tools: `search(keywords)` lists the best-matching
+emails (id, date, sender, subject), `read(message_id)` shows one, and
+`answer(answer, message_id)` ends the episode. Questions are split into train
+and held-out once, by a fixed seed.
+
+Reward: 1 for citing the right email, +0.5 when the answer contains the fact,
+-0.05 for each tool call after the third (few steps win), -0.25 for each
+malformed or refused call; an episode that never answers scores at most 0.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from appliance.agents.environment import Episode, Scenario, Split, ToolEnvironment, ToolResult
+from appliance.agents.envs.mailbox import Email, generate_mailbox
+from appliance.agents.toolcalls import function_tool
+
+_WORD = re.compile(r"[a-z0-9]+")
+SEARCH_RESULTS = 5
+
+
+@dataclass
+class SearchState:
+    email_id: str
+    answer: str
+    cited: str | None = None
+    answered: str | None = None
+
+
+class EmailSearchEnvironment(ToolEnvironment):
+    name = "email-search"
+    max_turns = 6
+
+    def __init__(self, mailbox_seed: int = 0, mailbox_size: int = 60, held_out_fraction: float = 0.25):
+        emails, questions = generate_mailbox(mailbox_seed, mailbox_size)
+        self.emails = {email.id: email for email in emails}
+        shuffled = list(questions)
+        random.Random(1234).shuffle(shuffled)
+        cut = max(1, round(len(shuffled) * held_out_fraction))
+        self._splits = {"held_out": shuffled[:cut], "train": shuffled[cut:]}
+
+    def tools(self) -> list[dict]:
+        text = {"type": "string"}
+        return [
+            function_tool("search", "Search the mailbox; returns matching emails as 'id | date | from | subject'.",
+                          {"keywords": text}),
+            function_tool("read", "Show the full email with this id.", {"message_id": text}),
+            function_tool("answer", "Give the final answer and the id of the email it comes from.",
+                          {"answer": text, "message_id": text}),
+        ]
+
+    def scenarios(self, split: Split, count: int, seed: int) -> list[Scenario]:
+        pool = self._splits[split]
+        chosen = random.Random(seed).sample(pool, min(count, len(pool)))
+        return [Scenario(id=f"email-{q.email_id}", data={"question": q.question, "email_id": q.email_id,
+                                                          "answer": q.answer}) for q in chosen]
+
+    def start(self, scenario: Scenario) -> tuple[SearchState, str, str]:
+        system = ("You answer questions about the user's mailbox. Search for emails, read the promising ones, "
+                  "then call answer with the answer and the id of the email it is in. Be quick.")
+        return SearchState(scenario.data["email_id"], scenario.data["answer"]), system, scenario.data["question"]
+
+    def search(self, keywords: str) -> list[Email]:
+        words = set(_WORD.findall(keywords.lower()))
+        scored = []
+        for email in self.emails.values():
+            text = set(_WORD.findall(f"{email.sender} {email.subject} {email.body}".lower()))
+            hits = len(words & text)
+            if hits:
+                scored.append((-hits, email.id, email))
+        return [email for _, _, email in sorted(scored)[:SEARCH_RESULTS]]
+
+    def call(self, state: SearchState, name: str, arguments: dict) -> ToolResult:
+        if name == "search":
+            found = self.search(arguments["keywords"])
+            return ToolResult("\n".join(email.header() for email in found) if found else "no emails match")
+        if name == "read":
+            email = self.emails.get(arguments["message_id"].strip())
+            if email is None:
+                return ToolResult(f"no email has id {arguments['message_id']!r}; ids look like m0012", error=True)
+            return ToolResult(email.full())
+        state.answered, state.cited = arguments["answer"], arguments["message_id"].strip()
+        return ToolResult("answer recorded", done=True)
+
+    def score(self, state: SearchState, episode: Episode) -> tuple[float, dict[str, float]]:
+        right_email = state.cited == state.email_id
+        has_fact = state.answered is not None and state.answer.lower() in state.answered.lower()
+        reward = (float(right_email) + 0.5 * has_fact - 0.05 * max(0, episode.tool_calls - 3)
+                  - 0.25 * (episode.malformed_calls + episode.invalid_calls))
+        if state.answered is None:
+            reward = min(0.0, reward)
+        return reward, {"right_email": float(right_email), "correct_answer": float(has_fact),
+                        "answered": float(state.answered is not None)}

@@ -1,0 +1,132 @@
+"""builtin:2048, the sliding-tile game played through one `move` tool.
+
+The board is 4x4; each move slides every tile one way, equal neighbours merge
+once, and a new tile (2, or 4 one time in ten) appears on an empty cell. The
+spawns come from a random generator seeded by the scenario, so the rollouts of
+one group play the same game and differ only by their moves. The game ends at
+the target tile, when no move is possible, or at the turn limit.
+
+Reward: 0.6 * log2(largest tile) / log2(target) + 0.4 * min(1, merged / target)
+(merged: the sum of the tiles created by merging), +1 for reaching the target,
+-0.1 for each move that changes nothing and each malformed or refused call.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from appliance.agents.environment import AgentEnvironmentError, Episode, Scenario, Split, ToolEnvironment, ToolResult
+from appliance.agents.toolcalls import function_tool
+
+Board = list[list[int]]
+DIRECTIONS = ("left", "right", "up", "down")
+HELD_OUT_SEED_BASE = 1_000_000  # held-out games use seeds from here up, training games below
+
+
+def slide_row_left(row: list[int]) -> tuple[list[int], int]:
+    """The row after sliding left, and the sum of the tiles merging created."""
+    tiles = [value for value in row if value]
+    out, merged, index = [], 0, 0
+    while index < len(tiles):
+        if index + 1 < len(tiles) and tiles[index] == tiles[index + 1]:
+            out.append(tiles[index] * 2)
+            merged += tiles[index] * 2
+            index += 2
+        else:
+            out.append(tiles[index])
+            index += 1
+    return out + [0] * (len(row) - len(out)), merged
+
+
+def _transpose(board: Board) -> Board:
+    return [list(column) for column in zip(*board)]
+
+
+def slide(board: Board, direction: str) -> tuple[Board, int]:
+    """The board after sliding `direction` (no new tile), and the merged sum."""
+    rows = _transpose(board) if direction in ("up", "down") else [list(row) for row in board]
+    reverse = direction in ("right", "down")
+    merged, out = 0, []
+    for row in rows:
+        new, gained = slide_row_left(row[::-1] if reverse else row)
+        out.append(new[::-1] if reverse else new)
+        merged += gained
+    return (_transpose(out) if direction in ("up", "down") else out), merged
+
+
+def spawn(board: Board, rng: random.Random) -> None:
+    empty = [(r, c) for r, row in enumerate(board) for c, value in enumerate(row) if not value]
+    if empty:
+        r, c = rng.choice(empty)
+        board[r][c] = 4 if rng.random() < 0.1 else 2
+
+
+def can_move(board: Board) -> bool:
+    return any(slide(board, direction)[0] != board for direction in DIRECTIONS)
+
+
+def render(board: Board) -> str:
+    width = max(len(str(value)) for row in board for value in row)
+    return "\n".join(" ".join(str(value or ".").rjust(width) for value in row) for row in board)
+
+
+@dataclass
+class GameState:
+    rng: random.Random
+    board: Board = field(default_factory=lambda: [[0] * 4 for _ in range(4)])
+    merged: int = 0
+    moves: int = 0
+    useless_moves: int = 0
+
+    def largest(self) -> int:
+        return max(max(row) for row in self.board)
+
+
+class Game2048Environment(ToolEnvironment):
+    name = "2048"
+
+    def __init__(self, target: int = 64, max_turns: int = 40):
+        if target < 8 or target & (target - 1):
+            raise AgentEnvironmentError(f"2048 target must be a power of two of at least 8, not {target}")
+        self.target, self.max_turns = target, max_turns
+
+    def tools(self) -> list[dict]:
+        return [function_tool("move", "Slide all tiles in one direction; equal tiles that touch merge.",
+                              {"direction": {"type": "string", "enum": list(DIRECTIONS)}})]
+
+    def scenarios(self, split: Split, count: int, seed: int) -> list[Scenario]:
+        base = HELD_OUT_SEED_BASE if split == "held_out" else 0
+        seeds = random.Random(seed).sample(range(HELD_OUT_SEED_BASE), count)
+        return [Scenario(id=f"2048-{base + s}", data={"seed": base + s}) for s in seeds]
+
+    def start(self, scenario: Scenario) -> tuple[GameState, str, str]:
+        state = GameState(rng=random.Random(scenario.data["seed"]))
+        spawn(state.board, state.rng)
+        spawn(state.board, state.rng)
+        system = (f"You play 2048 on a 4x4 board. Merge equal tiles to reach {self.target}. "
+                  "Make one move per turn with the move tool; empty cells are shown as '.'.")
+        return state, system, f"The board:\n{render(state.board)}\nYour move."
+
+    def call(self, state: GameState, name: str, arguments: dict) -> ToolResult:
+        board, merged = slide(state.board, arguments["direction"])
+        if board == state.board:
+            state.useless_moves += 1
+            return ToolResult(f"moving {arguments['direction']} changes nothing; try another direction.\n"
+                              f"{render(state.board)}", error=True)
+        state.board, state.merged, state.moves = board, state.merged + merged, state.moves + 1
+        spawn(state.board, state.rng)
+        if state.largest() >= self.target:
+            return ToolResult(f"{render(state.board)}\nYou reached {self.target}!", done=True)
+        if not can_move(state.board):
+            return ToolResult(f"{render(state.board)}\nNo moves left: game over.", done=True)
+        return ToolResult(f"{render(state.board)}\nMerged {merged} this move. Your move.")
+
+    def score(self, state: GameState, episode: Episode) -> tuple[float, dict[str, float]]:
+        largest = state.largest()
+        won = largest >= self.target
+        reward = (0.6 * math.log2(largest) / math.log2(self.target) + 0.4 * min(1.0, state.merged / self.target)
+                  + float(won) - 0.1 * (episode.invalid_calls + episode.malformed_calls))
+        return reward, {"largest_tile": float(largest), "merged": float(state.merged), "won": float(won),
+                        "moves": float(state.moves)}
