@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from store_support import link_model_store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Provisioning converts a GGUF (about 40 s); keep the result between runs.
@@ -43,15 +44,6 @@ def tiny_model_dir(demo_model_dir: Path, tmp_path_factory) -> Path:
     from tiny_model import make_tiny_model
 
     return make_tiny_model(demo_model_dir, tmp_path_factory.mktemp("tiny-llama"))
-
-
-def link_model_store(source_data_dir: Path, data_dir: Path) -> Path:
-    """A fresh data dir whose models/ points at the provisioned store (no copy, no re-hashing)."""
-    (data_dir / "models").mkdir(parents=True, exist_ok=True)
-    for model in (source_data_dir / "models").iterdir():
-        if not model.name.startswith("."):
-            os.symlink(model, data_dir / "models" / model.name)
-    return data_dir
 
 
 @pytest.fixture

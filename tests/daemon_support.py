@@ -26,19 +26,12 @@ from pathlib import Path
 
 import pytest
 
+from store_support import link_model_store  # noqa: F401  (re-exported for the daemon tests)
+
 from appliance.service.client import Client
 
 WORKER_MODULE = "appliance.service.worker"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def link_models(source_data_dir: Path, data_dir: Path) -> Path:
-    """A fresh data dir whose models/ points at the provisioned store (no copy, no re-hashing)."""
-    (data_dir / "models").mkdir(parents=True, exist_ok=True)
-    for model in (source_data_dir / "models").iterdir():
-        if not model.name.startswith("."):
-            os.symlink(model, data_dir / "models" / model.name)
-    return data_dir
 
 
 def tiny_job(name: str = "tiny", steps: int = 3, extra: str = "") -> str:

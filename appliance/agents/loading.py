@@ -9,7 +9,6 @@ absolute path or one that climbs out of that folder is refused.
 from __future__ import annotations
 
 import inspect
-import difflib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,7 +16,9 @@ from appliance.agents.environment import AgentEnvironmentError, Environment
 from appliance.agents.envs.calculator import CalculatorEnvironment
 from appliance.agents.envs.email_search import EmailSearchEnvironment
 from appliance.agents.envs.game2048 import Game2048Environment
-from appliance.rewards.plugins import is_plugin_name, load_from_file
+from appliance.conventions import is_plugin_reward
+from appliance.rewards.plugins import load_from_file
+from appliance.suggest import did_you_mean
 
 BUILTIN: dict[str, Callable[..., Environment]] = {
     "calculator": CalculatorEnvironment,
@@ -37,11 +38,10 @@ def load_environment(name: str, data_dir: Path, options: dict[str, Any] | None =
         short = name.removeprefix("builtin:")
         factory = BUILTIN.get(short)
         if factory is None:
-            close = difflib.get_close_matches(short, BUILTIN, n=1)
-            hint = f"did you mean 'builtin:{close[0]}'?" if close else "built in: " + ", ".join(
+            hint = did_you_mean(name, [f"builtin:{known}" for known in BUILTIN]) or "; built in: " + ", ".join(
                 f"builtin:{known}" for known in BUILTIN)
-            raise AgentEnvironmentError(f"unknown environment {name!r}; {hint}")
-    elif is_plugin_name(name):
+            raise AgentEnvironmentError(f"unknown environment {name!r}{hint}")
+    elif is_plugin_reward(name):
         factory = _plugin_class(name, plugins_dir(data_dir))
     else:
         raise AgentEnvironmentError(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import link_model_store
+from store_support import link_model_store
 
 pytestmark = pytest.mark.model
 

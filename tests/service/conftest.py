@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 from daemon_support import (
-    REPO_ROOT, Daemon, daemon_env, free_port, link_models, run_prometheus, short_tmp_dir, tiny_job,
+    REPO_ROOT, Daemon, daemon_env, free_port, link_model_store, run_prometheus, short_tmp_dir, tiny_job,
 )
 from service_latency import concurrent_status_requests
 
@@ -34,7 +34,7 @@ def make_daemon(tmp_path, store_data_dir):
         folder = short_tmp_dir()
         folders.append(folder)
         if data_dir is None:
-            data_dir = link_models(store_data_dir, tmp_path / f"data{len(started)}")
+            data_dir = link_model_store(store_data_dir, tmp_path / f"data{len(started)}")
         daemon = Daemon(data_dir, folder / "control.sock", free_port(), tmp_path / f"daemon{len(started)}.log",
                         ["--stop-timeout", "60", *(args or [])], daemon_env(env))
         started.append(daemon)
@@ -67,7 +67,7 @@ def served_job(tmp_path_factory, store_data_dir):
     200 concurrent status requests while it trains, and a real Prometheus scraping it every second."""
     tmp = tmp_path_factory.mktemp("served")
     folder = short_tmp_dir()
-    data_dir = link_models(store_data_dir, tmp / "data")
+    data_dir = link_model_store(store_data_dir, tmp / "data")
     daemon = Daemon(data_dir, folder / "control.sock", free_port(), tmp / "daemon.log", ["--stop-timeout", "60"],
                     daemon_env())
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon_support import Daemon, daemon_env, free_port, link_models, run_prometheus, short_tmp_dir
+from daemon_support import Daemon, daemon_env, free_port, link_model_store, run_prometheus, short_tmp_dir
 
 pytestmark = pytest.mark.model
 
@@ -95,7 +95,7 @@ def live(tmp_path_factory, store_data_dir):
     yields (prometheus base URL, the daemon's metrics text)."""
     tmp = tmp_path_factory.mktemp("dashboard")
     folder = short_tmp_dir()
-    daemon = Daemon(link_models(store_data_dir, tmp / "data"), folder / "control.sock", free_port(),
+    daemon = Daemon(link_model_store(store_data_dir, tmp / "data"), folder / "control.sock", free_port(),
                     tmp / "daemon.log", ["--stop-timeout", "60"], daemon_env())
     try:
         daemon.start()

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from daemon_support import Daemon, daemon_env, free_port, link_models, short_tmp_dir
+from daemon_support import Daemon, daemon_env, free_port, link_model_store, short_tmp_dir
 
 
 def _run_daemon(data_dir: Path, tmp_path: Path):
@@ -27,7 +27,7 @@ def _run_daemon(data_dir: Path, tmp_path: Path):
 @pytest.fixture
 def daemon(store_data_dir: Path, tmp_path: Path):
     """A daemon whose model store holds the bundled model."""
-    yield from _run_daemon(link_models(store_data_dir, tmp_path / "data"), tmp_path)
+    yield from _run_daemon(link_model_store(store_data_dir, tmp_path / "data"), tmp_path)
 
 
 @pytest.fixture
