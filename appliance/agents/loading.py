@@ -18,7 +18,7 @@ from appliance.agents.envs.email_search import EmailSearchEnvironment
 from appliance.agents.envs.game2048 import Game2048Environment
 from appliance.conventions import is_plugin_reward
 from appliance.rewards.plugins import load_from_file
-from appliance.suggest import did_you_mean
+from appliance.suggest import closest
 
 BUILTIN: dict[str, Callable[..., Environment]] = {
     "calculator": CalculatorEnvironment,
@@ -38,9 +38,10 @@ def load_environment(name: str, data_dir: Path, options: dict[str, Any] | None =
         short = name.removeprefix("builtin:")
         factory = BUILTIN.get(short)
         if factory is None:
-            hint = did_you_mean(name, [f"builtin:{known}" for known in BUILTIN]) or "; built in: " + ", ".join(
+            close = closest(short, BUILTIN)
+            hint = f"did you mean 'builtin:{close}'?" if close else "built in: " + ", ".join(
                 f"builtin:{known}" for known in BUILTIN)
-            raise AgentEnvironmentError(f"unknown environment {name!r}{hint}")
+            raise AgentEnvironmentError(f"unknown environment {name!r}; {hint}")
     elif is_plugin_reward(name):
         factory = _plugin_class(name, plugins_dir(data_dir))
     else:
