@@ -66,6 +66,7 @@ class Daemon:
         self.store.listeners.append(self.bus.notify)
         self.metrics = TrainingMetrics(version=__version__, student_model="", judge_model=None)
         self.metrics.observe_disk(self.data_dir)
+        _known_series(self.metrics)
         self.supervisor = Supervisor(self.store, self.data_dir, options.slots or probe_slots(), self.metrics,
                                      max_restarts=options.max_restarts, backoff_seconds=options.backoff_seconds,
                                      stop_timeout=options.stop_timeout, version=__version__)
@@ -81,3 +82,15 @@ class Daemon:
         self.store.close()
         self.audit.close()
         os.close(self._lock_fd)
+
+
+def _known_series(metrics: TrainingMetrics) -> None:
+    """Every label value the design names, at 0 from the start: a series that appears only after its
+    first event breaks rate() and hides "no judge requests yet" from dashboards."""
+    from appliance.grpo.step_record import JUDGE_OUTCOMES, ROLES
+
+    for outcome in JUDGE_OUTCOMES:
+        metrics.judge_requests.labels(outcome=outcome)
+    for role in ROLES:
+        metrics.generated_tokens.labels(role=role)
+        metrics.prompt_tokens.labels(role=role)

@@ -104,6 +104,10 @@ class JobStore:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.RLock()
+        # Reads use their own connection: in WAL mode they never wait for a commit's fsync, so the
+        # control API answers while the supervisor writes.
+        self._read_db: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
         self.listeners: list[Callable[[int], None]] = []
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -115,10 +119,19 @@ class JobStore:
                 self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif int(found[0]) != SCHEMA_VERSION:
                 raise StoreError(f"{self.path} has job store schema {found[0]}; this appliance reads {SCHEMA_VERSION}")
+        self._read_db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
+        self._read_db.row_factory = sqlite3.Row
+        self._read_db.execute("PRAGMA query_only=1")
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._read_lock:
             self._db.close()
+            if self._read_db is not None:
+                self._read_db.close()
+
+    def _read(self, query: str, args=()) -> list[sqlite3.Row]:
+        with self._read_lock:
+            return self._read_db.execute(query, args).fetchall()
 
     # ----- writing -----------------------------------------------------------------------------
 
@@ -196,9 +209,8 @@ class JobStore:
     # ----- reading -----------------------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRow:
-        with self._lock:
-            row = self._db.execute(f"SELECT {_SUMMARY_COLUMNS}, spec, plan, restarts, pgid FROM jobs WHERE id=?",
-                                   (job_id,)).fetchone()
+        rows = self._read(f"SELECT {_SUMMARY_COLUMNS}, spec, plan, restarts, pgid FROM jobs WHERE id=?", (job_id,))
+        row = rows[0] if rows else None
         if row is None:
             raise UnknownJob(f"no job '{job_id}'; 'appliance jobs list' shows the jobs")
         return JobRow(_summary(row), json.loads(row["spec"]), json.loads(row["plan"]) if row["plan"] else None,
@@ -210,13 +222,11 @@ class JobStore:
             states = tuple(states)
             query += f" WHERE state IN ({', '.join('?' * len(states))})"
             args = states
-        with self._lock:
-            rows = self._db.execute(query + " ORDER BY seq", args).fetchall()
+        rows = self._read(query + " ORDER BY seq", args)
         return [_summary(row) for row in rows]
 
     def counts(self) -> dict[str, int]:
-        with self._lock:
-            rows = self._db.execute("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state").fetchall()
+        rows = self._read("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
         counts = {state: 0 for state in JOB_STATES}
         counts.update({row["state"]: row["n"] for row in rows})
         return counts
@@ -231,15 +241,12 @@ class JobStore:
             kinds = tuple(kinds)
             query += f" AND kind IN ({', '.join('?' * len(kinds))})"
             args += kinds
-        with self._lock:
-            rows = self._db.execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
+        rows = self._read(query + " ORDER BY id LIMIT ?", (*args, limit))
         return [JobEvent(id=row["id"], job_id=row["job_id"], time=row["time"], kind=row["kind"], step=row["step"],
                          data=json.loads(row["data"])) for row in rows]
 
     def last_event_id(self) -> int:
-        with self._lock:
-            row = self._db.execute("SELECT MAX(id) FROM events").fetchone()
-        return int(row[0] or 0)
+        return int(self._read("SELECT MAX(id) FROM events")[0][0] or 0)
 
 
 class _Transaction:

@@ -241,6 +241,7 @@ class Supervisor:
             raise BadTransition(f"job '{job_id}' is {job.state}; only a queued or running job can be paused")
 
     def resume(self, job_id: str) -> JobSummary:
+        self.retry_at.pop(job_id, None)  # an interrupted job waiting for its restart goes to the queue now
         job = self.store.transition(job_id, "queued", "resumed; continues from its newest checkpoint",
                                     expect=("queued",))
         self._publish_counts()
