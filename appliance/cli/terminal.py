@@ -50,7 +50,9 @@ class Terminal:
 
             self._progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
                                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                      console=console, transient=True)
+                                      console=console, transient=True,
+                                      # rich would route sys.stdout/stderr (the libraries) to the terminal
+                                      redirect_stdout=False, redirect_stderr=False)
             self._progress.start()
             self._task = self._progress.add_task("train", total=self.steps)
         self._console = console
