@@ -47,4 +47,6 @@ HEALTHCHECK --interval=30s --timeout=10s --start-period=10m --retries=3 \
     CMD ["appliance", "jobs", "list", "--json"]
 
 ENTRYPOINT ["appliance", "serve"]
+# Metrics on every interface of the container's own network namespace, so that a published port
+# reaches them; the units publish it on the host's loopback only (127.0.0.1:9464).
 CMD ["--data-dir", "/var/lib/appliance", "--socket", "/run/appliance/control.sock", "--group", "appliance", "--metrics-addr", "0.0.0.0:9464"]
