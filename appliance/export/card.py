@@ -65,8 +65,8 @@ def render_card(card: CardInput) -> str:
     lines = [
         _front_matter(card),
         f"# {spec.name}: {what} trained with GRPO\n",
-        f"Exported from the appliance job `{spec.name}`, checkpoint `{card.checkpoint}` (step {card.step} of "
-        f"{grpo.steps} planned, {facts.steps_recorded} recorded), on the base model `{card.base_model}`.",
+        (f"Exported from the appliance job `{spec.name}`, checkpoint `{card.checkpoint}` (step {card.step} of "
+         f"{grpo.steps} planned, {facts.steps_recorded} recorded), on the base model `{card.base_model}`."),
     ]
     if card.metric_name:
         value = f"{card.metric_value:.4g}" if card.metric_value is not None else "not recorded"
@@ -86,11 +86,11 @@ def render_card(card: CardInput) -> str:
         lines.append(f"\nJudge: `{spec.judge.model}` ({spec.judge.mode})")
     lines += [
         "", "## Training", "",
-        f"- GRPO loss `{grpo.loss}`, group size {grpo.group_size}, {grpo.prompts_per_step} prompts per step, "
-        f"learning rate {grpo.learning_rate:g}, temperature {grpo.temperature:g}, beta {grpo.beta:g}, "
-        f"max new tokens {grpo.max_new_tokens}",
-        f"- LoRA rank {lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g}, "
-        f"targets {', '.join(lora.target_modules)}",
+        (f"- GRPO loss `{grpo.loss}`, group size {grpo.group_size}, {grpo.prompts_per_step} prompts per step, "
+         f"learning rate {grpo.learning_rate:g}, temperature {grpo.temperature:g}, beta {grpo.beta:g}, "
+         f"max new tokens {grpo.max_new_tokens}"),
+        (f"- LoRA rank {lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g}, "
+         f"targets {', '.join(lora.target_modules)}"),
         f"- student base quantized `{spec.student.quantization}` during training",
         f"- steps trained: {card.step}",
     ]
@@ -107,6 +107,6 @@ def render_card(card: CardInput) -> str:
     if facts.held_out_problems:
         lines.append(f"- on {facts.held_out_problems} held-out problems, greedy decoding")
     lines += ["", "## Use", "", _usage(card), "## Files", "",
-              "`export.json` lists the source job, step and metric, the base model's sha256 and the sha256 of every "
-              "file here; `appliance export --check THIS_FOLDER` verifies them.", ""]
+              ("`export.json` lists the source job, step and metric, the base model's sha256 and the sha256 of "
+               "every file here; `appliance export --check THIS_FOLDER` verifies them."), ""]
     return "\n".join(lines)
