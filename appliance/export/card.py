@@ -94,10 +94,11 @@ def render_card(card: CardInput) -> str:
         f"- student base quantized `{spec.student.quantization}` during training",
         f"- steps trained: {card.step}",
     ]
-    if facts.first_reward is not None:
+    if facts.reward_at_step is not None and card.step > 1 and facts.first_reward is not None:
         lines.append(f"- training reward (mean): {facts.first_reward:.3f} at step 1, "
-                     f"{facts.reward_at_step:.3f} at step {card.step}" if facts.reward_at_step is not None
-                     else f"- training reward (mean) at step 1: {facts.first_reward:.3f}")
+                     f"{facts.reward_at_step:.3f} at step {card.step}")
+    elif facts.reward_at_step is not None:
+        lines.append(f"- training reward (mean) at step {card.step}: {facts.reward_at_step:.3f}")
     lines += [
         "", "## Held-out accuracy", "",
         f"- before training (base model): {_percent(facts.accuracy_before)}",
