@@ -65,8 +65,8 @@ def render_card(card: CardInput) -> str:
     lines = [
         _front_matter(card),
         f"# {spec.name}: {what} trained with GRPO\n",
-        f"Exported from the appliance job `{spec.name}`, checkpoint `{card.checkpoint}` (step {card.step} of "
-        f"{grpo.steps} planned, {facts.steps_recorded} recorded), on the base model `{card.base_model}`.",
+        (f"Exported from the appliance job `{spec.name}`, checkpoint `{card.checkpoint}` (step {card.step} of "
+         f"{grpo.steps} planned, {facts.steps_recorded} recorded), on the base model `{card.base_model}`."),
     ]
     if card.metric_name:
         value = f"{card.metric_value:.4g}" if card.metric_value is not None else "not recorded"
@@ -86,18 +86,19 @@ def render_card(card: CardInput) -> str:
         lines.append(f"\nJudge: `{spec.judge.model}` ({spec.judge.mode})")
     lines += [
         "", "## Training", "",
-        f"- GRPO loss `{grpo.loss}`, group size {grpo.group_size}, {grpo.prompts_per_step} prompts per step, "
-        f"learning rate {grpo.learning_rate:g}, temperature {grpo.temperature:g}, beta {grpo.beta:g}, "
-        f"max new tokens {grpo.max_new_tokens}",
-        f"- LoRA rank {lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g}, "
-        f"targets {', '.join(lora.target_modules)}",
+        (f"- GRPO loss `{grpo.loss}`, group size {grpo.group_size}, {grpo.prompts_per_step} prompts per step, "
+         f"learning rate {grpo.learning_rate:g}, temperature {grpo.temperature:g}, beta {grpo.beta:g}, "
+         f"max new tokens {grpo.max_new_tokens}"),
+        (f"- LoRA rank {lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g}, "
+         f"targets {', '.join(lora.target_modules)}"),
         f"- student base quantized `{spec.student.quantization}` during training",
         f"- steps trained: {card.step}",
     ]
-    if facts.first_reward is not None:
+    if facts.reward_at_step is not None and card.step > 1 and facts.first_reward is not None:
         lines.append(f"- training reward (mean): {facts.first_reward:.3f} at step 1, "
-                     f"{facts.reward_at_step:.3f} at step {card.step}" if facts.reward_at_step is not None
-                     else f"- training reward (mean) at step 1: {facts.first_reward:.3f}")
+                     f"{facts.reward_at_step:.3f} at step {card.step}")
+    elif facts.reward_at_step is not None:
+        lines.append(f"- training reward (mean) at step {card.step}: {facts.reward_at_step:.3f}")
     lines += [
         "", "## Held-out accuracy", "",
         f"- before training (base model): {_percent(facts.accuracy_before)}",
@@ -107,6 +108,6 @@ def render_card(card: CardInput) -> str:
     if facts.held_out_problems:
         lines.append(f"- on {facts.held_out_problems} held-out problems, greedy decoding")
     lines += ["", "## Use", "", _usage(card), "## Files", "",
-              "`export.json` lists the source job, step and metric, the base model's sha256 and the sha256 of every "
-              "file here; `appliance export --check THIS_FOLDER` verifies them.", ""]
+              ("`export.json` lists the source job, step and metric, the base model's sha256 and the sha256 of "
+               "every file here; `appliance export --check THIS_FOLDER` verifies them."), ""]
     return "\n".join(lines)
