@@ -87,8 +87,8 @@ def _train(args) -> int:
         with terminal:
             from appliance.grpo.run import run_job
 
-            result = run_job(spec, data_dir, job_dir, job_file_dir=args.file.resolve().parent, resume=args.resume,
-                             evaluate=args.eval, eval_limit=args.eval_limit, on_step=on_step, on_event=on_event)
+            run_job(spec, data_dir, job_dir, job_file_dir=args.file.resolve().parent, resume=args.resume,
+                    evaluate=args.eval, eval_limit=args.eval_limit, on_step=on_step, on_event=on_event)
     except (DiskFullError, JobStopped) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILURE
