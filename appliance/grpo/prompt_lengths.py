@@ -9,6 +9,7 @@ sample of MAX_MEASURED prompts; the plan states that.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from appliance.config.schema import JobSpec
@@ -25,7 +26,7 @@ def longest_prompt_tokens(task, tokenizer, limit: int = MAX_MEASURED) -> int:
     longest = 0
     for problem in problems:
         ids = tokenizer.apply_chat_template(task.messages(problem), tokenize=True, add_generation_prompt=True)
-        if isinstance(ids, dict):  # some tokenizers return a BatchEncoding
+        if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding (a UserDict, not a dict)
             ids = ids["input_ids"]
         longest = max(longest, len(ids))
     return longest
