@@ -84,6 +84,11 @@ def reset_peak(kind: str) -> None:
     if kind == "cuda":
         import torch
 
+        # Hand the previous phase's cached blocks back first. Otherwise the allocator keeps the train phase's
+        # memory reserved through generation, so the device holds the sum of phases the plan time-shares and
+        # the reserved peak reads the phase before (seen on an H100: the generate peak of step N was the train
+        # peak of step N-1, 43.8 GB against 8.6 GB at step 1).
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     else:
         # Linux: writing 5 to clear_refs resets VmHWM to the current RSS.

@@ -88,3 +88,18 @@ def test_cpu_peak_covers_a_freed_block_and_resets_for_the_next_phase():
     assert with_block - process_rss_bytes() >= 200 * 2**20
     reset_peak("cpu")
     assert peak_bytes("cpu") < with_block - 200 * 2**20
+
+
+def test_a_cuda_phase_returns_the_cached_blocks_before_its_peak_is_reset(monkeypatch):
+    """Hardware boundary: torch.cuda's allocator calls, recorded in order."""
+    import torch
+
+    from appliance.budget.device import peak_bytes, reset_peak
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: calls.append("reset_peak_memory_stats"))
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: 123 << 20)
+    reset_peak("cuda")
+    assert calls == ["empty_cache", "reset_peak_memory_stats"]
+    assert peak_bytes("cuda") == 123 << 20
