@@ -9,6 +9,11 @@ each phase (VmHWM, reset between phases) and of the whole run (ru_maxrss),
 and prints them next to `plan_job`'s plan for the same workload.
 
     python bench/memory_plan.py [--data-dir DIR] [--judge] [--gradient-checkpointing] [--sequences N] [--json]
+    python bench/memory_plan.py --job examples/multiply.yaml [--steps 2] [--data-dir DIR]
+
+With --job, the real trainer runs the job's first steps (grpo.run_job, in a
+temporary data dir that sees the model store) and the plan it made from the
+job's measured prompts is compared with the process's peak RSS.
 
 The done-criterion of the budget manager is the whole-run peak within +-15% of
 the plan's peak.
@@ -159,14 +164,50 @@ def run(data_dir: Path, judge: bool, checkpointing: bool, sequences: int = 32) -
     }
 
 
+def run_job_file(job_file: Path, data_dir: Path, steps: int) -> dict:
+    """The first `steps` steps of a real job: planned peak (from its measured prompts) vs peak RSS."""
+    import tempfile
+
+    from appliance.config.checks import load_checked_job
+    from appliance.grpo.run import run_job
+
+    started = time.monotonic()
+    spec = load_checked_job(job_file, data_dir)
+    spec = spec.model_copy(update={"grpo": spec.grpo.model_copy(update={"steps": steps}),
+                                   "checkpoint": spec.checkpoint.model_copy(update={"every": 10**6,
+                                                                                    "eval_every": None})})
+    records = []
+    with tempfile.TemporaryDirectory() as scratch:
+        run_data = Path(scratch)
+        (run_data / "models").mkdir()
+        for model in (data_dir / "models").iterdir():
+            if not model.name.startswith("."):
+                (run_data / "models" / model.name).symlink_to(model.resolve())
+        run_job(spec, run_data, run_data / "jobs" / spec.name, job_file_dir=job_file.resolve().parent,
+                on_step=records.append)
+    last = records[-1]
+    planned, measured = last.memory.planned_peak_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"job": str(job_file), "steps": steps, "planned_peak_bytes": planned, "measured_peak_bytes": measured,
+            "ratio": measured / planned if planned else None, "seconds": time.monotonic() - started}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", type=Path, default=None, help="run this job file's first steps with the trainer")
+    parser.add_argument("--steps", type=int, default=2, help="with --job: steps to run (default 2)")
     parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".test-cache" / "data")
     parser.add_argument("--judge", action="store_true", help="also judge every completion with the unquantized model")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--sequences", type=int, default=32, help="sequences per step, a multiple of 8 (default 32)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.job is not None:
+        result = run_job_file(args.job, args.data_dir, args.steps)
+        print(json.dumps(result, indent=2) if args.json else
+              f"{args.job}: planned {format_bytes(result['planned_peak_bytes'])}, measured peak RSS "
+              f"{format_bytes(result['measured_peak_bytes'])}, measured/planned {result['ratio']:.2f} "
+              f"({result['seconds']:.0f} s)")
+        return 0
     result = run(args.data_dir, args.judge, args.gradient_checkpointing, args.sequences)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -53,19 +53,17 @@ def run(rollout_weights: str, warmup: int, measured: int, store: Path) -> dict:
                 started = time.monotonic()
                 record = trainer.train_step()
                 steps.append({
-                    "step": record["step"], "warmup": index < warmup, "seconds": time.monotonic() - started,
-                    "phases": {k: v for k, v in record["seconds"].items() if k != "step"},
-                    "completions": record["completions"], "generated_tokens": record["generated_tokens"],
-                    "reward_mean": record["reward_mean"], "loss": record["loss"],
-                    "trained_sequences": record["trained_sequences"],
-                    "completion_length_mean": record["completion_length_mean"],
+                    "step": record.step, "warmup": index < warmup, "seconds": time.monotonic() - started,
+                    "phases": {k: v for k, v in record.seconds.items() if k != "step"},
+                    "completions": record.completions, "generated_tokens": record.generated_tokens["student"],
+                    "reward_mean": record.reward_mean, "loss": record.loss,
+                    "trained_sequences": record.trained_sequences,
+                    "completion_length_mean": record.completion_length_mean,
                 })
-                print(f"ours step {record['step']}: {steps[-1]['seconds']:.1f} s, reward {record['reward_mean']:.3f}",
+                print(f"ours step {record.step}: {steps[-1]['seconds']:.1f} s, reward {record.reward_mean:.3f}",
                       flush=True)
         finally:
-            close = getattr(trainer.engine, "close", None)
-            if close is not None:
-                close()
+            trainer.close()
         choices = trainer.choices
     return {
         "side": f"ours ({rollout_weights})",

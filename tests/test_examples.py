@@ -69,7 +69,7 @@ def test_cpu_examples_pass_through_the_cli(store_data_dir, capsys):
     assert len(capsys.readouterr().out.splitlines()) == len(cpu_examples)
 
 
-def test_cpu_demo_trains_the_bundled_model_without_a_judge(store_data_dir):
+def test_cpu_demo_is_set_up_for_the_bundled_model_without_a_judge(store_data_dir):
     spec, _ = check_job_file(EXAMPLES_DIR / "multiply.yaml", store_data_dir)
 
     assert spec.student.model == DEMO_MODEL_NAME and spec.student.quantization == "nf4"
@@ -78,7 +78,7 @@ def test_cpu_demo_trains_the_bundled_model_without_a_judge(store_data_dir):
     assert {reward.name for reward in spec.rewards} == {"correctness", "answer_format"}
 
 
-def test_judge_demo_scores_with_the_bundled_model(store_data_dir):
+def test_judge_demo_is_set_up_to_judge_with_the_bundled_model(store_data_dir):
     spec, _ = check_job_file(EXAMPLES_DIR / "multiply-judge.yaml", store_data_dir)
 
     assert spec.judge.model == DEMO_MODEL_NAME and spec.judge.mode == "pointwise"

@@ -17,7 +17,7 @@ import yaml
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 REWARD_PLUGIN = '''
 def text_length(prompt, completion, reference, metadata):
-    return min(len(completion), 60) / 60.0
+    return len(completion) / 100.0
 '''
 
 

@@ -87,6 +87,13 @@ def lora_params(shape: ModelShape, rank: int, target_modules: list[str]) -> int:
     return shape.layers * sum(rank * (linears[t][0] + linears[t][1]) for t in targets)
 
 
+def lora_target_params(shape: ModelShape, target_modules: list[str]) -> int:
+    """Base weights of the LoRA-targeted linear layers (what a merged rollout copy keeps dequantized)."""
+    linears = {name: (i, o) for name, i, o in shape.block_linears}
+    targets = list(linears) if list(target_modules) == ["all-linear"] else [t for t in target_modules if t in linears]
+    return shape.layers * sum(linears[t][0] * linears[t][1] for t in targets)
+
+
 def student_lora_bytes(trainable_params: int) -> int:
     """fp32 adapter parameters and their gradients."""
     return trainable_params * (FP32 + FP32)

@@ -80,7 +80,11 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
     judge_shape = work.judge or work.student
     return {
         "student_weights": c.weights_bytes(work.student, work.student_quantization, dtype, work.double_quant),
-        "rollout_weights": work.student.total_params * dtype if s.rollout_weights == "merged_copy" else 0,
+        # A merged copy: the model in the compute dtype, plus the dequantized (fp32) base weights of the
+        # LoRA targets it keeps to re-merge the adapter after every step (engines/merged_copy.py).
+        "rollout_weights": (work.student.total_params * dtype
+                            + c.lora_target_params(work.student, list(work.lora_targets)) * 4)
+        if s.rollout_weights == "merged_copy" else 0,
         "student_lora": c.student_lora_bytes(work.trainable_params),
         "optimizer": c.optimizer_bytes(work.trainable_params, work.optimizer),
         "activations": c.activation_bytes(work.student, s.micro_batch_size, work.sequence_tokens, work.new_tokens + 1, dtype,

@@ -8,7 +8,7 @@ is one that the planner itself says fits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from appliance.budget.device import DeviceInfo
 from appliance.budget.fit import auto_fit
@@ -34,6 +34,8 @@ class Plan:
     compute_dtype: str = ""
     rollout_engine: str = ""
     judge_engine: str = ""
+    # Longest sequence (prompt + generated tokens) per role: vLLM's max_model_len.
+    sequence_tokens: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -120,10 +122,14 @@ def _peak(phases: dict[str, PhasePlan]) -> int:
 
 
 def plan_job(job: JobSpec, student_config: dict, judge_config: dict | None, device: DeviceInfo,
-             optimizer: str = "adamw_32bit", double_quant: bool = False) -> Plan:
-    """Plan `job` on `device`: auto-fit choices, per-phase peaks and, when it does not fit, what to change."""
+             optimizer: str = "adamw_32bit", double_quant: bool = False, prompt_tokens: int | None = None) -> Plan:
+    """Plan `job` on `device`: auto-fit choices, per-phase peaks and, when it does not fit, what to change.
+
+    prompt_tokens: the job's longest training prompt as measured with the chat template
+    (job.prompt_lengths); without it the plan assumes grpo.max_prompt_tokens.
+    """
     budget = budget_of(job, device)
-    work = workload_of(job, student_config, judge_config, device.kind, optimizer, double_quant)
+    work = workload_of(job, student_config, judge_config, device.kind, optimizer, double_quant, prompt_tokens)
     choices, phases = _fit(job, work, budget)
     peak = _peak(phases)
     fits = peak <= budget
@@ -131,9 +137,10 @@ def plan_job(job: JobSpec, student_config: dict, judge_config: dict | None, devi
     overflow, suggestions = [], []
     if not fits:
         overflow = _overflow(phases, budget)
-        suggestions = suggest_changes(job, student_config, judge_config, device, optimizer, double_quant)
+        suggestions = suggest_changes(job, student_config, judge_config, device, optimizer, double_quant, prompt_tokens)
     return Plan(device, budget, components, phases, peak, fits, choices, overflow, suggestions,
-                work.compute_dtype, work.rollout_engine, work.judge_engine if job.judge else "")
+                work.compute_dtype, work.rollout_engine, work.judge_engine if job.judge else "",
+                {"student": work.sequence_tokens, **({"judge": work.judge_tokens} if job.judge else {})})
 
 
 def _overflow(phases: dict[str, PhasePlan], budget: int) -> list[str]:
@@ -197,12 +204,15 @@ def _format(key: str, value) -> str:
 
 
 def suggest_changes(job: JobSpec, student_config: dict, judge_config: dict | None, device: DeviceInfo,
-                    optimizer: str = "adamw_32bit", double_quant: bool = False) -> list[str]:
+                    optimizer: str = "adamw_32bit", double_quant: bool = False,
+                    prompt_tokens: int | None = None) -> list[str]:
     """Single changes that fit (the mildest value of each key), else one combination found greedily."""
     budget = budget_of(job, device)
 
     def peak_with(candidate: JobSpec) -> int:
-        work = workload_of(candidate, student_config, judge_config, device.kind, optimizer, double_quant)
+        # A smaller grpo.max_prompt_tokens than the measured prompts means truncating them.
+        measured = min(prompt_tokens, candidate.grpo.max_prompt_tokens) if prompt_tokens else None
+        work = workload_of(candidate, student_config, judge_config, device.kind, optimizer, double_quant, measured)
         return _peak(_fit(candidate, work, budget)[1])
 
     singles = []

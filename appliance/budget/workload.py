@@ -13,6 +13,10 @@ from appliance.budget.shapes import ModelShape, shape_from_config
 from appliance.config.schema import JobSpec
 
 
+# The judge's instructions around the rubric (judge/prompts.py), in tokens; rubric text at ~4 characters a token.
+JUDGE_TEMPLATE_TOKENS = 160
+CHARACTERS_PER_TOKEN = 4
+
 @dataclass(frozen=True)
 class Workload:
     device_kind: str
@@ -73,9 +77,23 @@ def resolve_engine(setting: str, device_kind: str) -> str:
     return "vllm" if device_kind == "cuda" else "hf"
 
 
+def judge_prompt_tokens(job: JobSpec, prompt_tokens: int) -> int:
+    """Tokens of one judge prompt: the rubric and template, the task prompt, and the completion(s) it scores.
+
+    In group mode one call carries the whole group's completions.
+    """
+    grpo = job.grpo
+    scored = grpo.group_size * grpo.max_new_tokens if job.judge.mode == "group" else grpo.max_new_tokens
+    rubric = len(job.judge.rubric or "") // CHARACTERS_PER_TOKEN + JUDGE_TEMPLATE_TOKENS
+    return prompt_tokens + scored + rubric
+
+
 def workload_of(job: JobSpec, student_config: dict, judge_config: dict | None, device_kind: str,
-                optimizer: str = "adamw_32bit", double_quant: bool = False) -> Workload:
+                optimizer: str = "adamw_32bit", double_quant: bool = False,
+                prompt_tokens: int | None = None) -> Workload:
+    """prompt_tokens: the longest training prompt as measured (job.prompt_lengths); else grpo.max_prompt_tokens."""
     student = shape_from_config(student_config, job.student.model)
+    prompt_tokens = prompt_tokens or job.grpo.max_prompt_tokens
     targets = tuple(job.student.lora.target_modules)
     grpo = job.grpo
     sequences = grpo.prompts_per_step * grpo.group_size
@@ -92,10 +110,8 @@ def workload_of(job: JobSpec, student_config: dict, judge_config: dict | None, d
             judge_shape, judge_quant = shape_from_config(judge_config, job.judge.model), job.judge.quantization
             judge_engine = resolve_engine(job.engine.judge, device_kind)
         judge_new = job.judge.max_new_tokens
-        if job.judge.mode == "group":  # one call scores a whole group
-            calls, judge_prompt = grpo.prompts_per_step, grpo.max_prompt_tokens + grpo.group_size * grpo.max_new_tokens
-        else:
-            calls, judge_prompt = sequences, grpo.max_prompt_tokens + grpo.max_new_tokens
+        calls = grpo.prompts_per_step if job.judge.mode == "group" else sequences  # group: one call per group
+        judge_prompt = judge_prompt_tokens(job, prompt_tokens)
     return Workload(
         device_kind=device_kind,
         compute_dtype=resolve_compute_dtype(job.student.compute_dtype, device_kind),
@@ -108,7 +124,7 @@ def workload_of(job: JobSpec, student_config: dict, judge_config: dict | None, d
         judge_quantization=judge_quant,
         judge_shares_student=shares,
         sequences=sequences,
-        prompt_tokens=grpo.max_prompt_tokens,
+        prompt_tokens=prompt_tokens,
         new_tokens=grpo.max_new_tokens,
         judge_calls=calls,
         judge_prompt_tokens=judge_prompt,

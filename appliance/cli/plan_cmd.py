@@ -95,6 +95,19 @@ def _device(args):
         raise PlanInputError(str(exc)) from None
 
 
+def _measured_prompt_tokens(job, file: Path, data_dir: Path) -> int | None:
+    """The job's longest prompt with the student's chat template, when its tokenizer and dataset are here."""
+    from appliance.errors import ApplianceError
+    from appliance.grpo.prompt_lengths import measure_prompt_tokens
+    from appliance.models.store import resolve_model
+
+    try:
+        model_dir = resolve_model(job.student.model, data_dir, verify=False)
+        return measure_prompt_tokens(job, model_dir, Path(file).resolve().parent)
+    except (ApplianceError, OSError, ValueError):
+        return None  # planned for another box: grpo.max_prompt_tokens stands in
+
+
 def _plan(args) -> int:
     from appliance.budget.plan import plan_job
     from appliance.budget.shapes import ShapeError
@@ -113,7 +126,8 @@ def _plan(args) -> int:
         if job.judge is not None and not job.judge.share_student_base:
             judge_config, judge_source = resolve_config("judge.model", job.judge.model, data_dir, overrides)
         device = _device(args)
-        plan = plan_job(job, student_config, judge_config, device)
+        plan = plan_job(job, student_config, judge_config, device,
+                        prompt_tokens=_measured_prompt_tokens(job, args.file, data_dir))
     except (PlanInputError, ShapeError, ValueError) as exc:
         print(f"error: {args.file}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -50,7 +50,11 @@ class Terminal:
 
             self._progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
                                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                      console=console, transient=True)
+                                      console=console, transient=True,
+                                      # a step takes minutes: estimate the speed over hours, not rich's 30 s
+                                      speed_estimate_period=6 * 3600,
+                                      # rich would route sys.stdout/stderr (the libraries) to the terminal
+                                      redirect_stdout=False, redirect_stderr=False)
             self._progress.start()
             self._task = self._progress.add_task("train", total=self.steps)
         self._console = console

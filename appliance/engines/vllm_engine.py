@@ -184,6 +184,7 @@ class VLLMEngine:
         kv_cache_bytes: int | None = None,
         device: str | None = None,
         quantize: bool = False,
+        max_model_len: int | None = None,
         vllm_api: Any = None,
     ) -> "VLLMEngine":
         """The rollout engine of a job: the student base from `student_dir`, LoRA up to the job's rank.
@@ -198,7 +199,7 @@ class VLLMEngine:
             student_dir,
             model_name=spec.student.model,
             kv_cache_bytes=_granted_kv_bytes(kv_cache_bytes, device, "rollout_kv_bytes"),
-            max_model_len=_max_model_len(spec, "student"),
+            max_model_len=max_model_len or _max_model_len(spec, "student"),
             dtype=spec.student.compute_dtype,
             seed=spec.grpo.seed,
             enable_lora=True,
@@ -210,9 +211,13 @@ class VLLMEngine:
 
     @classmethod
     def for_judge(
-        cls, spec: Any, judge_dir: Path, *, kv_cache_bytes: int | None = None, device: str | None = None, vllm_api: Any = None
+        cls, spec: Any, judge_dir: Path, *, kv_cache_bytes: int | None = None, device: str | None = None,
+        max_model_len: int | None = None, vllm_api: Any = None
     ) -> "VLLMEngine":
-        """The judge engine of a job: no LoRA, its own KV budget (the plan's judge_kv_bytes)."""
+        """The judge engine of a job: no LoRA, its own KV budget (the plan's judge_kv_bytes).
+
+        max_model_len: the plan's longest judge sequence (measured prompt, rubric, scored completions).
+        """
         device = device or _default_device()
         name = spec.judge.model
         # Same model as the student (the demo): the metrics label must still tell them apart.
@@ -221,7 +226,7 @@ class VLLMEngine:
             judge_dir,
             model_name=model_name,
             kv_cache_bytes=_granted_kv_bytes(kv_cache_bytes, device, "judge_kv_bytes"),
-            max_model_len=_max_model_len(spec, "judge"),
+            max_model_len=max_model_len or _max_model_len(spec, "judge"),
             dtype=spec.student.compute_dtype,
             seed=spec.grpo.seed,
             enable_lora=False,

@@ -68,8 +68,12 @@ class AdapterDisabledEngine(HFEngine):
             return super().generate(prompts, sampling)
 
 
-def decide_choices(spec: JobSpec, device: str, student_dir: Path, judge_dir: Path | None):
-    """Micro-batch and gradient checkpointing from the job file, else from the budget plan."""
+def decide_choices(spec: JobSpec, device: str, student_dir: Path, judge_dir: Path | None,
+                   prompt_tokens: int | None = None):
+    """Micro-batch and gradient checkpointing from the job file, else from the budget plan.
+
+    prompt_tokens: the longest training prompt as measured (grpo/prompt_lengths.py).
+    """
     reasons: dict[str, str] = {}
     plan = None
     try:
@@ -79,7 +83,7 @@ def decide_choices(spec: JobSpec, device: str, student_dir: Path, judge_dir: Pat
 
         plan = plan_job(spec, load_config(student_dir / "config.json"),
                         load_config(judge_dir / "config.json") if judge_dir else None,
-                        probe_device("cuda" if device.startswith("cuda") else "cpu"))
+                        probe_device("cuda" if device.startswith("cuda") else "cpu"), prompt_tokens=prompt_tokens)
     except ImportError:
         plan = None
     sequences = spec.grpo.group_size * spec.grpo.prompts_per_step
@@ -120,7 +124,11 @@ def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Pa
     student_dir = resolve_model(spec.student.model, data_dir)
     judge_dir = resolve_model(spec.judge.model, data_dir) if spec.judge and not spec.judge.share_student_base else None
     task = load_task(spec.task, job_file_dir)
-    choices, plan = decide_choices(spec, device, student_dir, judge_dir)
+    from appliance.grpo.prompt_lengths import longest_prompt_tokens
+    from appliance.models.loading import load_tokenizer
+
+    choices, plan = decide_choices(spec, device, student_dir, judge_dir,
+                                   longest_prompt_tokens(task, load_tokenizer(student_dir)))
     student = Student(spec.student, student_dir, device, choices.gradient_checkpointing)
     engine = make_rollout_engine(spec, student, student_dir, device, choices.rollout_weights, plan)
     judge = make_judge(spec, student, judge_dir, job_dir, device, plan) if spec.judge else None
@@ -156,12 +164,20 @@ def make_rollout_engine(spec: JobSpec, student: Student, student_dir: Path, devi
 
         kv_bytes = plan.choices.rollout_kv_bytes if plan is not None else None
         return VLLMEngine.for_student(spec, student_dir, student, kv_cache_bytes=kv_bytes,
-                                      quantize=spec.student.quantization in ("nf4", "fp4"))
+                                      quantize=spec.student.quantization in ("nf4", "fp4"),
+                                      max_model_len=_planned_length(spec, plan, "student"))
     if rollout_weights == "merged_copy":
         from appliance.engines.merged_copy import MergedCopyEngine
 
         return MergedCopyEngine(student, student_dir, name=spec.student.model)
     return HFEngine(student.model, student.tokenizer, name=spec.student.model)
+
+
+def _planned_length(spec: JobSpec, plan, role: str) -> int | None:
+    """vLLM's max_model_len: engine.vllm.max_model_len, else the plan's longest sequence of that role."""
+    if spec.engine.vllm.max_model_len:
+        return spec.engine.vllm.max_model_len
+    return plan.sequence_tokens.get(role) if plan is not None else None
 
 
 def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir: Path, device: str, plan=None):
@@ -173,7 +189,8 @@ def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir:
         from appliance.engines.vllm_engine import VLLMEngine
 
         engine = VLLMEngine.for_judge(spec, judge_dir,
-                                      kv_cache_bytes=plan.choices.judge_kv_bytes if plan is not None else None)
+                                      kv_cache_bytes=plan.choices.judge_kv_bytes if plan is not None else None,
+                                      max_model_len=_planned_length(spec, plan, "judge"))
     else:
         engine = HFEngine.load(judge_dir, spec.judge.quantization, device=device, name=spec.judge.model)
     return Judge(spec.judge, engine, log_path=job_dir / "judge.jsonl")

@@ -12,7 +12,8 @@ engine, e.g. vLLM); 1 otherwise. The variants differ only in how l_it is
 averaged over a batch of N completions:
 
     grpo     mean over sequences of (mean over that sequence's tokens)
-             (1/N) sum_i (1/|o_i|) sum_t l_it          -- DeepSeekMath; favours short wrong answers
+             (1/N) sum_i (1/|o_i|) sum_t l_it          -- DeepSeekMath; favours long wrong answers
+                                                           (each token of a long one is penalised less)
     bnpo     mean over every token of the (micro-)batch
              sum_it l_it / sum_it m_it                   -- each micro-batch normalised by its own tokens
     dr_grpo  sum over tokens divided by a constant: N * max_new_tokens

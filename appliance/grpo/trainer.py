@@ -68,6 +68,7 @@ class Trainer:
                  rewards: list[WeightedReward], choices: RuntimeChoices, judge=None, ledger=None, plan=None):
         self.spec = spec
         self.job_dir = Path(job_dir)
+        self.job_dir.mkdir(parents=True, exist_ok=True)
         self.student = student
         self.engine = engine
         self.task = task

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from appliance.grpo.step_record import StepRecord
+from appliance.grpo.step_record import PHASES, StepRecord
 from appliance.metrics.engines import EngineSnapshotCollector
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 PREFIX = "appliance_"
 # The phases of a step that a StepRecord times (its "step" total is the whole step, not a phase).
-STEP_PHASES = ("generate", "judge", "reward", "train", "sync", "checkpoint", "eval")
+STEP_PHASES = PHASES
 # From a fraction of a second (CPU sync) to half an hour (a large GPU step with a judge).
 STEP_DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, float("inf"))
 STUDENT, JUDGE = "student", "judge"

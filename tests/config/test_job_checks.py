@@ -154,3 +154,27 @@ def test_unreadable_job_file_is_one_error_naming_it(tmp_path, store_data_dir):
 
     assert spec is None
     assert [str(e) for e in errors] == [f"{tmp_path / 'absent.yaml'}:(top): cannot read the job file: No such file or directory"]
+
+
+@pytest.mark.parametrize("checkpoint, expected", [
+    ("{best_metric: reward_maen}", "checkpoint.best_metric: unknown metric 'reward_maen'; did you mean 'reward_mean'?"),
+    ("{best_metric: rewards.corectness.mean}",
+     "checkpoint.best_metric: unknown metric 'rewards.corectness.mean'; did you mean 'rewards.correctness.mean'?"),
+    ("{best_metric: eval.accuracy}", "checkpoint.best_metric: 'eval.accuracy' is measured only with checkpoint.eval_every"),
+    ("{best_metric: loss, best_mode: lowest}", "checkpoint.best_mode: Input should be 'max' or 'min'"),
+])
+def test_best_metric_and_its_direction_are_validated_at_their_key(job_folder, store_data_dir, checkpoint, expected):
+    job = job_folder / "job.yaml"
+    job.write_text(GOOD_JOB + f"checkpoint: {checkpoint}\n")
+    _, errors = check_job_file(job, store_data_dir)
+    assert any(expected in str(error) for error in errors), [str(e) for e in errors]
+    assert all(error.line == 10 for error in errors), [e.line for e in errors]
+
+
+def test_a_per_reward_or_held_out_best_metric_is_accepted(job_folder, store_data_dir):
+    job = job_folder / "job.yaml"
+    job.write_text(GOOD_JOB + "checkpoint: {best_metric: rewards.correctness.mean, best_mode: max}\n")
+    assert check_job_file(job, store_data_dir)[1] == []
+    job.write_text(GOOD_JOB + "checkpoint: {eval_every: 5, eval_limit: 50, best_metric: eval.accuracy}\n")
+    spec, errors = check_job_file(job, store_data_dir)
+    assert errors == [] and (spec.checkpoint.eval_every, spec.checkpoint.eval_limit) == (5, 50)

@@ -62,3 +62,10 @@ def test_importing_the_record_module_loads_no_heavy_library():
             "print(sorted(m for m in ('torch', 'numpy', 'pydantic', 'transformers', 'yaml') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_run_seam_and_the_exporter_import_nothing_from_the_cli():
+    code = ("import sys, appliance.grpo.run, appliance.metrics.run_exporter; "
+            "print(sorted(m for m in sys.modules if m.startswith('appliance.cli')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
