@@ -28,3 +28,23 @@ def models_dir(data_dir: Path) -> Path:
 
 def jobs_dir(data_dir: Path) -> Path:
     return Path(data_dir) / "jobs"
+
+
+def plugins_dir(data_dir: Path) -> Path:
+    """Reward and environment plugins an administrator installed: the only caller code the daemon runs."""
+    return Path(data_dir) / "plugins"
+
+
+def datasets_dir(data_dir: Path) -> Path:
+    """The default allowed root for dataset paths named in submitted jobs."""
+    return Path(data_dir) / "datasets"
+
+
+def uploads_dir(data_dir: Path) -> Path:
+    """Dataset files uploaded with a submission."""
+    return Path(data_dir) / "uploads"
+
+
+def exports_dir(data_dir: Path) -> Path:
+    """Where the daemon writes exports (a folder name per export, never a caller's path)."""
+    return Path(data_dir) / "exports"

@@ -19,16 +19,13 @@ from appliance.agents.envs.game2048 import Game2048Environment
 from appliance.conventions import is_plugin_reward
 from appliance.rewards.plugins import load_from_file
 from appliance.suggest import closest
+from appliance.paths import plugins_dir
 
 BUILTIN: dict[str, Callable[..., Environment]] = {
     "calculator": CalculatorEnvironment,
     "email-search": EmailSearchEnvironment,
     "2048": Game2048Environment,
 }
-
-
-def plugins_dir(data_dir: Path) -> Path:
-    return Path(data_dir) / "plugins"
 
 
 def load_environment(name: str, data_dir: Path, options: dict[str, Any] | None = None) -> Environment:

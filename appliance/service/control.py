@@ -33,6 +33,7 @@ from appliance.service.api import (
 from appliance.service.audit import user_name
 from appliance.service.store import BadTransition, UnknownJob
 from appliance.service.submission import SubmissionRejected
+from appliance.paths import exports_dir
 
 if TYPE_CHECKING:
     from appliance.service.daemon import Daemon
@@ -213,7 +214,7 @@ def create_app(daemon: "Daemon") -> FastAPI:
             from appliance.export import export_job
 
             store.get(_checked(job_id))
-            result = export_job(daemon.job_dir(job_id), daemon.data_dir, daemon.data_dir / "exports" / body.name,
+            result = export_job(daemon.job_dir(job_id), daemon.data_dir, exports_dir(daemon.data_dir) / body.name,
                                 checkpoint=body.checkpoint, merged=body.merged, dtype=body.dtype)
             return ExportResponse(path=str(result.path), kind=result.kind, job_id=job_id, step=result.step,
                                   manifest=result.manifest)

@@ -16,7 +16,7 @@ from pathlib import Path
 from appliance import __version__
 from appliance.errors import ApplianceError
 from appliance.metrics.registry import TrainingMetrics
-from appliance.paths import jobs_dir
+from appliance.paths import datasets_dir, jobs_dir, plugins_dir, uploads_dir
 from appliance.service.api import SubmitRequest
 from appliance.service.audit import AuditLog
 from appliance.service.control import EventBus
@@ -45,8 +45,8 @@ class DaemonOptions:
 class Daemon:
     def __init__(self, options: DaemonOptions):
         self.data_dir = Path(options.data_dir).absolute()
-        for folder in (self.data_dir, jobs_dir(self.data_dir), self.data_dir / "plugins",
-                       self.data_dir / "datasets", self.data_dir / "uploads"):
+        for folder in (self.data_dir, jobs_dir(self.data_dir), plugins_dir(self.data_dir),
+                       datasets_dir(self.data_dir), uploads_dir(self.data_dir)):
             folder.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.data_dir / "appliance.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -56,10 +56,10 @@ class Daemon:
             raise DaemonError(f"another appliance daemon already serves {self.data_dir}; stop it first") from None
         self.started = time.time()
         self.policy = Policy(
-            data_dir=self.data_dir, plugins_dir=self.data_dir / "plugins",
+            data_dir=self.data_dir, plugins_dir=plugins_dir(self.data_dir),
             dataset_roots=tuple(Path(root).absolute() for root in options.dataset_roots)
-            or (self.data_dir / "datasets",),
-            uploads_dir=self.data_dir / "uploads", max_upload_bytes=options.max_upload_bytes)
+            or (datasets_dir(self.data_dir),),
+            uploads_dir=uploads_dir(self.data_dir), max_upload_bytes=options.max_upload_bytes)
         self.store = JobStore(self.data_dir / "appliance.db")
         self.audit = AuditLog(self.data_dir / "audit.jsonl")
         self.bus = EventBus()
