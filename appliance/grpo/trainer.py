@@ -117,6 +117,8 @@ class Trainer:
         if candidates:
             raise CheckpointError(f"no checkpoint in {self.checkpoints.root} can be loaded ({'; '.join(problems)}); "
                                   "--restart begins the run again")
+        # An earlier start died before its first checkpoint: its steps run again, so their records go.
+        self.records.rewind_to(0)
         return None
 
     def _restore_state(self, info: CheckpointInfo) -> None:

@@ -76,15 +76,6 @@ def _listen_for_stop(channel: Channel, stop: dict) -> None:
     stop.setdefault("reason", "shutdown")  # the daemon is gone
 
 
-def _forget_steps_without_checkpoint(job_dir: Path, keep_last: int) -> None:
-    """A start before the first checkpoint died: its steps run again, so their records go (no step twice)."""
-    from appliance.grpo.checkpoint import CheckpointManager
-    from appliance.grpo.records import RunRecords
-
-    if not CheckpointManager(job_dir, keep_last).candidates():
-        RunRecords(job_dir).rewind_to(0)
-
-
 def run(channel: Channel, data_dir: Path, job_dir: Path, resume: bool) -> int:
     from appliance.config.load import parse_job_text
     from appliance.errors import ApplianceError, DiskFullError
@@ -94,8 +85,6 @@ def run(channel: Channel, data_dir: Path, job_dir: Path, resume: bool) -> int:
     threading.Thread(target=_listen_for_stop, args=(channel, stop), daemon=True, name="stop-listener").start()
     try:
         spec = parse_job_text((job_dir / "job.yaml").read_text(encoding="utf-8"), str(job_dir / "job.yaml"))
-        if resume:
-            _forget_steps_without_checkpoint(job_dir, spec.checkpoint.keep_last)
         result = run_job(
             spec, data_dir, job_dir, job_file_dir=job_dir, resume=resume,
             on_step=lambda record: channel.send({"type": "step", "record": record.to_dict()}),

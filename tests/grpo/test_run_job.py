@@ -134,3 +134,23 @@ def test_steps_without_finite_gradients_are_skipped_and_stop_the_job(tiny_model_
     for adapter in (trainer.job_dir / "checkpoints").glob("step-*/adapter/adapter_model.safetensors"):
         assert all(bool(torch.isfinite(t).all()) for t in load_file(adapter).values())
     trainer.close()
+
+
+def test_a_resume_without_any_checkpoint_runs_from_step_one_and_records_each_step_once(tiny_model_dir, tmp_path,
+                                                                                      fresh_data_dir):
+    import shutil
+
+    spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, checkpoint={"every": 10})
+    job_dir = fresh_data_dir / "jobs" / "tiny"
+    steps = []
+    run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path, on_step=steps.append,
+            stop_requested=lambda: "pause" if steps else None)
+    # The first attempt died before its first checkpoint reached the disk: its step 1 is recorded, nothing saved.
+    for saved in ("checkpoints", ".best", "best"):
+        path = job_dir / saved
+        path.unlink() if path.is_symlink() else shutil.rmtree(path)
+    assert [r.step for r in _metrics(job_dir)] == [1]
+
+    resumed = run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path, resume=True)
+    assert (resumed.status, resumed.step) == ("completed", 3)
+    assert [r.step for r in _metrics(job_dir)] == [1, 2, 3]
