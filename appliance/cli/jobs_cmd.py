@@ -1,7 +1,12 @@
 """`appliance jobs ...`: the daemon's command-line client (over its Unix socket).
 
     appliance jobs submit FILE [--dry-run] | list | show ID | pause ID | resume ID | cancel ID
-                   | logs ID [--follow] | metrics ID          [--json] [--socket PATH]
+                   | logs ID [--follow] | metrics ID | samples ID
+                   [--json] [--socket PATH | --control-addr HOST:PORT --token-file FILE]
+
+Over the daemon's Unix socket by default; over its TCP control port (only when
+the daemon was started with --control-addr) with --control-addr and
+--token-file, or $APPLIANCE_CONTROL_ADDR and $APPLIANCE_TOKEN_FILE.
 
 Human tables by default, one JSON document with --json. Exit codes: 0 ok,
 1 the daemon is unreachable or failed, 2 bad input (job file errors, unknown
@@ -11,6 +16,7 @@ job, a state change the job does not allow), 3 the job does not fit the device.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +35,11 @@ def register(subparsers) -> None:
         parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
         parser.add_argument("--socket", default=None,
                             help="the daemon's socket (default: $APPLIANCE_SOCKET, else /run/appliance/control.sock)")
+        parser.add_argument("--control-addr", default=None,
+                            metavar="HOST:PORT", help="talk to the daemon's TCP control port instead of the socket "
+                            "(default: $APPLIANCE_CONTROL_ADDR); needs --token-file")
+        parser.add_argument("--token-file", default=None, metavar="FILE",
+                            help="file holding the daemon's control token, mode 0600 (default: $APPLIANCE_TOKEN_FILE)")
         parser.set_defaults(handler=lambda args: _run(args, handler))
         return parser
 
@@ -48,10 +59,20 @@ def register(subparsers) -> None:
 
 def _run(args, handler) -> int:
     from appliance.service.client import Client, ClientError, DaemonUnreachable
+    from appliance.service.token_file import TokenFileError, read_token_file
 
     try:
-        with Client(args.socket) as client:
+        if args.control_addr and args.socket:
+            raise ClientError("pass either --socket or --control-addr, not both", status=400)
+        # An explicit --socket wins over $APPLIANCE_CONTROL_ADDR.
+        control_addr = args.control_addr or (None if args.socket else os.environ.get("APPLIANCE_CONTROL_ADDR"))
+        token_file = args.token_file or os.environ.get("APPLIANCE_TOKEN_FILE")
+        token = read_token_file(token_file, "--token-file") if control_addr and token_file else None
+        with Client(args.socket, control_addr=control_addr, token=token) as client:
             return handler(client, args)
+    except TokenFileError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except DaemonUnreachable as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILURE

@@ -22,6 +22,12 @@ def register(subparsers) -> None:
                         help="group allowed to use the socket (default: 'appliance' when it exists, else the daemon's)")
     parser.add_argument("--metrics-addr", default="127.0.0.1:9464", metavar="HOST:PORT",
                         help="Prometheus endpoint (default 127.0.0.1:9464)")
+    parser.add_argument("--control-addr", default=None, metavar="HOST:PORT",
+                        help="also serve the control API on this TCP address (off by default); every request "
+                             "there needs the bearer token of --control-token-file")
+    parser.add_argument("--control-token-file", type=Path, default=None, metavar="FILE",
+                        help="file holding the TCP control port's token (mode 0600, at least 16 characters); "
+                             "required with --control-addr")
     parser.add_argument("--dataset-root", action="append", type=Path, default=[], metavar="DIR",
                         help="a folder the daemon may read datasets from (repeatable; default <data-dir>/datasets)")
     parser.add_argument("--max-upload", default="64MiB", metavar="SIZE",
@@ -41,10 +47,19 @@ def _serve(args) -> int:
 
     try:
         host, port = parse_metrics_addr(args.metrics_addr)
+        control_addr = _control_addr(args.control_addr) if args.control_addr else None
         max_upload = parse_bytes(args.max_upload)
         options = DaemonOptions(data_dir=data_dir_of(args), dataset_roots=tuple(args.dataset_root),
                                 max_upload_bytes=max_upload, stop_timeout=args.stop_timeout)
-        return run_daemon(options, args.socket or Path(default_socket()), args.group, host, port)
+        return run_daemon(options, args.socket or Path(default_socket()), args.group, host, port,
+                          control_addr=control_addr, control_token_file=args.control_token_file)
     except (ApplianceError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _control_addr(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"--control-addr '{text}' is not HOST:PORT with a port 1-65535; for example 127.0.0.1:9470")
+    return host.strip("[]"), int(port)

@@ -1,8 +1,11 @@
 """audit.jsonl: one line per mutating call on the control API, flushed and fsynced before the answer.
 
-A line: {"time", "uid", "pid", "user", "action", "job_id", "outcome"}. The uid
-and pid are the caller's, read with SO_PEERCRED from the connection (never
-from anything the caller sends). Refused calls are recorded too.
+A line: {"time", "uid", "pid", "user", "action", "job_id", "outcome",
+"transport"}. On the Unix socket the uid and pid are the caller's, read with
+SO_PEERCRED from the connection (never from anything the caller sends). On the
+optional TCP control port there are none: uid, pid and user are null and
+"remote" holds the connection's address (host:port). Refused calls are
+recorded too, and so is every TCP request refused for its token.
 """
 
 from __future__ import annotations
@@ -29,9 +32,13 @@ class AuditLog:
         # O_APPEND: every line lands at the end, whatever else writes; 0640: audit is not for everyone.
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
 
-    def record(self, *, uid: int, pid: int, action: str, job_id: str | None, outcome: str) -> None:
-        line = json.dumps({"time": time.time(), "uid": uid, "pid": pid, "user": user_name(uid), "action": action,
-                           "job_id": job_id, "outcome": outcome}) + "\n"
+    def record(self, *, uid: int | None, pid: int | None, action: str, job_id: str | None, outcome: str,
+               transport: str = "unix", remote: str | None = None) -> None:
+        entry = {"time": time.time(), "uid": uid, "pid": pid, "user": user_name(uid) if uid is not None else None,
+                 "action": action, "job_id": job_id, "outcome": outcome, "transport": transport}
+        if remote is not None:
+            entry["remote"] = remote
+        line = json.dumps(entry) + "\n"
         with self._lock:
             os.write(self._fd, line.encode())
             os.fsync(self._fd)

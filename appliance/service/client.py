@@ -1,4 +1,5 @@
-"""The control API's client: httpx over the daemon's Unix socket, answers as `api` types.
+"""The control API's client: httpx over the daemon's Unix socket (or its optional TCP control port with a
+bearer token), answers as `api` types.
 
 Used by `appliance jobs` and the TUI; imports nothing heavy. Every failure is
 a ClientError carrying the daemon's one-sentence error, the job-file errors
@@ -31,6 +32,16 @@ def default_socket() -> str:
     return os.environ.get("APPLIANCE_SOCKET") or DEFAULT_SOCKET
 
 
+def tcp_base_url(control_addr: str) -> str:
+    """'HOST:PORT' (or '[::1]:PORT') of a daemon's --control-addr -> its base URL; a clear error otherwise."""
+    host, sep, port = control_addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ClientError(f"--control-addr '{control_addr}' is not HOST:PORT (for example 10.0.0.5:9470)")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{int(port)}"
+
+
 class ClientError(ApplianceError):
     """The daemon refused a request (or could not be reached); str() is one sentence."""
 
@@ -53,10 +64,26 @@ class DaemonUnreachable(ClientError):
 
 
 class Client:
-    """One connection pool to the daemon; use as a context manager or call close()."""
+    """One connection pool to the daemon; use as a context manager or call close().
 
-    def __init__(self, socket_path: str | Path | None = None, timeout: float = 30.0):
+    By default over the Unix socket; with `control_addr` ('HOST:PORT') and `token` over the daemon's TCP
+    control port instead (`appliance serve --control-addr ... --control-token-file ...`)."""
+
+    def __init__(self, socket_path: str | Path | None = None, timeout: float = 30.0,
+                 control_addr: str | None = None, token: str | None = None):
+        if control_addr:
+            if not token:
+                raise ClientError("--control-addr needs the daemon's token: pass --token-file FILE "
+                                  "(or set APPLIANCE_TOKEN_FILE)")
+            self.socket_path = control_addr
+            self._where = f"TCP {control_addr}"
+            self._hint = "check the address and that the daemon was started with --control-addr"
+            self._http = httpx.Client(base_url=tcp_base_url(control_addr), timeout=timeout,
+                                      headers={"Authorization": f"Bearer {token}"})
+            return
         self.socket_path = str(socket_path or default_socket())
+        self._where = self.socket_path
+        self._hint = "start it with 'appliance serve', or pass --socket PATH (or set APPLIANCE_SOCKET)"
         self._http = httpx.Client(transport=httpx.HTTPTransport(uds=self.socket_path),
                                   base_url="http://appliance", timeout=timeout)
 
@@ -76,12 +103,11 @@ class Client:
             response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
         except (httpx.ConnectError, FileNotFoundError, PermissionError, ConnectionRefusedError) as error:
             raise DaemonUnreachable(
-                f"no appliance daemon answers on {self.socket_path} ({_reason(error)}); start it with "
-                "'appliance serve', or pass --socket PATH (or set APPLIANCE_SOCKET)") from error
+                f"no appliance daemon answers on {self._where} ({_reason(error)}); {self._hint}") from error
         except httpx.TimeoutException as error:
-            raise ClientError(f"the daemon on {self.socket_path} did not answer in time") from error
+            raise ClientError(f"the daemon on {self._where} did not answer in time") from error
         except httpx.TransportError as error:
-            raise DaemonUnreachable(f"the connection to the daemon on {self.socket_path} failed: {error}") from error
+            raise DaemonUnreachable(f"the connection to the daemon on {self._where} failed: {error}") from error
         if response.status_code >= 400:
             try:
                 body = ErrorResponse.model_validate(response.json())

@@ -1,7 +1,9 @@
 """The control API's routes (FastAPI), each short; one handler maps the project's errors to HTTP.
 
 The caller's uid and pid come from SO_PEERCRED (server.py puts them in the
-connection's ASGI state); a request without them is refused before routing.
+connection's ASGI state); a request without them is refused before routing,
+except on the optional TCP control port, where it must carry the daemon's
+bearer token instead (compared in constant time; a refusal is a 401, audited).
 Every mutating call is written to the audit log with its outcome, refusals
 included. Files of a job (metrics, samples, judge log, log.txt) are read from
 its job folder, which the worker writes; the job store holds states and events.
@@ -13,6 +15,7 @@ import asyncio
 import json
 import os
 import re
+import secrets
 import time
 from collections import deque
 from pathlib import Path
@@ -78,20 +81,56 @@ class EventBus:
             self._waiters.discard(waiter)
 
 
-class PeerCredentials:
-    """Pure ASGI middleware: refuse any request whose connection carries no SO_PEERCRED reading."""
+TCP_UID = -1  # the owner recorded for a job submitted over TCP: a token holder, not a Unix user
 
-    def __init__(self, app) -> None:
+
+class PeerCredentials:
+    """Pure ASGI middleware: refuse any request whose connection carries no SO_PEERCRED reading, unless it
+    came over the TCP control port with the right bearer token (`token` set only when that port exists)."""
+
+    def __init__(self, app, token: str | None = None, audit=None) -> None:
         self.app = app
+        self.token = token.encode() if token else None
+        self.audit = audit
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and not (scope.get("state") or {}).get("peer"):
-            response = JSONResponse(ErrorResponse(error="the caller's credentials could not be read from the "
-                                                        "connection; connect over the daemon's Unix socket").model_dump(),
-                                    status_code=403)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.get("state") or {}
+        if state.get("peer"):
+            await self.app(scope, receive, send)
+            return
+        remote = state.get("remote")
+        if remote and self.token is not None:
+            problem = self._token_problem(scope)
+            if problem is None:
+                await self.app(scope, receive, send)
+                return
+            if self.audit is not None:
+                await asyncio.to_thread(self.audit.record, uid=None, pid=None, action="authenticate", job_id=None,
+                                        outcome=f"refused: {problem} ({scope['method']} {scope['path']})",
+                                        transport="tcp", remote=remote)
+            response = JSONResponse(ErrorResponse(error=f"{problem}; send 'Authorization: Bearer <token>' with "
+                                                        "the token of the daemon's --control-token-file").model_dump(),
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        response = JSONResponse(ErrorResponse(error="the caller's credentials could not be read from the "
+                                                    "connection; connect over the daemon's Unix socket").model_dump(),
+                                status_code=403)
+        await response(scope, receive, send)
+
+    def _token_problem(self, scope) -> str | None:
+        values = [value for name, value in scope.get("headers", []) if name == b"authorization"]
+        if not values:
+            return "no bearer token"
+        scheme, _, given = values[-1].partition(b" ")
+        if scheme.lower() != b"bearer" or not given.strip():
+            return "no bearer token"
+        if not secrets.compare_digest(given.strip(), self.token):
+            return "wrong bearer token"
+        return None
 
 
 def _status_of(error: ApplianceError) -> int:
@@ -106,10 +145,10 @@ def _status_of(error: ApplianceError) -> int:
     return 400  # BadJobId and any other ApplianceError: bad input the caller can correct
 
 
-def create_app(daemon: "Daemon") -> FastAPI:
+def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
     app = FastAPI(title="appliance control API", version=__version__, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.add_middleware(PeerCredentials)
+    app.add_middleware(PeerCredentials, token=control_token, audit=daemon.audit)
     store, bus = daemon.store, daemon.bus
 
     @app.exception_handler(ApplianceError)
@@ -132,23 +171,35 @@ def create_app(daemon: "Daemon") -> FastAPI:
         message = f"bad request: {where + ': ' if where else ''}{first.get('msg', 'invalid')}"
         return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=422)
 
-    def peer(request: Request) -> tuple[int, int]:
-        pid, uid, _gid = request.scope["state"]["peer"]
+    def peer(request: Request) -> tuple[int | None, int | None]:
+        """(uid, pid) of a Unix-socket caller; (None, None) on the TCP control port."""
+        credentials = request.scope["state"].get("peer")
+        if not credentials:
+            return None, None
+        pid, uid, _gid = credentials
         return uid, pid
+
+    def transport(request: Request) -> dict:
+        """The audit fields that say how the caller came in."""
+        if request.scope["state"].get("peer"):
+            return {"transport": "unix"}
+        return {"transport": "tcp", "remote": request.scope["state"].get("remote")}
 
     def audited(request: Request, action: str, job_id: str | None, call):
         uid, pid = peer(request)
+        how = transport(request)
         try:
             result = call()
         except ApplianceError as error:
             daemon.audit.record(uid=uid, pid=pid, action=action, job_id=job_id,
-                                outcome=f"refused: {str(error).splitlines()[0] if str(error) else ''}")
+                                outcome=f"refused: {str(error).splitlines()[0] if str(error) else ''}", **how)
             raise
         except Exception as error:
-            daemon.audit.record(uid=uid, pid=pid, action=action, job_id=job_id, outcome=f"error: {error}")
+            daemon.audit.record(uid=uid, pid=pid, action=action, job_id=job_id, outcome=f"error: {error}", **how)
             raise
         daemon.audit.record(uid=uid, pid=pid, action=action,
-                            job_id=getattr(result, "id", job_id) if result is not None else job_id, outcome="ok")
+                            job_id=getattr(result, "id", job_id) if result is not None else job_id, outcome="ok",
+                            **how)
         return result
 
     @app.get("/status")
@@ -163,13 +214,15 @@ def create_app(daemon: "Daemon") -> FastAPI:
     @app.post("/jobs", status_code=201)
     async def submit(request: Request, body: SubmitRequest) -> SubmitResponse:
         uid, _pid = peer(request)
+        owner = ((uid, user_name(uid)) if uid is not None
+                 else (TCP_UID, f"token@{request.scope['state'].get('remote', '?').rsplit(':', 1)[0]}"))
 
         def run() -> SubmitResponse:
             accepted = daemon.check(body)
             if body.dry_run:
                 accepted.discard()
                 return SubmitResponse(job=None, plan=accepted.plan.to_dict(), dry_run=True)
-            job = daemon.supervisor.submit(accepted, uid=uid, user=user_name(uid))
+            job = daemon.supervisor.submit(accepted, uid=owner[0], user=owner[1])
             return SubmitResponse(job=job, plan=accepted.plan.to_dict())
 
         # Validation loads the dataset and plans the job: keep it off the event loop.

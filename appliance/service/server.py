@@ -6,6 +6,10 @@ other permissions (uvicorn's own `uds=` would chmod it to 0666). Each
 connection's SO_PEERCRED (pid, uid, gid) is read once in the HTTP protocol's
 connection_made and put in the ASGI scope's state, where control.py finds it.
 
+`--control-addr HOST:PORT` (only with a token file) adds a TCP listener to
+the same app: a TCP connection has no SO_PEERCRED, so its state carries the
+remote address instead, and control.py answers it only with the bearer token.
+
 SIGTERM/SIGINT: STOPPING=1, the running jobs checkpoint at the end of their
 step (bounded by the stop timeout, else the last checkpoint stands) and are
 marked interrupted, the API stops, and the process exits 0.
@@ -45,12 +49,25 @@ def peer_credentials(transport) -> tuple[int, int, int] | None:
         return None
 
 
+def tcp_remote(transport) -> str | None:
+    """'host:port' of the other end of a TCP transport (read from the connection, never from headers)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    peer = transport.get_extra_info("peername")
+    if not peer:
+        return None
+    host, port = peer[0], peer[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class PeerCredProtocol(HttpToolsProtocol):
-    """uvicorn's HTTP protocol, with the peer's credentials in every request's scope["state"]["peer"]."""
+    """uvicorn's HTTP protocol, with the peer's credentials in every request's scope["state"]["peer"]
+    (Unix socket) or its address in scope["state"]["remote"] (TCP)."""
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.app_state = {**self.app_state, "peer": peer_credentials(transport)}
+        self.app_state = {**self.app_state, "peer": peer_credentials(transport), "remote": tcp_remote(transport)}
 
 
 class _Server(uvicorn.Server):
@@ -113,6 +130,21 @@ def bind_control_socket(path: Path, gid: int, mode: int = 0o660) -> socket.socke
             staging.rmdir()
 
 
+def bind_control_tcp(host: str, port: int) -> socket.socket:
+    """The optional TCP control listener (the caller checked that a token file goes with it)."""
+    try:
+        family, _type, _proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as error:
+        raise DaemonError(f"--control-addr {host}:{port}: cannot resolve '{host}' ({error.strerror})") from None
+    try:
+        sock = socket.create_server(address, family=family, backlog=256)
+    except OSError as error:
+        raise DaemonError(f"--control-addr {host}:{port}: cannot listen there ({error.strerror}); "
+                          "choose a free port on an address of this machine") from None
+    sock.setblocking(False)
+    return sock
+
+
 class Notifier:
     """systemd's sd_notify protocol: a datagram to $NOTIFY_SOCKET (an '@' name is in the abstract namespace)."""
 
@@ -135,7 +167,7 @@ class Notifier:
 
 
 async def _serve(daemon: Daemon, sock: socket.socket, socket_path: Path, notifier: Notifier,
-                 stop_timeout: float) -> None:
+                 stop_timeout: float, tcp: socket.socket | None = None, control_token: str | None = None) -> None:
     from appliance.service.control import create_app
 
     loop = asyncio.get_running_loop()
@@ -143,17 +175,23 @@ async def _serve(daemon: Daemon, sock: socket.socket, socket_path: Path, notifie
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    config = uvicorn.Config(create_app(daemon), http=PeerCredProtocol, lifespan="off", log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=5)
+    # proxy_headers off: X-Forwarded-For must never stand in for the address the audit log records.
+    config = uvicorn.Config(create_app(daemon, control_token=control_token), http=PeerCredProtocol,
+                            lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                            proxy_headers=False)
     server = _Server(config)
     daemon.supervisor.start()
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    serving = asyncio.create_task(server.serve(sockets=[sock] + ([tcp] if tcp is not None else [])))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)
     if serving.done():
         serving.result()
         return
     print(f"appliance serve: control API on {socket_path}", file=sys.stderr, flush=True)
+    if tcp is not None:
+        host, port = tcp.getsockname()[:2]
+        print(f"appliance serve: control API also on TCP {host}:{port} (bearer token required)", file=sys.stderr,
+              flush=True)
     notifier.send("READY=1")
     watchdog = asyncio.create_task(_watchdog(notifier)) if notifier.watchdog_seconds else None
     await stop.wait()
@@ -173,20 +211,31 @@ async def _watchdog(notifier: Notifier) -> None:
 
 
 def run_daemon(options: DaemonOptions, socket_path: Path, group: str | None, metrics_host: str,
-               metrics_port: int) -> int:
+               metrics_port: int, control_addr: tuple[str, int] | None = None,
+               control_token_file: Path | None = None) -> int:
     from appliance.metrics.server import serve_metrics
+    from appliance.service.token_file import read_token_file
 
+    if control_addr is not None and control_token_file is None:
+        raise DaemonError("--control-addr needs --control-token-file FILE: the TCP control port answers only "
+                          "requests carrying that file's token")
+    if control_token_file is not None and control_addr is None:
+        raise DaemonError("--control-token-file is used only with --control-addr HOST:PORT; add one or drop it")
+    control_token = read_token_file(control_token_file) if control_token_file is not None else None
     gid = resolve_group(group)
     daemon = Daemon(options)
-    metrics_server = sock = None
+    metrics_server = sock = tcp = None
     try:
         metrics_server = serve_metrics(daemon.metrics, metrics_host, metrics_port)
         print(f"appliance serve: Prometheus metrics on {metrics_server.url}", file=sys.stderr, flush=True)
         sock = bind_control_socket(socket_path, gid)
-        asyncio.run(_serve(daemon, sock, Path(socket_path), Notifier(), options.stop_timeout))
+        tcp = bind_control_tcp(*control_addr) if control_addr is not None else None
+        asyncio.run(_serve(daemon, sock, Path(socket_path), Notifier(), options.stop_timeout, tcp, control_token))
     except OSError as error:
         raise DaemonError(f"cannot start serving: {error}") from error
     finally:
+        if tcp is not None:
+            tcp.close()
         if sock is not None:
             sock.close()
             with contextlib.suppress(OSError):
