@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from appliance.grpo.step_record import StepRecord
 from appliance.service.api import JobSummary, SlotStatus
+from appliance.service.samples import group_records
 from tui.widgets.job_table import JobRow
 from tui.widgets.memory_bar import MemoryView
 from tui.widgets.reward_chart import Points
@@ -77,12 +78,5 @@ def seconds_per_step(records: Sequence[StepRecord], window: int = 10) -> float |
 
 
 def group_samples(records: Sequence[dict]) -> dict[int, list[list[dict]]]:
-    """samples.jsonl lines -> step -> groups (completions of the same question, in order)."""
-    steps: dict[int, list[list[dict]]] = {}
-    for record in records:
-        groups = steps.setdefault(int(record.get("step", 0)), [])
-        if groups and groups[-1][0].get("question") == record.get("question"):
-            groups[-1].append(record)
-        else:
-            groups.append([record])
-    return steps
+    """samples.jsonl lines -> step -> groups (completions of one question, or trajectories of one scenario)."""
+    return group_records(records)

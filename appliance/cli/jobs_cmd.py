@@ -55,6 +55,11 @@ def register(subparsers) -> None:
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing lines as they are written")
     logs.add_argument("--bytes", type=int, default=16384, help="how much of the end to show first (default 16384)")
     action("metrics", "the job's per-step metrics", _metrics)
+    samples = action("samples", "the job's recorded samples: completions, or agent trajectories with their "
+                                "turns, tool calls and trained mask", _samples)
+    samples.add_argument("--step", type=int, default=None, help="only this step (default: the newest recorded)")
+    samples.add_argument("--all", action="store_true", help="every step still in the last --limit lines")
+    samples.add_argument("--limit", type=int, default=400, help="how many of the newest lines to fetch (default 400)")
 
 
 def _run(args, handler) -> int:
@@ -187,4 +192,24 @@ def _metrics(client, args) -> int:
         print(f"{record.get('step', 0):>5}  {record.get('reward_mean', 0):>+8.3f}  {record.get('reward_std', 0):>6.3f}  "
               f"{record.get('loss', 0):>+9.4f}  {record.get('kl', 0):>8.4f}  {rate:>7.1f}  "
               f"{(record.get('seconds') or {}).get('step', 0):>7.1f}")
+    return EXIT_OK
+
+
+def _samples(client, args) -> int:
+    from appliance.cli.samples_text import samples_text
+
+    records = client.samples(args.job_id, limit=max(1, args.limit)).records
+    steps = sorted({record.get("step") for record in records if isinstance(record.get("step"), int)})
+    if args.step is not None:
+        records = [record for record in records if record.get("step") == args.step]
+    elif not args.all and steps:
+        records = [record for record in records if record.get("step") == steps[-1]]
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return EXIT_OK
+    if not records:
+        where = f" at step {args.step}" if args.step is not None else ""
+        print(f"no samples recorded{where}" + (f" (recorded steps: {steps[0]}-{steps[-1]})" if steps else ""))
+        return EXIT_OK
+    print(samples_text(records), end="")
     return EXIT_OK

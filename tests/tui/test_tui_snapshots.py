@@ -52,6 +52,17 @@ def test_job_samples_tab(snap_compare):
     assert snap_compare(FixedApp("job"), terminal_size=(80, 24), run_before=open_samples)
 
 
+@pytest.mark.parametrize("size", [(80, 40), (120, 40)], ids=lambda size: f"{size[0]}x{size[1]}")
+def test_job_samples_tab_with_agent_trajectories(snap_compare, size):
+    """Turns with role labels, tool calls and results, and the trained mask with its legend and counts."""
+    async def open_samples(pilot):
+        await settle(pilot)
+        await pilot.press("2")
+        await settle(pilot)
+
+    assert snap_compare(FixedApp("agent job"), terminal_size=size, run_before=open_samples)
+
+
 def test_new_job_with_an_example(snap_compare):
     async def load_example(pilot):
         await settle(pilot)

@@ -122,6 +122,44 @@ SAMPLES = [  # samples.jsonl lines of step 37: two prompts, two completions each
 ]
 
 
+def trajectory(reward: float, advantage: float, found: str, answer: str) -> dict:
+    """A samples.jsonl line of an agent job, in the shape the trainer writes (messages and mask agree)."""
+    system = "You search a mailbox with tools and answer with the id of the right email."
+    user = "Find the email in which Dana names the venue of the March offsite."
+    search = '{"query": "offsite venue"}'
+    answered = f'{{"message_id": "{answer}"}}'
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": search}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": found},
+        {"role": "assistant", "content": "It is the second result.", "tool_calls": [
+            {"id": "call_2", "type": "function", "function": {"name": "answer", "arguments": answered}}]},
+    ]
+    segments = [
+        (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n",
+         False),
+        (f'<tool_call>{{"name": "search", "arguments": {search}}}</tool_call><|im_end|>', True),
+        (f"\n<|im_start|>tool\n{found}<|im_end|>\n<|im_start|>assistant\n", False),
+        (f'It is the second result.<tool_call>{{"name": "answer", "arguments": {answered}}}</tool_call><|im_end|>',
+         True),
+    ]
+    return {"step": 12, "kind": "trajectory", "environment": "email_search",
+            "scenario": "march-offsite-venue (seed 7)", "reward": reward,
+            "rewards": {"correct": 1.0 if reward > 0.5 else 0.0, "steps": 0.8}, "advantage": advantage,
+            "metrics": {"turns": 2.0, "tool_calls": 2.0}, "messages": messages,
+            "segments": [{"text": text, "trained": trained} for text, trained in segments],
+            "trained_tokens": 41, "context_tokens": 96}
+
+
+TRAJECTORIES = [  # samples.jsonl lines of step 12 of an agent job: one scenario, two rollouts
+    trajectory(0.9, 0.71, '[{"id": "m-0412", "subject": "Offsite logistics"}, '
+                          '{"id": "m-0419", "subject": "Re: venue for March"}]', "m-0419"),
+    trajectory(0.1, -0.71, '[{"id": "m-0412", "subject": "Offsite logistics"}]', "m-0412"),
+]
+
+
 class FixedJobScreen(JobScreen):
     def start_polling(self) -> None:
         self.post_message(m.JobLoaded(DETAIL))
@@ -131,6 +169,12 @@ class FixedJobScreen(JobScreen):
     def load_tab(self, tab: str | None) -> None:
         if tab == "samples":
             self.post_message(m.SamplesLoaded(DETAIL.id, 37, [35, 36, 37], SAMPLES))
+
+
+class FixedAgentJobScreen(FixedJobScreen):
+    def load_tab(self, tab: str | None) -> None:
+        if tab == "samples":
+            self.post_message(m.SamplesLoaded(DETAIL.id, 12, [11, 12], TRAJECTORIES))
 
 
 class FixedCompareScreen(CompareScreen):
@@ -151,6 +195,7 @@ SCREENS = {
     "new job": NewJobScreen,
     "jobs": FixedJobsScreen,
     "job": lambda: FixedJobScreen(DETAIL.id, DETAIL.name),
+    "agent job": lambda: FixedAgentJobScreen(DETAIL.id, DETAIL.name),
     "compare": lambda: FixedCompareScreen(["3f9a1c07de", "0a1b2c3d4e", "5566778899"]),
     "device": FixedDeviceScreen,
 }

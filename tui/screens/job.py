@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import yaml
+from rich.console import Group, RenderableType
+from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -12,12 +14,14 @@ from textual.widgets import RichLog, Select, Static, TabbedContent, TabPane, Tex
 
 from appliance.grpo.step_record import PHASES, StepRecord
 from appliance.service.api import JobDetail
+from appliance.service.samples import is_trajectory, parse_trajectory
 from tui import feeds, polling, views
 from tui import messages as m
 from tui.screens.base import DaemonScreen
 from tui.widgets import format as fmt
 from tui.widgets.memory_bar import MemoryBar
 from tui.widgets.reward_chart import LineChart
+from tui.widgets.trajectory import render_trajectory
 
 LOG_SECONDS = 1.0
 LOG_MAX_LINES = 2000
@@ -222,13 +226,32 @@ def render_stats(records: list[StepRecord], job: JobDetail | None) -> Table:
     return table
 
 
-def render_samples(samples: list[dict]) -> Table:
-    """Each prompt with its group of completions: reward per function and advantage."""
+def render_samples(samples: list[dict]) -> RenderableType:
+    """Each prompt with its group of completions (reward per function, advantage), or each scenario with its
+    group of agent trajectories (turns, tool calls, the trained mask)."""
+    grouped = views.group_samples(samples)
+    trajectories = [(step, number, group) for step, groups in grouped.items()
+                    for number, group in enumerate(groups, start=1) if is_trajectory(group[0])]
+    if not trajectories:
+        return render_completions(grouped)
+    parts: list[RenderableType] = []
+    for step, number, group in trajectories:
+        first = parse_trajectory(group[0])
+        parts.append(Rule(f"step {step} · group {number} · {first.environment} · {len(group)} trajectories",
+                          align="left", style="dim"))
+        parts += [render_trajectory(parse_trajectory(record), index) for index, record in enumerate(group, start=1)]
+    singles = {step: [group for group in groups if not is_trajectory(group[0])] for step, groups in grouped.items()}
+    if any(singles.values()):
+        parts.append(render_completions(singles))
+    return Group(*parts)
+
+
+def render_completions(grouped: dict[int, list[list[dict]]]) -> Table:
     table = Table(box=None, expand=True, show_header=True, padding=(0, 1))
     table.add_column("#", justify="right", width=2)
     table.add_column("completion", ratio=1)
     table.add_column("reward / advantage", ratio=1)
-    for step, groups in views.group_samples(samples).items():
+    for step, groups in grouped.items():
         for number, group in enumerate(groups, start=1):
             first = group[0]
             table.add_row("", Text.assemble((f"step {step} · prompt {number}: ", "bold"), str(first.get("question", "")),
