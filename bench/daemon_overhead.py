@@ -94,6 +94,24 @@ def ratio_of_medians(runs: dict[str, list[dict]], measure: str) -> tuple[dict[st
     return medians, medians["daemon"] / medians["train"]
 
 
+def pair_ratios(runs: dict[str, list[dict]], measure: str) -> list[float]:
+    """daemon / train of each round (adjacent runs): a load that drifts over the whole benchmark shows up
+    here as ratios that disagree with each other."""
+    return [statistics.median(daemon[measure]) / statistics.median(train[measure])
+            for train, daemon in zip(runs["train"], runs["daemon"])]
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict:
+    summary = {}
+    for measure in ("step", "interval"):
+        medians, ratio = ratio_of_medians(runs, measure)
+        summary[measure] = {"median_seconds": medians, "ratio": ratio, "round_ratios": pair_ratios(runs, measure)}
+        print(f"{measure:>8}: median of run medians: train {medians['train']:.3f} s, daemon {medians['daemon']:.3f} s, "
+              f"ratio {ratio:.3f} (goal <= 1.05); per round: "
+              + ", ".join(f"{r:.3f}" for r in summary[measure]["round_ratios"]))
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
@@ -118,12 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(runs['train']) + len(runs['daemon']):>3}  {side:>6}  "
                   f"{statistics.median(result['step']):>10.2f}  {statistics.median(result['interval']):>12.2f}  "
                   f"{result['wall_seconds']:>7.1f}  {load_before:>11.2f}  {result['load_after']:>10.2f}", flush=True)
-    summary = {}
-    for measure in ("step", "interval"):
-        medians, ratio = ratio_of_medians(runs, measure)
-        summary[measure] = {"median_seconds": medians, "ratio": ratio}
-        print(f"{measure:>8}: median of run medians: train {medians['train']:.3f} s, daemon {medians['daemon']:.3f} s, "
-              f"ratio {ratio:.3f} (goal <= 1.05)")
+    summary = summarize(runs)
     out = ROOT / "bench" / "results" / "daemon_overhead.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"job": job_yaml, "warmup": args.warmup, "cpus": os.cpu_count(),
