@@ -56,7 +56,7 @@ def trajectory_lines(trajectory: Trajectory, index: int) -> list[str]:
     for turn in trajectory.turns:
         label = f"{turn.role} ({trajectory.tool_name(turn)})" if turn.role == "tool" else turn.role
         body = elide(turn.text.strip(), TURN_CHARS).splitlines() + [f"call {call.label}" for call in turn.tool_calls]
-        lines += _indented(f"   {label:<15}", body or [""])
+        lines += _indented(f"   {label:<14} ", body or [""])
     if trajectory.segments:
         lines.append("   trained mask (TRAIN = sampled assistant tokens the step trains on; ctx = context):")
         for segment in trajectory.segments:

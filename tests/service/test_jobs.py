@@ -91,6 +91,51 @@ def test_export_through_the_control_api(served_job):
     assert [line["outcome"].split(":")[0] for line in exports] == ["ok", "refused"]
 
 
+def test_jobs_samples_prints_what_the_worker_recorded_and_agent_trajectories(served_job):
+    daemon, job_id = served_job.daemon, served_job.job_id
+    path = daemon.data_dir / "jobs" / job_id / "samples.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    newest = [record for record in records if record["step"] == max(r["step"] for r in records)]
+    shown = daemon.cli("samples", job_id)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == (f"== step {newest[0]['step']} · prompt 1: {newest[0]['question']}  "
+                                            f"(answer {newest[0]['reference']})")
+    assert all(record["completion"].strip().splitlines()[0] in shown.stdout for record in newest
+               if record["completion"].strip())
+    first = daemon.cli("samples", job_id, "--step", "1", "--json")
+    assert json.loads(first.stdout) == [record for record in records if record["step"] == 1]
+    # An agent job's line (the trainer's shape) served by the daemon prints with its turns and mask.
+    trajectory = {
+        "step": 99, "kind": "trajectory", "environment": "calculator", "scenario": "7 * 8", "reward": 1.0,
+        "rewards": {"correct": 1.0}, "advantage": 0.5, "metrics": {"turns": 2},
+        "messages": [{"role": "user", "content": "What is 7 * 8?"},
+                     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                         "name": "multiply", "arguments": '{"a": 7, "b": 8}'}}]},
+                     {"role": "tool", "tool_call_id": "c1", "content": "56"},
+                     {"role": "assistant", "content": "<answer>56</answer>"}],
+        "segments": [{"text": "<|im_start|>user\nWhat is 7 * 8?<|im_end|>\n<|im_start|>assistant\n", "trained": False},
+                     {"text": '<tool_call>{"name": "multiply", "arguments": {"a": 7, "b": 8}}</tool_call>',
+                      "trained": True},
+                     {"text": "\n<|im_start|>tool\n56<|im_end|>\n<|im_start|>assistant\n", "trained": False},
+                     {"text": "<answer>56</answer><|im_end|>", "trained": True}],
+        "trained_tokens": 30, "context_tokens": 25}
+    original = path.read_text()
+    try:
+        path.write_text(original + json.dumps(trajectory) + "\n")
+        agent = daemon.cli("samples", job_id)
+    finally:
+        path.write_text(original)
+    assert agent.returncode == 0, agent.stderr
+    lines = agent.stdout.splitlines()
+    assert lines[:2] == ["== step 99 · group 1 · calculator · scenario 7 * 8 · 1 trajectory",
+                         "-- trajectory 1: reward 1.00  correct 1.00  advantage +0.50  tokens: 30 trained, 25 context"]
+    assert '   assistant      call multiply({"a": 7, "b": 8})' in lines
+    assert "   tool (multiply)56" not in lines and "   tool (multiply) 56" in lines
+    assert [line for line in lines if line.startswith("   TRAIN |")] == [
+        '   TRAIN | <tool_call>{"name": "multiply", "arguments": {"a": 7, "b": 8}}</tool_call>',
+        "   TRAIN | <answer>56</answer><|im_end|>"]
+
+
 def test_logs_follow_streams_lines_as_they_are_written(served_job):
     lines = served_job.follow_lines
     log_text = (served_job.daemon.data_dir / "jobs" / served_job.job_id / "log.txt").read_text()
