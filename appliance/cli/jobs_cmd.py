@@ -1,16 +1,17 @@
 """`appliance jobs ...`: the daemon's command-line client (over its Unix socket).
 
     appliance jobs submit FILE [--dry-run] | list | show ID | pause ID | resume ID | cancel ID
-                   | logs ID [--follow] | metrics ID | samples ID
-                   [--json] [--socket PATH | --control-addr HOST:PORT --token-file FILE]
-
-Over the daemon's Unix socket by default; over its TCP control port (only when
-the daemon was started with --control-addr) with --control-addr and
---token-file, or $APPLIANCE_CONTROL_ADDR and $APPLIANCE_TOKEN_FILE.
+                   | logs ID [--follow] | metrics ID          [--json] [--socket PATH]
 
 Human tables by default, one JSON document with --json. Exit codes: 0 ok,
 1 the daemon is unreachable or failed, 2 bad input (job file errors, unknown
 job, a state change the job does not allow), 3 the job does not fit the device.
+
+`samples ID [--step N | --all]` prints recorded samples: completions, or agent
+trajectories with their turns, tool calls and trained mask. Every action talks
+over the daemon's Unix socket by default, or over its TCP control port (only
+when the daemon was started with --control-addr) with `--control-addr
+HOST:PORT --token-file FILE` or $APPLIANCE_CONTROL_ADDR and $APPLIANCE_TOKEN_FILE.
 """
 
 from __future__ import annotations
@@ -54,12 +55,13 @@ def register(subparsers) -> None:
     logs = action("logs", "the job's log.txt", _logs)
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing lines as they are written")
     logs.add_argument("--bytes", type=int, default=16384, help="how much of the end to show first (default 16384)")
-    action("metrics", "the job's per-step metrics", _metrics)
     samples = action("samples", "the job's recorded samples: completions, or agent trajectories with their "
                                 "turns, tool calls and trained mask", _samples)
     samples.add_argument("--step", type=int, default=None, help="only this step (default: the newest recorded)")
     samples.add_argument("--all", action="store_true", help="every step still in the last --limit lines")
     samples.add_argument("--limit", type=int, default=400, help="how many of the newest lines to fetch (default 400)")
+    action("metrics", "the job's per-step metrics", _metrics)
+
 
 
 def _run(args, handler) -> int:
@@ -180,21 +182,6 @@ def _logs(client, args) -> int:
     return EXIT_OK
 
 
-def _metrics(client, args) -> int:
-    records = client.all_metrics(args.job_id)
-    if args.json:
-        print(json.dumps(records, indent=2))
-        return EXIT_OK
-    print(f"{'STEP':>5}  {'REWARD':>8}  {'STD':>6}  {'LOSS':>9}  {'KL':>8}  {'TOK/S':>7}  {'SECONDS':>7}")
-    for record in records:
-        rate = record.get("tokens_per_second") or {}
-        rate = rate.get("student", 0.0) if isinstance(rate, dict) else rate
-        print(f"{record.get('step', 0):>5}  {record.get('reward_mean', 0):>+8.3f}  {record.get('reward_std', 0):>6.3f}  "
-              f"{record.get('loss', 0):>+9.4f}  {record.get('kl', 0):>8.4f}  {rate:>7.1f}  "
-              f"{(record.get('seconds') or {}).get('step', 0):>7.1f}")
-    return EXIT_OK
-
-
 def _samples(client, args) -> int:
     from appliance.cli.samples_text import samples_text
 
@@ -213,3 +200,19 @@ def _samples(client, args) -> int:
         return EXIT_OK
     print(samples_text(records), end="")
     return EXIT_OK
+
+
+def _metrics(client, args) -> int:
+    records = client.all_metrics(args.job_id)
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return EXIT_OK
+    print(f"{'STEP':>5}  {'REWARD':>8}  {'STD':>6}  {'LOSS':>9}  {'KL':>8}  {'TOK/S':>7}  {'SECONDS':>7}")
+    for record in records:
+        rate = record.get("tokens_per_second") or {}
+        rate = rate.get("student", 0.0) if isinstance(rate, dict) else rate
+        print(f"{record.get('step', 0):>5}  {record.get('reward_mean', 0):>+8.3f}  {record.get('reward_std', 0):>6.3f}  "
+              f"{record.get('loss', 0):>+9.4f}  {record.get('kl', 0):>8.4f}  {rate:>7.1f}  "
+              f"{(record.get('seconds') or {}).get('step', 0):>7.1f}")
+    return EXIT_OK
+
