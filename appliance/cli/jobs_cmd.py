@@ -63,7 +63,6 @@ def register(subparsers) -> None:
     action("metrics", "the job's per-step metrics", _metrics)
 
 
-
 def _run(args, handler) -> int:
     from appliance.service.client import Client, ClientError, DaemonUnreachable
     from appliance.service.token_file import TokenFileError, read_token_file
@@ -215,4 +214,3 @@ def _metrics(client, args) -> int:
               f"{record.get('loss', 0):>+9.4f}  {record.get('kl', 0):>8.4f}  {rate:>7.1f}  "
               f"{(record.get('seconds') or {}).get('step', 0):>7.1f}")
     return EXIT_OK
-
