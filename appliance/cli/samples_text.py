@@ -49,7 +49,8 @@ def trajectory_lines(trajectory: Trajectory, index: int) -> list[str]:
     rewards = "  ".join(f"{name} {_number(value)}" for name, value in sorted(trajectory.rewards.items()))
     lines = [f"-- trajectory {index}: reward {_number(trajectory.reward)}  {rewards}  advantage "
              f"{_signed(trajectory.advantage)}  tokens: {_count(trajectory.trained_tokens)} trained, "
-             f"{_count(trajectory.context_tokens)} context"]
+             f"{_count(trajectory.context_tokens)} context"
+             + (" (cut at the job's token bound)" if trajectory.truncated else "")]
     if trajectory.metrics:
         lines.append("   metrics: " + "  ".join(f"{name} {_metric(value)}"
                                                 for name, value in sorted(trajectory.metrics.items())))

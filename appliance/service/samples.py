@@ -5,7 +5,7 @@ A single-turn line is {"step", "question", "reference", "completion", "reward",
 
     {"step", "kind": "trajectory", "environment", "scenario", "reward", "rewards",
      "advantage", "metrics", "messages": [OpenAI chat messages], "segments":
-     [{"text", "trained"}], "trained_tokens", "context_tokens"}
+     [{"text", "trained"}], "trained_tokens", "context_tokens"[, "truncated": true]}
 
 `segments` is the chat template's rendering of the whole trajectory cut where
 the training mask changes: trained (the assistant's sampled tokens) or context
@@ -64,6 +64,7 @@ class Trajectory:
     trained_tokens: int | None
     context_tokens: int | None
     tool_names: dict[str, str] = field(default_factory=dict)  # tool_call_id -> the tool's name
+    truncated: bool = False  # cut at the job's token bound: the mask covers only what was kept
 
     def tool_name(self, turn: Turn) -> str:
         return self.tool_names.get(turn.tool_call_id, "tool")
@@ -121,7 +122,8 @@ def parse_trajectory(record: dict) -> Trajectory:
         rewards=_numbers(record.get("rewards")), advantage=_number(record.get("advantage")),
         metrics=_numbers(record.get("metrics")), turns=tuple(turns), segments=segments,
         trained_tokens=trained if isinstance(trained, int) else None,
-        context_tokens=context if isinstance(context, int) else None, tool_names=names)
+        context_tokens=context if isinstance(context, int) else None, tool_names=names,
+        truncated=record.get("truncated") is True)
 
 
 def group_records(records: Sequence[dict]) -> dict[int, list[list[dict]]]:

@@ -54,6 +54,13 @@ def test_single_turn_samples_render_as_before_and_mixed_steps_show_both():
     assert [len(group) for group in grouped[12]] == [2] and [len(group) for group in grouped[37]] == [2, 2]
 
 
+def test_a_trajectory_cut_at_the_token_bound_says_so():
+    cut = {**TRAJECTORIES[0], "truncated": True}
+    assert "41 trained  96 context  cut at the job's token bound" in plain(render_trajectory(parse_trajectory(cut), 1))
+    assert "tokens: 41 trained, 96 context (cut at the job's token bound)" in samples_text([cut])
+    assert "token bound" not in plain(render_samples(TRAJECTORIES)) + samples_text(TRAJECTORIES)
+
+
 def test_a_malformed_trajectory_line_shows_what_it_has():
     broken = {"step": 3, "kind": "trajectory", "messages": [{"role": "assistant", "content": [{"type": "text",
                                                                                               "text": "hi"}],

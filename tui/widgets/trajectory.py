@@ -61,7 +61,9 @@ def render_trajectory(trajectory: Trajectory, number: int) -> RenderableType:
     if trajectory.metrics:
         head.add_row("metrics", "  ".join(f"{name} {_value(value)}" for name, value in sorted(trajectory.metrics.items())))
     head.add_row("tokens", Text.assemble((_count(trajectory.trained_tokens), TRAINED_STYLE), " trained  ",
-                                         _count(trajectory.context_tokens), " context"))
+                                         _count(trajectory.context_tokens), " context",
+                                         ("  cut at the job's token bound", "bold red") if trajectory.truncated
+                                         else ""))
     turns = Table.grid(padding=(0, 1))
     turns.add_column(width=9)
     turns.add_column(ratio=1)
