@@ -30,7 +30,7 @@ from appliance.engines.hf import HFEngine
 from appliance.models.provision import DEMO_MODEL_NAME, provision_demo
 from appliance.models.store import ModelStore
 
-ENVIRONMENTS = {"builtin:calculator": {}, "builtin:email-search": {}, "builtin:2048": {"max_turns": 4}}
+ENVIRONMENTS = {"builtin:calculator": {}, "builtin:email_search": {}, "builtin:game2048": {"max_turns": 4}}
 
 
 def measure(engine, name: str, options: dict, scenarios: int, group: int, max_new_tokens: int, max_turns: int | None):

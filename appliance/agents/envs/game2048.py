@@ -1,4 +1,4 @@
-"""builtin:2048, the sliding-tile game played through one `move` tool.
+"""builtin:game2048, the sliding-tile game played through one `move` tool.
 
 The board is 4x4; each move slides every tile one way, equal neighbours merge
 once, and a new tile (2, or 4 one time in ten) appears on an empty cell. The
@@ -85,7 +85,7 @@ class GameState:
 
 
 class Game2048Environment(ToolEnvironment):
-    name = "2048"
+    name = "game2048"
 
     def __init__(self, target: int = 64, max_turns: int = 40):
         if target < 8 or target & (target - 1):
