@@ -135,6 +135,7 @@ class ExternalSource:
         self._tokenizer = copy.deepcopy(engine.tokenizer)
         self._submit_lock = threading.Lock()
         self._open_for_submissions = True
+        self._closed = False
         self.service.lock.acquire()  # closed until the trainer's first collect
         self._gate_held = True
         self.token = secrets.token_urlsafe(32)
@@ -155,7 +156,7 @@ class ExternalSource:
         try:
             with self._arrived:
                 while len(self._queue) < scenarios:
-                    reason = self.stop_requested()
+                    reason = "the source was closed" if self._closed else self.stop_requested()
                     if reason:
                         raise CollectStopped(f"stopped ({reason}) while waiting for {scenarios} trajectory groups"
                                              f" ({len(self._queue)} submitted)")
@@ -168,6 +169,9 @@ class ExternalSource:
         self.endpoint_file.unlink(missing_ok=True)
         with self._submit_lock:
             self._open_for_submissions = False
+        with self._arrived:
+            self._closed = True
+            self._arrived.notify_all()
         self.service.open = False  # requests waiting for the engine are answered 503, not generated
         self._open()
         self.server.close(timeout_seconds=60)

@@ -9,8 +9,8 @@ on what comes back; it never knows who played them. Two sources exist:
   runs concurrently (the client batches their turns into engine calls); the
   step number picks the scenarios and the sampling seed, so a resumed run
   plays exactly the steps an uninterrupted one would have.
-- "external": groups played elsewhere against the job's student endpoint and
-  submitted through the control API (built on this interface separately).
+- `ExternalSource` (agents/external.py, "external"): groups played elsewhere
+  against the job's student endpoint and submitted through the control API.
 
 `make_source` is the one place a job's `task.environment` becomes a source.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from appliance.agents.engine_client import EngineChatClient
 from appliance.agents.environment import AgentEnvironmentError, Environment, Split, rollout_groups
@@ -102,10 +102,23 @@ def rollout_sampling(spec: JobSpec) -> Sampling:
                     seed=grpo.seed)
 
 
-def make_source(spec: JobSpec, engine: GenerationEngine, data_dir: Path) -> TrajectorySource:
-    """The trajectory source of an agent job (`task.environment` set): the one place the key is read."""
+def make_source(spec: JobSpec, engine: GenerationEngine, data_dir: Path, *, job_dir: Path | None = None,
+                stop_requested: Callable[[], str | None] | None = None) -> TrajectorySource:
+    """The trajectory source of an agent job (`task.environment` set): the one place the key is read.
+
+    "external" serves the student endpoint over `engine` and writes its address and token into `job_dir`
+    (agents/external.py); `stop_requested` lets its `collect` give up waiting when the job is asked to stop.
+    """
     if spec.task.environment == EXTERNAL:
-        raise AgentEnvironmentError(
-            "task.environment: 'external' (trajectories submitted through the student endpoint) is not available "
-            "in this build yet; use builtin:calculator, builtin:email_search, builtin:game2048 or a plugin file.py:Class")
+        from appliance.agents.external import ExternalSource
+
+        if job_dir is None:
+            raise AgentEnvironmentError("task.environment 'external' needs the job folder (make_source(job_dir=...)):"
+                                        " the endpoint's address and token are written there")
+        if not (hasattr(engine, "model") and hasattr(engine, "tokenizer")):
+            raise AgentEnvironmentError(
+                "task.environment 'external' is served by the transformers engine in this build; set"
+                " engine.rollout: hf (vLLM's own OpenAI server is not wired to the ledger yet)")
+        return ExternalSource(engine, job_dir, spec.grpo.group_size, served_name=spec.student.model,
+                              max_queued_groups=max(16, 4 * spec.grpo.prompts_per_step), stop_requested=stop_requested)
     return EnvironmentSource(build_environment(spec, data_dir), engine, rollout_sampling(spec), seed=spec.grpo.seed)
