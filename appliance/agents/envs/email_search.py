@@ -96,4 +96,4 @@ class EmailSearchEnvironment(ToolEnvironment):
         if state.answered is None:
             reward = min(0.0, reward)
         return reward, {"right_email": float(right_email), "correct_answer": float(has_fact),
-                        "answered": float(state.answered is not None)}
+                        "answered": float(state.answered is not None), "success": float(right_email)}

@@ -128,5 +128,5 @@ class Game2048Environment(ToolEnvironment):
         won = largest >= self.target
         reward = (0.6 * math.log2(largest) / math.log2(self.target) + 0.4 * min(1.0, state.merged / self.target)
                   + float(won) - 0.1 * (episode.invalid_calls + episode.malformed_calls))
-        return reward, {"largest_tile": float(largest), "merged": float(state.merged), "won": float(won),
+        return reward, {"largest_tile": float(largest), "merged": float(state.merged), "won": float(won), "success": float(won),
                         "moves": float(state.moves)}
