@@ -153,7 +153,7 @@ def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Pa
 
         bound = (plan.sequence_tokens["student"] if plan is not None
                  else (prompt_tokens or spec.grpo.max_prompt_tokens) + generated_tokens(planned))
-        agent = AgentJob(make_source(spec, engine, data_dir), spec.task.environment, bound, environment)
+        agent = AgentJob(make_source(spec, engine, data_dir, job_dir=job_dir), spec.task.environment, bound, environment)
     ledger = measure_loaded(plan, student, engine) if plan is not None else None
     return Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger, plan=plan,
                    agent=agent)
