@@ -61,10 +61,14 @@ def test_agent_only_keys_without_an_environment_are_refused():
         parse_job("name: x\nstudent: {model: m}\ntask: {max_turns: 3}\nrewards: [{name: correctness}]\n", "job.yaml")
 
 
-def test_make_source_builds_the_environment_and_refuses_external_clearly(tmp_path):
+def test_make_source_builds_the_environment_and_says_what_external_needs(tmp_path):
     spec = parse_job(JOB.format(environment="builtin:game2048", extra="  max_turns: 2\n"), "job.yaml")
     source = make_source(spec, engine=None, data_dir=tmp_path)
     assert isinstance(source, EnvironmentSource) and source.environment.max_turns == 2
     external = spec.model_copy(update={"task": spec.task.model_copy(update={"environment": "external"})})
-    with pytest.raises(AgentEnvironmentError, match="'external'.*not available"):
+    with pytest.raises(AgentEnvironmentError, match="'external' needs the job folder"):
         make_source(external, engine=None, data_dir=tmp_path)
+    # the endpoint serves a transformers engine (model + tokenizer); anything else is refused before serving
+    with pytest.raises(AgentEnvironmentError, match="served by the transformers engine.*engine.rollout: hf"):
+        make_source(external, engine=object(), data_dir=tmp_path, job_dir=tmp_path)
+    assert not (tmp_path / "endpoint.json").exists()
