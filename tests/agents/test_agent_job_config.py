@@ -72,3 +72,27 @@ def test_make_source_builds_the_environment_and_says_what_external_needs(tmp_pat
     with pytest.raises(AgentEnvironmentError, match="served by the transformers engine.*engine.rollout: hf"):
         make_source(external, engine=object(), data_dir=tmp_path, job_dir=tmp_path)
     assert not (tmp_path / "endpoint.json").exists()
+
+
+def test_an_agent_job_plans_with_its_stated_trajectory_bound(tmp_path, demo_model_dir):
+    from appliance.budget.device import DeviceInfo
+    from appliance.budget.plan import plan_job
+    from appliance.budget.shapes import load_config
+    from appliance.budget.workload import AGENT_TURNS_ASSUMED, TOOL_RESULT_TOKENS
+    from appliance.grpo.prompt_lengths import measure_prompt_tokens
+
+    spec = parse_job(JOB.format(environment="builtin:calculator", extra="  max_turns: 3\n")
+                     + "grpo: {max_new_tokens: 40, group_size: 4, prompts_per_step: 2}\n", "job.yaml")
+    opening = measure_prompt_tokens(spec, demo_model_dir, tmp_path)
+    assert 100 < opening < 400  # the calculator's system prompt with its tool, the question, the template
+    device = DeviceInfo("cuda", 24 * 2**30, 0, "fake")
+    plan = plan_job(spec, load_config(demo_model_dir / "config.json"), None, device, prompt_tokens=opening)
+    assert plan.fits
+    assert plan.sequence_tokens["student"] == opening + 3 * (40 + TOOL_RESULT_TOKENS)
+    assert "3 turns (task.max_turns)" in plan.choices.reasons["sequence_tokens"]
+    assert "sequence_tokens" in plan.render()
+    unset = parse_job(JOB.format(environment="builtin:calculator", extra="")
+                      + "grpo: {max_new_tokens: 40}\n", "job.yaml")
+    plan = plan_job(unset, load_config(demo_model_dir / "config.json"), None, device, prompt_tokens=opening)
+    assert plan.sequence_tokens["student"] == opening + AGENT_TURNS_ASSUMED * (40 + TOOL_RESULT_TOKENS)
+    assert "assumed; set task.max_turns" in plan.choices.reasons["sequence_tokens"]
