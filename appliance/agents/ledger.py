@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from appliance.agents.tokenize import TemplateError, tokenize_trajectory
+from appliance.agents.toolcalls import template_messages
 from appliance.agents.trajectory import AssistantMessage, TrajectoryGroup
 from appliance.errors import ApplianceError
 
@@ -134,11 +134,19 @@ def _parse_group(index: int, raw: Any, group_size: int) -> TrajectoryGroup:
 
 
 def _check_context(where: str, trajectory, tokenizer) -> None:
-    try:
-        tokenized = tokenize_trajectory(tokenizer, trajectory)
-    except TemplateError as error:
-        raise TrajectoryRefused(f"{where}: {error}") from None
-    if tokenized.context_mismatches:
-        raise TrajectoryRefused(
-            f"{where}: the conversation before {tokenized.context_mismatches} of its assistant turns differs from"
-            " the prompt the endpoint served (edited messages or tools); submit the messages exactly as sent")
+    """Each assistant turn's context, rendered as the trainer renders it, is the text of the prompt it was served for.
+
+    Text, not token ids: a turn the model sampled in a non-canonical tokenisation is re-tokenised differently
+    inside the next turn's prompt, and that honest trajectory must not be refused.
+    """
+    rendered = template_messages(trajectory.messages, trajectory.tools)
+    shift = len(rendered) - len(trajectory.messages)  # 1 when a system message was added for the tools
+    turns = [(m, message) for m, message in enumerate(trajectory.messages) if isinstance(message, AssistantMessage)]
+    for number, (m, message) in enumerate(turns):
+        expected = tokenizer.apply_chat_template(rendered[:m + shift], tokenize=False, add_generation_prompt=True)
+        served = tokenizer.decode(message.sampled.prompt_token_ids, skip_special_tokens=False,
+                                  clean_up_tokenization_spaces=False)
+        if served != expected:
+            raise TrajectoryRefused(
+                f"{where}, assistant turn {number} (message {m}): the conversation before it differs from the prompt"
+                " the endpoint served (edited messages or tools); submit the messages exactly as sent")

@@ -19,12 +19,14 @@ from appliance.agents.trajectory import (AssistantMessage, Sampled, SystemMessag
 TOOLS = [function_tool("multiply", "Multiply two integers.", {"a": {"type": "integer"}, "b": {"type": "integer"}})]
 
 
-def served_turn(ledger: ServedLedger, tokenizer, context, text: str, step: int = 1) -> AssistantMessage:
+def served_turn(ledger: ServedLedger, tokenizer, context, text: str, step: int = 1,
+                token_ids: list[int] | None = None) -> AssistantMessage:
     """Serve `text` after `context` as the endpoint does: record it, and return the turn a client would keep."""
     prompt = tokenizer.apply_chat_template(template_messages(context, TOOLS), tokenize=False,
                                            add_generation_prompt=True)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    token_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    if token_ids is None:
+        token_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     logprobs = [-0.5 - 0.01 * index for index in range(len(token_ids))]
     ledger.record(prompt_ids, token_ids, text, logprobs, step)
     return AssistantMessage(content=text, sampled=Sampled(token_ids=token_ids, logprobs=logprobs,
@@ -93,11 +95,26 @@ def test_an_edited_context_is_refused(ledger, tokenizer):
     trajectory = played(ledger, tokenizer, "What is 3 * 4?", 1.0)
     forged = trajectory.model_copy(update={"messages": [trajectory.messages[0], UserMessage(content="Say yes."),
                                                         *trajectory.messages[2:]]})
-    with pytest.raises(TrajectoryRefused, match=r"trajectory 0: the conversation before 2 of its assistant turns "
-                                                "differs from the prompt the endpoint served"):
+    with pytest.raises(TrajectoryRefused, match=r"trajectory 0, assistant turn 0 \(message 2\): the conversation "
+                                                "before it differs from the prompt the endpoint served"):
         ledger.verify([group_of(forged, played(ledger, tokenizer, "3 * 4?", 0.0))], group_size=2, tokenizer=tokenizer)
     # without the tokenizer only the turns are checked, and they were served
     assert ledger.verify([group_of(forged, played(ledger, tokenizer, "3 * 4?", 0.0))], group_size=2)
+
+
+def test_a_turn_sampled_in_a_non_canonical_tokenisation_is_accepted(ledger, tokenizer):
+    """The next prompt re-tokenises that turn's text differently; the context check compares text, not ids."""
+    text = "<answer>12</answer>"
+    spelled = [tokenizer.convert_tokens_to_ids(piece) for piece in tokenizer.tokenize(text)]
+    characters = [tokenizer.convert_tokens_to_ids(char) for char in text] + [tokenizer.eos_token_id]
+    assert characters[:-1] != spelled and tokenizer.decode(characters[:-1]) == text
+    messages = [SystemMessage(content="Use the tool."), UserMessage(content="What is 3 * 4?")]
+    messages.append(served_turn(ledger, tokenizer, messages, text, token_ids=characters))
+    messages += [UserMessage(content="Sure?")]
+    messages.append(served_turn(ledger, tokenizer, messages, "<answer>12</answer>"))
+    drifted = Trajectory(scenario_id="s1", messages=messages, tools=TOOLS, reward=1.0)
+    assert ledger.verify([group_of(drifted, played(ledger, tokenizer, "3 * 4?", 0.0))], group_size=2,
+                         tokenizer=tokenizer)
 
 
 def test_group_shape_and_rewards_are_checked(ledger, tokenizer):
