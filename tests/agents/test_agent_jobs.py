@@ -34,8 +34,15 @@ def _spec(tmp_path, data_dir, short, steps):
 @pytest.mark.parametrize("short", ["calculator", "email_search", "game2048"])
 def test_an_agent_job_runs_records_trajectories_and_resumes(tmp_path, fresh_data_dir, short):
     job_dir = fresh_data_dir / "jobs" / f"agent-{short}"
-    result = run_job(_spec(tmp_path, fresh_data_dir, short, 2), fresh_data_dir, job_dir, job_file_dir=tmp_path)
+    evaluate = short == "calculator"  # held-out success before and after, on 2 greedy held-out episodes
+    result = run_job(_spec(tmp_path, fresh_data_dir, short, 2), fresh_data_dir, job_dir, job_file_dir=tmp_path,
+                     evaluate=evaluate, eval_limit=2)
     assert (result.status, result.step) == ("completed", 2)
+    if evaluate:
+        summary = json.loads((job_dir / "eval.json").read_text())
+        assert summary["before"]["problems"] == summary["after"]["problems"] == 2
+        assert summary["before"]["examples"][0]["messages"][1]["content"].startswith("What is")
+        assert 0.0 <= result.eval_after.accuracy <= 1.0 and result.eval_before.problems == 2
     assert (job_dir / "checkpoints" / "step-000002" / "state.json").is_file()
 
     metrics = read_jsonl(job_dir / "metrics.jsonl")
