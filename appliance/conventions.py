@@ -11,6 +11,8 @@ import re
 
 # The reward supplied by the job's LLM judge (rewards: [{name: judge}]).
 JUDGE_REWARD = "judge"
+# An agent job's environment's own reward of each trajectory (rewards: [{name: environment}]).
+ENVIRONMENT_REWARD = "environment"
 # A plugin reward: "path/to/file.py:function".
 PLUGIN_REWARD = re.compile(r"^(?P<file>.+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
 PLUGIN_SYNTAX = "path/to/file.py:function"

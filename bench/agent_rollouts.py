@@ -6,6 +6,11 @@ For each built-in environment: rollouts per second of `EngineChatClient` over
 `HFEngine` (all rollouts of the step concurrent, batched into engine calls),
 and per trajectory the trained (assistant) vs context tokens from
 `tokenize_trajectory`, with drifted turns and context mismatches.
+
+With `--train STEPS` it instead trains a small agent job on each environment
+through `run_job` (the path `appliance train` takes) and prints, per step, the
+reward, the seconds, and the trained vs context tokens of the recorded
+trajectories: the reward curve and steps per minute of each environment.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from appliance.engines.hf import HFEngine
 from appliance.models.provision import DEMO_MODEL_NAME, provision_demo
 from appliance.models.store import ModelStore
 
-ENVIRONMENTS = {"builtin:calculator": {}, "builtin:email-search": {}, "builtin:2048": {"max_turns": 4}}
+ENVIRONMENTS = {"builtin:calculator": {}, "builtin:email_search": {}, "builtin:game2048": {"max_turns": 4}}
 
 
 def measure(engine, name: str, options: dict, scenarios: int, group: int, max_new_tokens: int, max_turns: int | None):
@@ -58,6 +63,49 @@ def measure(engine, name: str, options: dict, scenarios: int, group: int, max_ne
     }
 
 
+TRAIN_JOB = """\
+name: bench-{short}
+student: {{model: smollm2-135m-instruct, quantization: nf4}}
+task: {{environment: "builtin:{short}", max_turns: {turns}}}
+rewards: [{{name: environment}}]
+grpo: {{group_size: {group}, prompts_per_step: {scenarios}, max_new_tokens: {tokens}, steps: {steps},
+        learning_rate: 3.0e-4}}
+checkpoint: {{every: {steps}}}
+"""
+
+
+def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, tokens: int, turns: int) -> None:
+    import tempfile
+
+    from appliance.config.checks import load_checked_job
+    from appliance.grpo.records import read_jsonl
+    from appliance.grpo.run import run_job
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        job_file = folder / "job.yaml"
+        job_file.write_text(TRAIN_JOB.format(short=short, steps=steps, scenarios=scenarios, group=group,
+                                             tokens=tokens, turns=turns))
+        run_data = folder / "data"  # a fresh data dir that sees the provisioned models
+        (run_data / "models").mkdir(parents=True)
+        for model in (data_dir / "models").iterdir():
+            if not model.name.startswith("."):
+                (run_data / "models" / model.name).symlink_to(model.resolve())
+        job_dir = run_data / "jobs" / f"bench-{short}"
+        started = time.monotonic()
+        run_job(load_checked_job(job_file, run_data), run_data, job_dir, job_file_dir=folder)
+        minutes = (time.monotonic() - started) / 60
+        samples = read_jsonl(job_dir / "samples.jsonl")
+        for record in read_jsonl(job_dir / "metrics.jsonl"):
+            mine = [s for s in samples if s["step"] == record["step"]]
+            print(json.dumps({
+                "environment": short, "step": record["step"], "reward_mean": round(record["reward_mean"], 3),
+                "seconds": round(record["seconds"]["step"], 1), "trained_tokens_step": record["trained_tokens"],
+                "trajectory_trained_tokens": [s["trained_tokens"] for s in mine],
+                "trajectory_context_tokens": [s["context_tokens"] for s in mine],
+            }), flush=True)
+        print(json.dumps({"environment": short, "steps_per_minute": round(steps / minutes, 3)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", type=int, default=2)
@@ -65,12 +113,19 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-turns", type=int, default=None, help="override every environment's turn limit")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--train", type=int, default=0, metavar="STEPS",
+                        help="train STEPS steps of an agent job per environment instead of timing rollouts")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     import os
 
     data_dir = Path(os.environ.get("APPLIANCE_TEST_DATA_DIR", ".test-cache/data"))
     provision_demo(data_dir)
+    if args.train:
+        for name in ENVIRONMENTS:
+            train(data_dir, name.removeprefix("builtin:"), args.train, args.scenarios, args.group,
+                  args.max_new_tokens, args.max_turns or 3)
+        return
     engine = HFEngine.load(ModelStore(data_dir).verify(DEMO_MODEL_NAME).path)
     for name, options in ENVIRONMENTS.items():
         print(json.dumps(measure(engine, name, options, args.scenarios, args.group, args.max_new_tokens,

@@ -6,5 +6,5 @@ tokenize.py     a trajectory as input ids + assistant mask + sampled logprobs
 environment.py  the plugin interface (scenarios, async rollout), the tool loop, concurrent groups
 engine_client.py the in-process ChatClient over a GenerationEngine (batched)
 loading.py      builtin:NAME or file.py:Class from <data-dir>/plugins/
-envs/           calculator, email-search (synthetic mailbox), 2048
+envs/           calculator, email_search (synthetic mailbox), game2048
 """

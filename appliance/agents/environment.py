@@ -99,7 +99,7 @@ class ToolEnvironment(ABC):
 
     @abstractmethod
     def score(self, state: Any, episode: "Episode") -> tuple[float, dict[str, float]]:
-        """(reward, metrics) of a finished episode."""
+        """(reward, metrics) of a finished episode; metrics["success"] (0 or 1) is what held-out evaluation counts."""
 
     async def rollout(self, client: ChatClient, scenario: Scenario) -> Trajectory:
         state, system, user = self.start(scenario)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from appliance.budget.device import DeviceInfo
 from appliance.budget.fit import auto_fit
 from appliance.budget.phases import COMPONENTS, FitChoices, PhasePlan
-from appliance.budget.workload import Workload, workload_of
+from appliance.budget.workload import Workload, assumptions, workload_of
 from appliance.config.schema import JobSpec
 from appliance.config.sizes import format_bytes, parse_memory_budget
 
@@ -132,6 +132,8 @@ def plan_job(job: JobSpec, student_config: dict, judge_config: dict | None, devi
     budget = budget_of(job, device)
     work = workload_of(job, student_config, judge_config, device.kind, optimizer, double_quant, prompt_tokens)
     choices, phases = _fit(job, work, budget)
+    if assumptions(job):
+        choices.reasons["sequence_tokens"] = f"{work.sequence_tokens}: " + assumptions(job)
     peak = _peak(phases)
     fits = peak <= budget
     components = {name: max(p.resident[name] for p in phases.values()) for name in COMPONENTS}

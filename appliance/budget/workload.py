@@ -16,6 +16,33 @@ from appliance.config.schema import JobSpec
 # The judge's instructions around the rubric (judge/prompts.py), in tokens; rubric text at ~4 characters a token.
 JUDGE_TEMPLATE_TOKENS = 160
 CHARACTERS_PER_TOKEN = 4
+# Agent jobs (task.environment): a trajectory is the opening prompt, then per turn the assistant's reply
+# (at most grpo.max_new_tokens) and what follows it before the next reply: tool results and template glue,
+# assumed at most TOOL_RESULT_TOKENS. Turns: task.max_turns, else AGENT_TURNS_ASSUMED. Longer trajectories
+# are cut at this bound by the trainer (grpo/trajectories.py), so the plan holds.
+TOOL_RESULT_TOKENS = 128
+AGENT_TURNS_ASSUMED = 4
+
+
+def agent_turns(job: JobSpec) -> int:
+    return job.task.max_turns or AGENT_TURNS_ASSUMED
+
+
+def generated_tokens(job: JobSpec) -> int:
+    """Tokens after the prompt of one sequence: a completion, or an agent trajectory after its opening."""
+    if job.task.environment is None:
+        return job.grpo.max_new_tokens
+    return agent_turns(job) * (job.grpo.max_new_tokens + TOOL_RESULT_TOKENS)
+
+
+def assumptions(job: JobSpec) -> str:
+    """What the plan assumes about sequence lengths, in words (empty for single-turn jobs)."""
+    if job.task.environment is None:
+        return ""
+    source = "task.max_turns" if job.task.max_turns else "assumed; set task.max_turns to plan another limit"
+    return (f"agent trajectories: opening prompt + {agent_turns(job)} turns ({source}) x (grpo.max_new_tokens "
+            f"{job.grpo.max_new_tokens} + {TOOL_RESULT_TOKENS} tokens of tool result and template); longer "
+            "trajectories are cut there")
 
 @dataclass(frozen=True)
 class Workload:
@@ -83,7 +110,8 @@ def judge_prompt_tokens(job: JobSpec, prompt_tokens: int) -> int:
     In group mode one call carries the whole group's completions.
     """
     grpo = job.grpo
-    scored = grpo.group_size * grpo.max_new_tokens if job.judge.mode == "group" else grpo.max_new_tokens
+    generated = generated_tokens(job)
+    scored = grpo.group_size * generated if job.judge.mode == "group" else generated
     rubric = len(job.judge.rubric or "") // CHARACTERS_PER_TOKEN + JUDGE_TEMPLATE_TOKENS
     return prompt_tokens + scored + rubric
 
@@ -125,7 +153,7 @@ def workload_of(job: JobSpec, student_config: dict, judge_config: dict | None, d
         judge_shares_student=shares,
         sequences=sequences,
         prompt_tokens=prompt_tokens,
-        new_tokens=grpo.max_new_tokens,
+        new_tokens=generated_tokens(job),
         judge_calls=calls,
         judge_prompt_tokens=judge_prompt,
         judge_new_tokens=judge_new,

@@ -1,7 +1,8 @@
 """`appliance jobs ...`: the daemon's command-line client (over its Unix socket).
 
     appliance jobs submit FILE [--dry-run] | list | show ID | pause ID | resume ID | cancel ID
-                   | logs ID [--follow] | metrics ID          [--json] [--socket PATH]
+                   | logs ID [--follow] | metrics ID | endpoint ID | submit-trajectories ID FILE
+                                                              [--json] [--socket PATH]
 
 Human tables by default, one JSON document with --json. Exit codes: 0 ok,
 1 the daemon is unreachable or failed, 2 bad input (job file errors, unknown
@@ -61,6 +62,13 @@ def register(subparsers) -> None:
     samples.add_argument("--all", action="store_true", help="every step still in the last --limit lines")
     samples.add_argument("--limit", type=int, default=400, help="how many of the newest lines to fetch (default 400)")
     action("metrics", "the job's per-step metrics", _metrics)
+    action("endpoint", "a running external-rollout job's student endpoint: URL, token and model for agent code",
+           _endpoint)
+    trajectories = action("submit-trajectories", "submit trajectory groups played against the job's endpoint",
+                          _submit_trajectories)
+    trajectories.add_argument("file", type=Path, metavar="FILE",
+                              help="JSON: a list of trajectory groups (or {\"groups\": [...]}), or JSON Lines,"
+                                   " one group per line")
 
 
 def _run(args, handler) -> int:
@@ -213,4 +221,55 @@ def _metrics(client, args) -> int:
         print(f"{record.get('step', 0):>5}  {record.get('reward_mean', 0):>+8.3f}  {record.get('reward_std', 0):>6.3f}  "
               f"{record.get('loss', 0):>+9.4f}  {record.get('kl', 0):>8.4f}  {rate:>7.1f}  "
               f"{(record.get('seconds') or {}).get('step', 0):>7.1f}")
+    return EXIT_OK
+
+
+def _endpoint(client, args) -> int:
+    endpoint = client.endpoint(args.job_id)
+    if args.json:
+        _print_json(endpoint)
+        return EXIT_OK
+    print(f"# job {endpoint.job_id}, model '{endpoint.model}' after step {endpoint.step}; valid while the job runs")
+    print(f"OPENAI_BASE_URL={endpoint.url}")
+    print(f"OPENAI_API_KEY={endpoint.token}")
+    print(f"APPLIANCE_MODEL={endpoint.model}")
+    return EXIT_OK
+
+
+def _read_groups(path: Path) -> list:
+    from appliance.service.client import ClientError
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ClientError(f"cannot read {path}: {error.strerror or error}", status=400) from error
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        groups = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                groups.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ClientError(f"{path}:{number}: not JSON ({error.msg}); give a JSON list of trajectory groups"
+                                  " or JSON Lines, one group per line", status=400) from None
+        return groups
+    if isinstance(document, dict) and "groups" in document:
+        document = document["groups"]
+    if isinstance(document, dict):
+        document = [document]
+    if not isinstance(document, list) or not document:
+        raise ClientError(f"{path}: holds no trajectory groups; give a JSON list of groups", status=400)
+    return document
+
+
+def _submit_trajectories(client, args) -> int:
+    accepted = client.submit_trajectories(args.job_id, _read_groups(args.file))
+    if args.json:
+        _print_json(accepted)
+    else:
+        print(f"{accepted.job_id}: {accepted.accepted} groups accepted ({accepted.queued} queued for training;"
+              f" step {accepted.step})")
     return EXIT_OK

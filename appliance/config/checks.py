@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.config.load import ConfigError, JobFileError, ParsedJob, read_job
-from appliance.conventions import BUILTIN_DATASET_PREFIX, JUDGE_REWARD, PLUGIN_REWARD, PLUGIN_SYNTAX, is_builtin_dataset
+from appliance.conventions import BUILTIN_DATASET_PREFIX, ENVIRONMENT_REWARD, JUDGE_REWARD, PLUGIN_REWARD, PLUGIN_SYNTAX, is_builtin_dataset
 from appliance.suggest import closest, did_you_mean
 from appliance.config.schema import JobSpec
 
@@ -87,8 +87,15 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
         if not path.is_file() or not os.access(path, os.R_OK):
             errors.append(parsed.error_at(("judge", "token_file"), (
                 f"token file {path} does not exist or cannot be read; give a file holding the endpoint's API key")))
+    environment = _at(data, "task", "environment")
     dataset = parsed.spec.task.dataset if parsed.spec is not None else _at(data, "task", "dataset")
-    if isinstance(dataset, str) and dataset:
+    if isinstance(environment, str) and environment:
+        from appliance.agents.loading import environment_problem
+
+        problem = environment_problem(environment, data_dir)
+        if problem:
+            errors.append(parsed.error_at(("task", "environment"), problem))
+    elif isinstance(dataset, str) and dataset:
         # With a valid schema the task itself is loaded (it also checks held_out against the
         # dataset size); otherwise only the dataset is checked.
         problem = dataset_problem(dataset, base_dir, read_rows=parsed.spec is None)
@@ -221,6 +228,7 @@ def _reward_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
     first_seen: dict[str, int] = {}
     registered: list[str] | None = None
     has_judge = isinstance(parsed.data.get("judge"), dict)
+    has_environment = isinstance(_at(parsed.data, "task", "environment"), str)
     for position, reward in enumerate(rewards):
         name = reward.get("name") if isinstance(reward, dict) else None
         if not isinstance(name, str) or not name:
@@ -232,7 +240,10 @@ def _reward_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
             continue
         first_seen[name] = position
         plugin = PLUGIN_REWARD.match(name)
-        if plugin:
+        if name == ENVIRONMENT_REWARD:
+            problem = None if has_environment else (
+                "the 'environment' reward is an agent environment's own reward; set task.environment or drop it")
+        elif plugin:
             problem = plugin_problem(plugin["file"], plugin["function"], base_dir)
         elif ":" in name:
             problem = f"a plugin reward is written {PLUGIN_SYNTAX}, not '{name}'"

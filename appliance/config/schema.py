@@ -99,6 +99,10 @@ class FewShotExample(Spec):
     answer: str
 
 
+# Task keys that describe a dataset job; an agent job (task.environment) sets none of them.
+DATASET_KEYS = frozenset({"dataset", "system_prompt", "few_shot", "operand_min", "operand_max", "held_out"})
+
+
 class TaskSpec(Spec):
     dataset: Annotated[str, Field(min_length=1)] = "builtin:multiply"
     system_prompt: str | None = None
@@ -110,11 +114,34 @@ class TaskSpec(Spec):
     # Problems kept out of training for evaluation (first N of the shuffled set).
     held_out: Annotated[int, Field(ge=0)] = 100
     seed: int = 0
+    # An agent job: multi-turn rollouts in an environment with tools instead of a dataset of prompts.
+    # builtin:calculator | builtin:email_search | builtin:game2048 | "file.py:Class" in <data-dir>/plugins/
+    # | external (trajectory groups submitted through the student endpoint).
+    environment: Annotated[str, Field(min_length=1)] | None = None
+    # Keyword arguments for the environment's class (e.g. calculator: {operand_max: 50}).
+    environment_options: dict[str, float | int | str | bool] = {}
+    # Overrides the environment's own turn limit (assistant turns per rollout).
+    max_turns: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _operand_range(self) -> "TaskSpec":
         if self.operand_min > self.operand_max:
             raise ValueError(f"operand_min ({self.operand_min}) must not exceed operand_max ({self.operand_max})")
+        return self
+
+    @model_validator(mode="after")
+    def _environment_or_dataset(self) -> "TaskSpec":
+        if self.environment is None:
+            stray = sorted({"environment_options", "max_turns"} & self.model_fields_set)
+            if stray:
+                raise ValueError(f"{' and '.join(stray)} apply to agent jobs only; set task.environment or drop them")
+            return self
+        stray = sorted(DATASET_KEYS & self.model_fields_set)
+        if stray:
+            raise ValueError(
+                f"task.environment ({self.environment}) and {', '.join('task.' + key for key in stray)} exclude each "
+                "other: an agent job's scenarios and prompts come from its environment; drop "
+                + ("it" if len(stray) == 1 else "them") + " or drop task.environment")
         return self
 
 

@@ -12,6 +12,13 @@ computed in one forward pass over prompt and completion.
 It binds loopback (or a given host) only, optionally requires a bearer token,
 and serialises engine calls (the transformers engine is not thread-safe).
 `serve_in_thread` starts it on a free port and returns a handle to stop it.
+
+Tool calls and the served-token ledger are not this module's business: a
+`ChatHooks` (agents/external.py) renders `tools` and tool messages into the
+prompt, reads tool calls out of each reply and records what was served; a
+server without hooks refuses requests that carry tools. With
+`sampled_logprobs` the logprobs returned are those the engine sampled with
+(no second forward pass), which is what a trajectory trains on.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,7 +41,9 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant messages (OpenAI shape)
+    tool_call_id: str | None = None  # tool messages
 
 
 class ChatRequest(BaseModel):
@@ -57,6 +66,25 @@ class ChatRequest(BaseModel):
     return_tokens_as_token_ids: bool = False
     stop: str | list[str] | None = None
     include_stop_str_in_output: bool = False
+    tools: list[dict[str, Any]] | None = None  # OpenAI function tools; needs ChatHooks
+    tool_choice: Any = None  # accepted for compatibility; the model always chooses ("auto")
+
+
+class ServiceClosed(Exception):
+    """The endpoint's owner stopped serving the model."""
+
+
+class ChatHooks(Protocol):
+    """What a server with tool calls and a ledger adds (see agents/external.py)."""
+
+    def template(self, messages: list[dict], tools: list[dict]) -> list[dict[str, str]]:
+        """The request's messages as `{role, content}` dicts for the chat template, tools described."""
+
+    def reply(self, prompt_ids: list[int], completion, call_id_prefix: str) -> dict[str, Any]:
+        """Fields to merge into the choice's message (tool_calls) and choice (finish_reason); records it served."""
+
+    def routes(self, app) -> None:
+        """Add routes to the FastAPI app (behind the same bearer token)."""
 
 
 class TokenLogprobs:
@@ -99,14 +127,26 @@ class TokenLogprobs:
 class ChatService:
     """The endpoint's logic over one engine, independent of the HTTP framework."""
 
-    def __init__(self, engine, served_name: str | None = None):
+    def __init__(self, engine, served_name: str | None = None, hooks: ChatHooks | None = None,
+                 sampled_logprobs: bool = False):
         self.engine = engine
         self.served_name = served_name or engine.name
         self.scorer = TokenLogprobs(engine.model, engine.tokenizer)
+        self.hooks, self.sampled_logprobs = hooks, sampled_logprobs
+        # Held around every engine call; a trainer sharing the engine holds it while it updates the weights.
         self.lock = threading.Lock()
+        self.open = True  # False once the owner stops serving: requests waiting for the lock get 503
+
+    def _messages(self, request: ChatRequest) -> list[dict]:
+        messages = [message.model_dump(exclude_none=True) for message in request.messages]
+        if self.hooks is not None:
+            return self.hooks.template(messages, request.tools or [])
+        if request.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+            raise ValueError("this endpoint does not serve tool calls (no tools, tool messages or tool_calls)")
+        return [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
 
     def render(self, request: ChatRequest) -> str:
-        messages = [message.model_dump() for message in request.messages]
+        messages = self._messages(request)
         if request.continue_final_message:
             if messages[-1]["role"] != "assistant":
                 raise ValueError("continue_final_message needs the last message to be the assistant's")
@@ -123,28 +163,31 @@ class ChatService:
         stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
         sampling = Sampling(max_new_tokens=request.max_completion_tokens or request.max_tokens or 256, n=request.n,
                             temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=stop)
+        request_id = uuid.uuid4().hex
         with self.lock:
+            if not self.open:
+                raise ServiceClosed("the model is no longer served here (the job is ending)")
             completions = self.engine.generate([prompt], sampling)[0]
             if stop and not request.include_stop_str_in_output:
                 completions = [_without_stop(completion, stop) for completion in completions]
-            top = request.top_logprobs or 0
-            logprobs = [self.scorer.content(c.prompt_token_ids, c.token_ids, top, request.return_tokens_as_token_ids)
-                        if request.logprobs else None for c in completions]
+            logprobs = [self._logprobs(request, c) if request.logprobs else None for c in completions]
+            extras = [self.hooks.reply(c.prompt_token_ids, c, f"call_{request_id[:12]}_{index}")
+                      if self.hooks is not None else {} for index, c in enumerate(completions)]
         prompt_ids = completions[0].prompt_token_ids
         choices = []
-        for index, (completion, content) in enumerate(zip(completions, logprobs)):
+        for index, (completion, content, extra) in enumerate(zip(completions, logprobs, extras)):
             choice = {
                 "index": index,
-                "message": {"role": "assistant", "content": completion.text},
+                "message": {"role": "assistant", "content": completion.text, **extra.get("message", {})},
                 "logprobs": {"content": content} if content is not None else None,
-                "finish_reason": completion.finish_reason,
+                "finish_reason": extra.get("finish_reason", completion.finish_reason),
             }
             if request.return_token_ids:
                 choice["token_ids"] = completion.token_ids
             choices.append(choice)
         generated = sum(len(c.token_ids) for c in completions)
         document = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "id": f"chatcmpl-{request_id}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.served_name,
@@ -155,6 +198,17 @@ class ChatService:
         if request.return_token_ids:
             document["prompt_token_ids"] = prompt_ids
         return document
+
+    def _logprobs(self, request: ChatRequest, completion) -> list[dict]:
+        as_ids = request.return_tokens_as_token_ids
+        if not self.sampled_logprobs:
+            return self.scorer.content(completion.prompt_token_ids, completion.token_ids, request.top_logprobs or 0,
+                                       as_ids)
+        entries = []
+        for token_id, logprob in zip(completion.token_ids, completion.logprobs):
+            text = self.scorer.token_text(token_id, as_ids)
+            entries.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
+        return entries
 
 
 def _without_stop(completion, stop: tuple[str, ...]):
@@ -205,7 +259,11 @@ def build_app(service: ChatService, token: str | None = None):
             return service.complete(request)
         except ValueError as exc:
             return error(400, str(exc))
+        except ServiceClosed as exc:
+            return error(503, str(exc), "service_unavailable")
 
+    if service.hooks is not None:
+        service.hooks.routes(app)
     return app
 
 
@@ -226,9 +284,13 @@ class RunningServer:
 def serve_in_thread(engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                     served_name: str | None = None) -> RunningServer:
     """Serve `engine` on host:port (0: a free port) in a background thread; returns once it accepts."""
+    return serve_app_in_thread(build_app(ChatService(engine, served_name), token), host, port)
+
+
+def serve_app_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
+    """Serve an ASGI `app` on host:port (0: a free port) in a background thread; returns once it accepts."""
     import uvicorn
 
-    app = build_app(ChatService(engine, served_name), token)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -69,3 +69,46 @@ def evaluate_student(student, task: Task, problems: list[Problem], rewards: list
     engine = HFEngine(student.model, student.tokenizer, name="eval")
     with nullcontext() if use_adapter else student.model.disable_adapter():
         return evaluate(engine, task, problems, rewards, max_new_tokens)
+
+
+# Held-out scenarios an agent job evaluates when no limit is given (each is a whole greedy episode).
+AGENT_EVAL_SCENARIOS = 32
+
+
+def evaluate_environment(environment, engine: GenerationEngine, scenarios: int, max_new_tokens: int,
+                         seed: int = 0, examples: int = 3) -> Evaluation:
+    """Greedy episodes on `scenarios` held-out scenarios of an agent environment.
+
+    accuracy: the share of episodes whose metrics["success"] is 1 (the environment's own measure: the right
+    product, the right email, the target tile); format_compliance: the share with at least one tool call
+    that was read and accepted; reward_means["total"]: the environment's mean reward.
+    """
+    from appliance.agents.source import EnvironmentSource
+
+    started = time.monotonic()
+    source = EnvironmentSource(environment, engine, Sampling(max_new_tokens=max_new_tokens, temperature=0.0),
+                               seed=seed, split="held_out")
+    trajectories = [t for group in source.collect(0, scenarios, 1) for t in group.trajectories]
+    count = max(len(trajectories), 1)
+    calls_accepted = [t.metrics.get("tool_calls", 0.0) - t.metrics.get("invalid_calls", 0.0) > 0 for t in trajectories]
+    return Evaluation(
+        problems=len(trajectories),
+        accuracy=sum(t.metrics.get("success", 0.0) >= 1.0 for t in trajectories) / count,
+        format_compliance=sum(calls_accepted) / count,
+        reward_means={"total": sum(t.reward for t in trajectories) / count},
+        completion_length_mean=sum(len(m.sampled.token_ids) for t in trajectories for m in t.assistant_turns()
+                                   if m.sampled is not None) / count,
+        seconds=time.monotonic() - started,
+        examples=[{"scenario": t.scenario_id, "messages": t.to_openai(), "reward": t.reward,
+                   "correct": t.metrics.get("success", 0.0) >= 1.0} for t in trajectories[:examples]],
+    )
+
+
+def evaluate_agent_student(student, environment, scenarios: int, max_new_tokens: int, use_adapter: bool,
+                           seed: int = 0) -> Evaluation:
+    """evaluate_environment through the student's own weights, adapter on or switched off (the base)."""
+    from appliance.engines.hf import HFEngine
+
+    engine = HFEngine(student.model, student.tokenizer, name="eval")
+    with nullcontext() if use_adapter else student.model.disable_adapter():
+        return evaluate_environment(environment, engine, scenarios, max_new_tokens, seed)

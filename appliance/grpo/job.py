@@ -24,7 +24,7 @@ from appliance.grpo.trainer import RuntimeChoices, Trainer
 from appliance.models.loading import default_device
 from appliance.models.store import atomic_write_text, resolve_model
 from appliance.paths import jobs_dir
-from appliance.rewards.registry import build_rewards
+from appliance.rewards.registry import WeightedReward, build_rewards
 from appliance.tasks.load import load_task
 
 
@@ -128,18 +128,70 @@ def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Pa
     student_dir = resolve_model(spec.student.model, data_dir)
     judge_dir = (resolve_model(spec.judge.model, data_dir)
                  if spec.judge and not spec.judge.share_student_base and spec.judge.endpoint is None else None)
-    task = load_task(spec.task, job_file_dir)
-    from appliance.grpo.prompt_lengths import longest_prompt_tokens
+    from appliance.grpo.prompt_lengths import longest_opening_tokens, longest_prompt_tokens
     from appliance.models.loading import load_tokenizer
 
-    choices, plan = decide_choices(spec, device, student_dir, judge_dir,
-                                   longest_prompt_tokens(task, load_tokenizer(student_dir)))
+    tokenizer = load_tokenizer(student_dir)
+    task = environment = None
+    planned = spec
+    if spec.task.environment is None:
+        task = load_task(spec.task, job_file_dir)
+        prompt_tokens = longest_prompt_tokens(task, tokenizer)
+    else:
+        environment, planned = _agent_environment(spec, data_dir)
+        prompt_tokens = longest_opening_tokens(environment, tokenizer) if environment is not None else None
+    choices, plan = decide_choices(planned, device, student_dir, judge_dir, prompt_tokens)
     student = Student(spec.student, student_dir, device, choices.gradient_checkpointing)
     engine = make_rollout_engine(spec, student, student_dir, device, choices.rollout_weights, plan)
     judge = make_judge(spec, student, judge_dir, job_dir, device, plan) if spec.judge else None
-    rewards = build_rewards(spec.rewards, job_file_dir, judge=judge)
+    rewards = job_rewards(spec, job_file_dir, judge)
+    agent = None
+    if spec.task.environment is not None:
+        from appliance.agents.source import make_source
+        from appliance.budget.workload import generated_tokens
+        from appliance.grpo.trajectories import AgentJob
+
+        bound = (plan.sequence_tokens["student"] if plan is not None
+                 else (prompt_tokens or spec.grpo.max_prompt_tokens) + generated_tokens(planned))
+        agent = AgentJob(make_source(spec, engine, data_dir, job_dir=job_dir), spec.task.environment, bound, environment)
     ledger = measure_loaded(plan, student, engine) if plan is not None else None
-    return Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger, plan=plan)
+    return Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger, plan=plan,
+                   agent=agent)
+
+
+def _agent_environment(spec: JobSpec, data_dir: Path):
+    """(the in-process environment or None for 'external', the spec the memory plan uses).
+
+    The plan counts the environment's own turn limit when the job sets no task.max_turns.
+    """
+    from appliance.agents.source import EXTERNAL, build_environment
+
+    if spec.task.environment == EXTERNAL:
+        return None, spec
+    environment = build_environment(spec, data_dir)
+    turns = getattr(environment, "max_turns", None)
+    if spec.task.max_turns is None and isinstance(turns, int) and turns > 0:
+        spec = spec.model_copy(update={"task": spec.task.model_copy(update={"max_turns": turns})})
+    return environment, spec
+
+
+def job_rewards(spec: JobSpec, job_file_dir: Path, judge) -> list[WeightedReward]:
+    """The job's weighted rewards; `environment` (agent jobs) is the environment's own reward of a trajectory."""
+    from appliance.conventions import ENVIRONMENT_REWARD
+
+    others = [reward for reward in spec.rewards if reward.name != ENVIRONMENT_REWARD]
+    built = {reward.name: reward for reward in build_rewards(others, job_file_dir, judge=judge)}
+    rewards = []
+    for reward in spec.rewards:
+        if reward.name == ENVIRONMENT_REWARD:
+            if spec.task.environment is None:
+                raise JobSetupError("rewards: 'environment' is an agent environment's reward; set task.environment")
+            from appliance.grpo.trajectories import EnvironmentReward
+
+            rewards.append(WeightedReward(reward.name, reward.weight, EnvironmentReward()))
+        else:
+            rewards.append(built[reward.name])
+    return rewards
 
 
 def _tensor_bytes(tensors) -> int:

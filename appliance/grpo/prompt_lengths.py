@@ -15,6 +15,8 @@ from pathlib import Path
 from appliance.config.schema import JobSpec
 
 MAX_MEASURED = 4096
+# Scenarios of an agent environment whose openings are measured.
+OPENINGS_MEASURED = 64
 
 
 def longest_prompt_tokens(task, tokenizer, limit: int = MAX_MEASURED) -> int:
@@ -32,12 +34,43 @@ def longest_prompt_tokens(task, tokenizer, limit: int = MAX_MEASURED) -> int:
     return longest
 
 
+def longest_opening_tokens(environment, tokenizer, scenarios: int = OPENINGS_MEASURED) -> int | None:
+    """Tokens of the longest opening (system prompt with the tools, first user message, generation prompt)
+    over `scenarios` training scenarios of an agent environment; None when it is not a ToolEnvironment
+    (only a rollout would show its opening)."""
+    from appliance.agents.environment import ToolEnvironment
+    from appliance.agents.toolcalls import template_messages
+    from appliance.agents.trajectory import SystemMessage, UserMessage
+
+    if not isinstance(environment, ToolEnvironment):
+        return None
+    longest = 0
+    for scenario in environment.scenarios("train", scenarios, seed=0):
+        _, system, user = environment.start(scenario)
+        messages = template_messages([SystemMessage(content=system), UserMessage(content=user)], environment.tools())
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        if isinstance(ids, Mapping):
+            ids = ids["input_ids"]
+        longest = max(longest, len(ids))
+    return longest
+
+
 def measure_prompt_tokens(spec: JobSpec, model_dir: Path, job_file_dir: Path) -> int | None:
-    """longest_prompt_tokens for a job, or None when its tokenizer or dataset cannot be read here."""
+    """longest_prompt_tokens for a job, or None when its tokenizer or dataset cannot be read here.
+
+    Agent jobs measure the openings of a built-in environment; a plugin's or an external job's
+    opening is not measured (planning runs no plugin code) and grpo.max_prompt_tokens stands for it.
+    """
     from appliance.tasks.load import load_task
 
     if not (Path(model_dir) / "tokenizer_config.json").is_file():
         return None
     from appliance.models.loading import load_tokenizer
 
+    if spec.task.environment is not None:
+        if not spec.task.environment.startswith("builtin:"):
+            return None
+        from appliance.agents.source import build_environment
+
+        return longest_opening_tokens(build_environment(spec, Path(".")), load_tokenizer(model_dir))
     return longest_prompt_tokens(load_task(spec.task, job_file_dir), load_tokenizer(model_dir))

@@ -30,6 +30,27 @@ class ScoredRollout:
     def flat(self) -> list[Completion]:
         return [completion for group in self.groups for completion in group]
 
+    @property
+    def completion_lengths(self) -> list[int]:
+        return [len(completion.token_ids) for completion in self.flat]
+
+    def sample_records(self, step: int, tokenizer, limit: int) -> list[dict]:
+        """samples.jsonl lines: the first `limit` completions of the step with their rewards and advantage."""
+        records = []
+        group_size = len(self.groups[0]) if self.groups else 1
+        for index, completion in enumerate(self.flat[:limit]):
+            group = index // group_size
+            records.append({
+                "step": step,
+                "question": self.problems[group].question,
+                "reference": self.problems[group].answer,
+                "completion": completion.text,
+                "reward": self.scores.total[index],
+                "rewards": {name: values[index] for name, values in self.scores.per_function.items()},
+                "advantage": float(self.advantages.advantages[group, index % group_size]),
+            })
+        return records
+
     def train_samples(self, use_engine_logprobs: bool) -> list[TrainSample]:
         samples = []
         for group_index, group in enumerate(self.groups):

@@ -30,20 +30,26 @@ class TokenBatch:
     input_ids: torch.Tensor  # [N, P + C]
     attention_mask: torch.Tensor  # [N, P + C]
     completion_ids: torch.Tensor  # [N, C]
-    completion_mask: torch.Tensor  # [N, C] 1 on real completion tokens
+    completion_mask: torch.Tensor  # [N, C] 1 on trained completion tokens
 
 
-def pack_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> TokenBatch:
+def pack_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+               train_masks: list[list[int] | None] | None = None) -> TokenBatch:
+    """train_masks: per completion, 1 on the tokens to train (an agent trajectory's assistant tokens) and 0 on
+    context inside the completion (tool results, template glue); None trains every completion token."""
     prompt_width = max(len(p) for p in prompts)
     completion_width = max(1, max(len(c) for c in completions))
     rows, masks, targets, target_masks = [], [], [], []
-    for prompt, completion in zip(prompts, completions):
+    for index, (prompt, completion) in enumerate(zip(prompts, completions)):
         left = prompt_width - len(prompt)
         right = completion_width - len(completion)
+        trained = train_masks[index] if train_masks is not None else None
+        if trained is not None and len(trained) != len(completion):
+            raise ValueError(f"train mask {index} has {len(trained)} entries for {len(completion)} completion tokens")
         rows.append([pad_id] * left + prompt + completion + [pad_id] * right)
         masks.append([0] * left + [1] * (len(prompt) + len(completion)) + [0] * right)
         targets.append(completion + [pad_id] * right)
-        target_masks.append([1] * len(completion) + [0] * right)
+        target_masks.append((list(trained) if trained is not None else [1] * len(completion)) + [0] * right)
     return TokenBatch(torch.tensor(rows), torch.tensor(masks), torch.tensor(targets), torch.tensor(target_masks))
 
 

@@ -33,6 +33,7 @@ from appliance.grpo.rollout import ScoredRollout, generate_groups, score_groups,
 from appliance.grpo.step_record import MemoryReading, RewardStats, StepRecord
 from appliance.grpo.student import Student
 from appliance.grpo.training_state import UpdateSnapshot, load_payload, write_adapter, write_payload
+from appliance.grpo.trajectories import AgentJob, ScoredTrajectories, score_trajectories
 from appliance.grpo.update import GrpoUpdater, UpdateStats
 from appliance.rewards.registry import WeightedReward
 from appliance.tasks.base import Task
@@ -64,8 +65,9 @@ class RuntimeChoices:
 
 
 class Trainer:
-    def __init__(self, spec: JobSpec, job_dir: Path, student: Student, engine: GenerationEngine, task: Task,
-                 rewards: list[WeightedReward], choices: RuntimeChoices, judge=None, ledger=None, plan=None):
+    def __init__(self, spec: JobSpec, job_dir: Path, student: Student, engine: GenerationEngine, task: Task | None,
+                 rewards: list[WeightedReward], choices: RuntimeChoices, judge=None, ledger=None, plan=None,
+                 agent: AgentJob | None = None):
         self.spec = spec
         self.job_dir = Path(job_dir)
         self.job_dir.mkdir(parents=True, exist_ok=True)
@@ -77,9 +79,10 @@ class Trainer:
         self.judge = judge
         self.ledger = ledger
         self.plan = plan
+        self.agent = agent  # an agent job: trajectory groups from agent.source instead of task prompts
         self.progress = lambda record: None  # run_job's on_step
         self.on_event = lambda kind, **data: None  # run_job turns these into RunEvents
-        self.stream = ProblemStream(task.train, seed=spec.task.seed)
+        self.stream = ProblemStream(task.train, seed=spec.task.seed) if task is not None else None
         self.optimizer = make_optimizer(student.trainable_parameters(), spec.grpo, choices.device)
         self.scheduler = make_scheduler(self.optimizer, spec.grpo)
         self.updater = GrpoUpdater(student, self.optimizer, self.scheduler, spec.grpo,
@@ -106,7 +109,8 @@ class Trainer:
                 if missing:
                     raise CheckpointError(f"missing {', '.join(missing)}")
                 load_payload(info.path, self.student, self.optimizer, self.scheduler)
-                self.stream.load_state_dict(info.state["data_cursor"])
+                if self.stream is not None:  # an agent job's scenarios follow from the step number alone
+                    self.stream.load_state_dict(info.state["data_cursor"])
             except Exception as error:  # noqa: BLE001 - any unreadable file means: use the previous one
                 problems.append(f"{info.path.name}: {type(error).__name__}: {error}")
                 self.records.log(f"checkpoint {info.path.name} is damaged ({type(error).__name__}: {error}); "
@@ -145,21 +149,14 @@ class Trainer:
         clock = PhaseClock(self.ledger, self.on_event)
         if self.judge is not None:
             self.judge.set_step(self.step + 1)
-        problems = self.stream.next_batch(self.spec.grpo.prompts_per_step)
         before = self._token_totals()
-        self.engine.wake()
-        with clock.phase("generate", memory="generate"):
-            prompts, groups = generate_groups(self.engine, self.task, problems, self._sampling())
-        with clock.phase("reward", memory="judge" if self.judge is not None else None):
-            scores = score_groups(problems, groups, self.rewards)
-        self.engine.sleep()
-        scored = scored_rollout(problems, prompts, groups, scores, self.spec.grpo.scale_rewards)
+        scored = self._agent_rollout(clock) if self.agent is not None else self._rollout(clock)
         with clock.phase("train", memory="train"):
             stats = self._update(scored)
         self.step += 1
         with clock.phase("sync"):
             self._sync_engine()
-        self.records.samples(self._sample_records(scored))
+        self.records.samples(scored.sample_records(self.step, self.student.tokenizer, SAMPLES_PER_STEP))
         evaluation = self._evaluate_if_due(clock)
         record = self._record(scored, stats, before, clock, evaluation)
         self._keep_best(record)
@@ -174,12 +171,36 @@ class Trainer:
         self._check_finite(record)
         return record
 
+    def _rollout(self, clock: PhaseClock) -> ScoredRollout:
+        problems = self.stream.next_batch(self.spec.grpo.prompts_per_step)
+        self.engine.wake()
+        with clock.phase("generate", memory="generate"):
+            prompts, groups = generate_groups(self.engine, self.task, problems, self._sampling())
+        with clock.phase("reward", memory="judge" if self.judge is not None else None):
+            scores = score_groups(problems, groups, self.rewards)
+        self.engine.sleep()
+        return scored_rollout(problems, prompts, groups, scores, self.spec.grpo.scale_rewards)
+
+    def _agent_rollout(self, clock: PhaseClock) -> ScoredTrajectories:
+        grpo = self.spec.grpo
+        self.engine.wake()
+        with clock.phase("generate", memory="generate"):
+            groups = self.agent.source.collect(self.step + 1, grpo.prompts_per_step, grpo.group_size)
+        with clock.phase("reward", memory="judge" if self.judge is not None else None):
+            scored = score_trajectories(self.agent.environment, groups, self.student.tokenizer, self.rewards,
+                                        grpo.scale_rewards, self.agent.max_tokens)
+        self.engine.sleep()
+        if scored.truncated:
+            self.records.log(f"step {self.step + 1}: {scored.truncated} trajectories were longer than the planned "
+                             f"{self.agent.max_tokens} tokens and were cut there")
+        return scored
+
     def _sampling(self) -> Sampling:
         grpo = self.spec.grpo
         return Sampling(max_new_tokens=grpo.max_new_tokens, n=grpo.group_size, temperature=grpo.temperature,
                         top_p=grpo.top_p, seed=sampling_seed(grpo.seed, self.step + 1))
 
-    def _update(self, scored: ScoredRollout) -> UpdateStats:
+    def _update(self, scored: ScoredRollout | ScoredTrajectories) -> UpdateStats:
         """The optimizer step; an out-of-memory error halves the micro-batch and retries (the run goes on).
 
         A retry never repeats an applied update: with several iterations an error
@@ -247,15 +268,19 @@ class Trainer:
 
     def evaluate_held_out(self, adapter: bool = True, limit: int | None = None):
         """Greedy evaluation on the held-out split (its first `limit` problems): an Evaluation."""
-        from appliance.grpo.evaluate import evaluate_student
+        from appliance.grpo.evaluate import AGENT_EVAL_SCENARIOS, evaluate_agent_student, evaluate_student
 
+        if self.agent is not None:
+            return evaluate_agent_student(self.student, self.agent.evaluation_environment,
+                                          limit or AGENT_EVAL_SCENARIOS, self.spec.grpo.max_new_tokens, adapter,
+                                          seed=self.spec.grpo.seed)
         problems = self.task.held_out[:limit] if limit else self.task.held_out
         return evaluate_student(self.student, self.task, problems, self.rewards_for_eval(),
                                 self.spec.grpo.max_new_tokens, use_adapter=adapter)
 
     def _evaluate_if_due(self, clock: PhaseClock):
         every = self.spec.checkpoint.eval_every
-        if every is None or not self.task.held_out:
+        if every is None or not self.has_held_out():
             return None
         if self.step % every and self.step != self.spec.grpo.steps:
             return None
@@ -263,6 +288,11 @@ class Trainer:
             summary = self.evaluate_held_out(adapter=True, limit=self.spec.checkpoint.eval_limit).summary()
         self.on_event("eval", when="step", **summary.to_dict())
         return summary
+
+    def has_held_out(self) -> bool:
+        if self.agent is not None:
+            return self.agent.evaluation_environment is not None
+        return bool(self.task.held_out)
 
     def _keep_best(self, record: StepRecord) -> None:
         """best/ follows the best metric at every step that measures it (every step, or every evaluation)."""
@@ -308,9 +338,9 @@ class Trainer:
             components_used_bytes=dict(ledger.used) if ledger is not None else {},
         )
 
-    def _record(self, scored: ScoredRollout, stats: UpdateStats, before: dict, clock: PhaseClock,
+    def _record(self, scored: ScoredRollout | ScoredTrajectories, stats: UpdateStats, before: dict, clock: PhaseClock,
                 evaluation) -> StepRecord:
-        lengths = [len(c.token_ids) for c in scored.flat]
+        lengths = scored.completion_lengths
         after = self._token_totals()
         seconds = self._seconds(clock, before)
         roles = {"student": "generate", "judge": "judge"}
@@ -334,29 +364,13 @@ class Trainer:
             judge_outcomes=dict(self.judge.outcomes) if self.judge is not None else {},
         )
 
-    def _sample_records(self, scored: ScoredRollout) -> list[dict]:
-        records = []
-        group_size = self.spec.grpo.group_size
-        for index, completion in enumerate(scored.flat[:SAMPLES_PER_STEP]):
-            group = index // group_size
-            records.append({
-                "step": self.step,
-                "question": scored.problems[group].question,
-                "reference": scored.problems[group].answer,
-                "completion": completion.text,
-                "reward": scored.scores.total[index],
-                "rewards": {name: values[index] for name, values in scored.scores.per_function.items()},
-                "advantage": float(scored.advantages.advantages[group, index % group_size]),
-            })
-        return records
-
     # ----- checkpoints --------------------------------------------------------------------------
 
     def save_checkpoint(self, record: StepRecord) -> Path:
         path = self.checkpoints.save(
             self.step, lambda folder: write_payload(folder, self.student, self.optimizer, self.scheduler), {
                 "job": self.spec.name,
-                "data_cursor": self.stream.state_dict(),
+                "data_cursor": self.stream.state_dict() if self.stream is not None else {"step": self.step},
                 "metrics": {k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))},
                 "best": self.best,
                 "micro_batch_size": self.micro_batch_size,
@@ -375,6 +389,8 @@ class Trainer:
 
     def close(self) -> None:
         """Release the engines (vLLM child processes, the judge's model); the trainer is unusable afterwards."""
+        if self.agent is not None:
+            self.agent.source.close()
         if self.judge is not None:
             self.judge.close()
         for engine in self.engines():

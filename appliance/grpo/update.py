@@ -1,6 +1,9 @@
 """One optimizer step of GRPO on a scored rollout: micro-batches, loss, backward, clip, step.
 
-Only completions of informative groups reach this module (groups whose
+A sample is a prompt and a completion; a multi-turn trajectory is one too (its
+completion is everything from the first assistant token on) with a train mask
+that keeps tool results and template glue out of the loss, so single-turn and
+agent jobs share this one loss. Only completions of informative groups reach this module (groups whose
 rewards were all equal carry zero advantage and were dropped by the caller).
 With `iterations` > 1 the same rollout is reused; the ratio is then taken
 against logprobs stored before the first update (old policy). A NaN or inf
@@ -25,7 +28,15 @@ class TrainSample:
     completion_ids: list[int]
     advantage: float
     # Logprobs from the engine that sampled it (vLLM): enables truncated importance sampling.
+    # One per completion token; context positions of a trajectory hold 0.0 (they are masked out).
     engine_logprobs: list[float] | None = None
+    # Multi-turn trajectories: 1 on completion tokens to train (assistant turns), 0 on context inside the
+    # completion (tool results, template glue). None: every completion token is trained (single turn).
+    train_mask: list[int] | None = None
+
+    @property
+    def trained_tokens(self) -> int:
+        return len(self.completion_ids) if self.train_mask is None else sum(self.train_mask)
 
 
 @dataclass
@@ -47,7 +58,8 @@ def _chunks(items: list, size: int) -> list[list]:
 
 
 def _batch(student: Student, samples: list[TrainSample]) -> TokenBatch:
-    return pack_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples], student.pad_id)
+    return pack_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples], student.pad_id,
+                      [s.train_mask for s in samples])
 
 
 def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
@@ -107,7 +119,7 @@ class GrpoUpdater:
 
     def step(self, samples: list[TrainSample], micro_batch_size: int) -> UpdateStats:
         self.applied_steps = 0
-        stats = UpdateStats(sequences=len(samples), tokens=sum(len(s.completion_ids) for s in samples))
+        stats = UpdateStats(sequences=len(samples), tokens=sum(s.trained_tokens for s in samples))
         if not samples:
             return stats
         micro_batches, diffs = self.prepare(samples, micro_batch_size)

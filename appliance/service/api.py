@@ -20,6 +20,8 @@ Routes (all JSON; ids are validated by JOB_ID_PATTERN):
     GET  /events?after=&job=&timeout=                 EventsPage (long-poll: waits up to timeout seconds)
     GET  /device                                      DeviceStatus
     GET  /models                                      ModelList
+    GET  /jobs/{id}/endpoint                          EndpointInfo (external-rollout jobs; 409 unless running)
+    POST /jobs/{id}/trajectories                      TrajectorySubmission -> TrajectoriesAccepted (422: refused)
 
 Errors: 4xx/5xx with ErrorResponse (`error` is one sentence; `errors` every
 job-file problem exactly as `appliance config check` prints them; `plan` when
@@ -213,3 +215,28 @@ class DaemonStatus(_Wire):
     dataset_roots: list[str]
     max_upload_bytes: int
     caller_uid: int | None = None
+
+
+class EndpointInfo(_Wire):
+    """Where a running external-rollout job serves its student (OpenAI-compatible), and the bearer token it wants."""
+
+    job_id: str
+    url: str = Field(description="base URL for an OpenAI client, ending in /v1 (loopback on the daemon's box)")
+    token: str = Field(description="the job's bearer token (the OpenAI client's api_key); valid while the job runs")
+    model: str = Field(description="the model name to send in requests")
+    step: int = Field(description="training steps done: the adapter served is the one after this step")
+
+
+class TrajectorySubmission(BaseModel):
+    """Trajectory groups played against the job's endpoint, rewards set (appliance.agents.trajectory's shape)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    groups: list[dict[str, Any]] = Field(min_length=1)
+
+
+class TrajectoriesAccepted(_Wire):
+    job_id: str
+    accepted: int = Field(description="groups accepted by this call; they train in the job's next steps")
+    queued: int = Field(description="accepted groups waiting for a step, this call's included")
+    step: int

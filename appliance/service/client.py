@@ -21,7 +21,7 @@ from appliance.errors import ApplianceError
 from appliance.service.api import (
     DEFAULT_SOCKET, JOB_ID_PATTERN, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, ExportRequest,
     ExportResponse, JobDetail, JobList, JobSummary, LogChunk, MetricsPage, ModelList, RecordsPage, SubmitRequest,
-    SubmitResponse,
+    SubmitResponse, EndpointInfo, TrajectoriesAccepted, TrajectorySubmission,
 )
 
 BUILTIN_PREFIX = "builtin:"
@@ -223,6 +223,17 @@ class Client:
 
     def models(self) -> ModelList:
         return ModelList.model_validate(self._request("GET", "/models"))
+
+    def endpoint(self, job_id: str) -> EndpointInfo:
+        """The student endpoint of a running external-rollout job: base URL, bearer token, model name, step."""
+        return EndpointInfo.model_validate(self._request("GET", f"/jobs/{_segment(job_id)}/endpoint"))
+
+    def submit_trajectories(self, job_id: str, groups: list[Any]) -> TrajectoriesAccepted:
+        """Submit trajectory groups (TrajectoryGroup objects or their dicts) played against the job's endpoint."""
+        plain = [group.model_dump(mode="json") if hasattr(group, "model_dump") else group for group in groups]
+        request = TrajectorySubmission(groups=plain)
+        return TrajectoriesAccepted.model_validate(self._request(
+            "POST", f"/jobs/{_segment(job_id)}/trajectories", json=request.model_dump(), timeout=330.0))
 
 
 def _dataset_reference(text: str) -> str | None:

@@ -31,7 +31,7 @@ from appliance.errors import ApplianceError
 from appliance.service.api import (
     JOB_ID_PATTERN, CheckpointInfo, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, ExportRequest,
     ExportResponse, JobDetail, JobList, JobSummary, LogChunk, MetricsPage, ModelInfo, ModelList, RecordsPage,
-    SubmitRequest, SubmitResponse,
+    SubmitRequest, SubmitResponse, EndpointInfo, TrajectoriesAccepted, TrajectorySubmission,
 )
 from appliance.service.audit import user_name
 from appliance.service.store import BadTransition, UnknownJob
@@ -314,6 +314,21 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
                 cursor = found[-1].id if len(found) == 1000 else max([newest, after] + [e.id for e in found])
                 return EventsPage(events=found, cursor=cursor)
             await bus.wait(deadline - time.monotonic())
+
+    @app.get("/jobs/{job_id}/endpoint")
+    async def endpoint(request: Request, job_id: str) -> EndpointInfo:
+        from appliance.service.external import job_endpoint
+
+        # Audited: the answer holds the job's token (the audit line does not).
+        return await asyncio.to_thread(audited, request, "endpoint", job_id,
+                                       lambda: job_endpoint(daemon, _checked(job_id)))
+
+    @app.post("/jobs/{job_id}/trajectories")
+    async def trajectories(request: Request, job_id: str, body: TrajectorySubmission) -> TrajectoriesAccepted:
+        from appliance.service.external import forward_trajectories
+
+        return await asyncio.to_thread(audited, request, "submit_trajectories", job_id,
+                                       lambda: forward_trajectories(daemon, _checked(job_id), body.groups))
 
     @app.get("/device")
     async def device() -> DeviceStatus:

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.model
 # this scripted call and the model writes every later turn.
 FIRST_CALL = {
     "builtin:calculator": '<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call>',
-    "builtin:email-search": '<tool_call>{"name": "search", "arguments": {"keywords": "meeting room"}}</tool_call>',
-    "builtin:2048": '<tool_call>{"name": "move", "arguments": {"direction": "left"}}</tool_call>',
+    "builtin:email_search": '<tool_call>{"name": "search", "arguments": {"keywords": "meeting room"}}</tool_call>',
+    "builtin:game2048": '<tool_call>{"name": "move", "arguments": {"direction": "left"}}</tool_call>',
 }
 
 
@@ -58,8 +58,8 @@ def engine(demo_model_dir):
 
 @pytest.mark.parametrize("name, options", [
     ("builtin:calculator", {"held_out": 50}),
-    ("builtin:email-search", {}),
-    ("builtin:2048", {"max_turns": 2}),
+    ("builtin:email_search", {}),
+    ("builtin:game2048", {"max_turns": 2}),
 ])
 def test_the_bundled_model_plays_a_few_turns(engine, tmp_path, name, options):
     environment = load_environment(name, tmp_path, options)

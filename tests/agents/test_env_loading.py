@@ -62,8 +62,8 @@ def test_builtin_environments_load_with_options(data_dir):
                                                                     "held_out": 10})
     assert isinstance(environment, CalculatorEnvironment)
     assert len(environment.scenarios("train", 1000, seed=0)) == 64 - 10
-    assert load_environment("builtin:2048", data_dir).name == "2048"
-    assert load_environment("builtin:email-search", data_dir).name == "email-search"
+    assert load_environment("builtin:game2048", data_dir).name == "game2048"
+    assert load_environment("builtin:email_search", data_dir).name == "email_search"
 
 
 def test_a_plugin_from_the_data_dir_runs(data_dir):
@@ -75,7 +75,7 @@ def test_a_plugin_from_the_data_dir_runs(data_dir):
 
 @pytest.mark.parametrize("name, options, message", [
     ("builtin:calculater", {}, "unknown environment 'builtin:calculater'; did you mean 'builtin:calculator'?"),
-    ("builtin:chess", {}, "built in: builtin:calculator, builtin:email-search, builtin:2048"),
+    ("builtin:chess", {}, "built in: builtin:calculator, builtin:email_search, builtin:game2048"),
     ("calculator", {}, "is neither 'builtin:NAME'"),
     ("builtin:calculator", {"operands": 3}, "does not take these options"),
     ("missing.py:Env", {}, "environment plugin 'missing.py:Env': file "),

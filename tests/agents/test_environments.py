@@ -88,7 +88,7 @@ def test_calculator_rollouts_run_concurrently_and_score_the_right_answer():
             assert trajectory.messages[3].content == str(a * b)
             assert trajectory.reward == pytest.approx(1.2)
             assert trajectory.metrics == {"turns": 2.0, "tool_calls": 1.0, "malformed_calls": 0.0,
-                                          "invalid_calls": 0.0, "correct": 1.0, "used_tool": 1.0}
+                                          "invalid_calls": 0.0, "correct": 1.0, "used_tool": 1.0, "success": 1.0}
 
 
 def test_calculator_splits_are_disjoint_and_seeded():

@@ -65,7 +65,8 @@ class CalculatorEnvironment(ToolEnvironment):
     def score(self, state: CalculatorState, episode: Episode) -> tuple[float, dict[str, float]]:
         correct = episode.final_text is not None and answers_match(_answer_of(episode.final_text), str(state.a * state.b))
         reward = float(correct) + 0.2 * state.called_with_operands - 0.25 * (episode.malformed_calls + episode.invalid_calls)
-        return max(-1.0, reward), {"correct": float(correct), "used_tool": float(state.called_with_operands)}
+        return max(-1.0, reward), {"correct": float(correct), "used_tool": float(state.called_with_operands),
+                                    "success": float(correct)}
 
 
 def _answer_of(text: str) -> str:

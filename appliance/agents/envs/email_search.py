@@ -1,4 +1,4 @@
-"""builtin:email-search, ART's email agent in small: find the one email that answers a question.
+"""builtin:email_search, ART's email agent in small: find the one email that answers a question.
 
 The mailbox comes from `mailbox.generate_mailbox(seed)`; each question has
 exactly one right email. Tools: `search(keywords)` lists the best-matching
@@ -34,7 +34,7 @@ class SearchState:
 
 
 class EmailSearchEnvironment(ToolEnvironment):
-    name = "email-search"
+    name = "email_search"
     max_turns = 6
 
     def __init__(self, mailbox_seed: int = 0, mailbox_size: int = 60, held_out_fraction: float = 0.25):
@@ -96,4 +96,4 @@ class EmailSearchEnvironment(ToolEnvironment):
         if state.answered is None:
             reward = min(0.0, reward)
         return reward, {"right_email": float(right_email), "correct_answer": float(has_fact),
-                        "answered": float(state.answered is not None)}
+                        "answered": float(state.answered is not None), "success": float(right_email)}

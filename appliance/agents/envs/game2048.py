@@ -1,4 +1,4 @@
-"""builtin:2048, the sliding-tile game played through one `move` tool.
+"""builtin:game2048, the sliding-tile game played through one `move` tool.
 
 The board is 4x4; each move slides every tile one way, equal neighbours merge
 once, and a new tile (2, or 4 one time in ten) appears on an empty cell. The
@@ -85,7 +85,7 @@ class GameState:
 
 
 class Game2048Environment(ToolEnvironment):
-    name = "2048"
+    name = "game2048"
 
     def __init__(self, target: int = 64, max_turns: int = 40):
         if target < 8 or target & (target - 1):
@@ -128,5 +128,5 @@ class Game2048Environment(ToolEnvironment):
         won = largest >= self.target
         reward = (0.6 * math.log2(largest) / math.log2(self.target) + 0.4 * min(1.0, state.merged / self.target)
                   + float(won) - 0.1 * (episode.invalid_calls + episode.malformed_calls))
-        return reward, {"largest_tile": float(largest), "merged": float(state.merged), "won": float(won),
+        return reward, {"largest_tile": float(largest), "merged": float(state.merged), "won": float(won), "success": float(won),
                         "moves": float(state.moves)}

@@ -1,0 +1,206 @@
+"""External rollouts: the student endpoint a job serves, and the source of the trajectory groups agents submit.
+
+A job with `task.environment: external` does not play rollouts itself. Its
+worker serves the student with its current adapter on an OpenAI-compatible
+`/v1/chat/completions` (engines/openai_server.py over the trainer's own
+engine), on loopback with a random per-job bearer token written 0600 to
+`<job>/endpoint.json` for the daemon, which hands it out through
+`GET /jobs/{id}/endpoint`. Agent code runs its rollouts against it and submits
+trajectory groups (`POST /jobs/{id}/trajectories`; the daemon forwards them to
+this endpoint's `POST /appliance/trajectories`), where the served-token ledger
+checks them (agents/ledger.py) and the accepted ones queue for `collect`.
+
+Requests with `tools` get them described in the prompt exactly as in-process
+rollouts do (`toolcalls.template_messages`), and replies carry the parsed
+calls as OpenAI `tool_calls` (finish_reason "tool_calls"); `content` keeps the
+model's whole text, call markup included, so that sending the message back
+renders the very tokens the model wrote. Logprobs are those sampled.
+
+The trainer and the endpoint never use the model at once: the engine lock is
+held by the trainer from the end of one `collect` to the start of the next
+(the update and weight sync), so chat requests arriving then wait.
+
+On a GPU the endpoint would be vLLM's own OpenAI server over the job's vLLM
+engine, with the adapter loaded by name after each sync; the ledger would
+then be fed from its responses (return_token_ids). Not built here: the CPU
+server above is what runs on this box.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import secrets
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import TypeAdapter, ValidationError
+
+from appliance.agents.endpoint_file import ENDPOINT_FILE, SUBMIT_ROUTE, write_private
+from appliance.agents.ledger import DEFAULT_CAPACITY, ServedLedger, TrajectoryRefused
+from appliance.agents.toolcalls import parse_tool_calls, template_messages
+from appliance.agents.trajectory import Message, TrajectoryGroup
+from appliance.engines.openai_server import ChatService, build_app, serve_app_in_thread
+from appliance.errors import ApplianceError
+
+_MESSAGE = TypeAdapter(Message)
+_MESSAGE_FIELDS = {"system": ("role", "content"), "user": ("role", "content"),
+                   "assistant": ("role", "content", "tool_calls"), "tool": ("role", "content", "tool_call_id")}
+
+
+class CollectStopped(ApplianceError):
+    """The job was asked to stop while it waited for submitted trajectory groups."""
+
+
+def request_messages(messages: list[dict]) -> list[Message]:
+    """OpenAI chat messages (as a client sends them) as typed trajectory messages; fields we do not use dropped."""
+    typed = []
+    for index, message in enumerate(messages):
+        kept = {key: value for key, value in message.items() if key in _MESSAGE_FIELDS.get(message.get("role"), ())}
+        if kept.get("content") is None:
+            kept["content"] = ""
+        try:
+            typed.append(_MESSAGE.validate_python(kept))
+        except ValidationError as error:
+            first = error.errors()[0]
+            at = ".".join(str(part) for part in first.get("loc", ()))
+            raise ValueError(f"messages.{index}{'.' + at if at else ''}: {first.get('msg')}") from None
+    return typed
+
+
+class EndpointHooks:
+    """The ChatHooks of an external job's endpoint: tools in the prompt, tool calls out, every reply in the ledger."""
+
+    def __init__(self, source: "ExternalSource"):
+        self.source = source
+
+    def template(self, messages: list[dict], tools: list[dict]) -> list[dict[str, str]]:
+        return template_messages(request_messages(messages), tools)
+
+    def reply(self, prompt_ids: list[int], completion, call_id_prefix: str) -> dict[str, Any]:
+        self.source.ledger.record(prompt_ids, completion.token_ids, completion.text, completion.logprobs,
+                                  self.source.step)
+        calls = parse_tool_calls(completion.text, call_id_prefix=call_id_prefix).calls
+        if not calls:
+            return {}
+        return {"message": {"tool_calls": [call.model_dump() for call in calls]}, "finish_reason": "tool_calls"}
+
+    def routes(self, app) -> None:
+        from fastapi import Body
+        from fastapi.responses import JSONResponse
+
+        source = self.source
+
+        @app.post(SUBMIT_ROUTE)
+        def submit(body: dict = Body(...)):  # noqa: B008  (FastAPI's way of declaring a body)
+            groups = body.get("groups")
+            if not isinstance(groups, list) or not groups:
+                return _error(422, '"groups" must be a non-empty list of trajectory groups')
+            try:
+                return source.submit(groups)
+            except TrajectoryRefused as error:
+                return _error(422, str(error))
+            except SourceBusy as error:
+                return _error(error.status, str(error))
+
+        def _error(status: int, message: str) -> JSONResponse:
+            return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": status}},
+                                status_code=status)
+
+
+class SourceBusy(ApplianceError):
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+class ExternalSource:
+    """A TrajectorySource fed by agents outside the job, through the student endpoint it serves."""
+
+    def __init__(self, engine, job_dir: Path, group_size: int, *, served_name: str | None = None,
+                 max_queued_groups: int = 64, ledger_capacity: int = DEFAULT_CAPACITY,
+                 stop_requested: Callable[[], str | None] | None = None, host: str = "127.0.0.1"):
+        self.group_size, self.max_queued_groups = group_size, max_queued_groups
+        self.stop_requested = stop_requested or (lambda: None)
+        self.ledger = ServedLedger(ledger_capacity)
+        self.step = 0
+        self.accepted_total = 0
+        self._queue: deque[TrajectoryGroup] = deque()
+        self._arrived = threading.Condition()
+        self.service = ChatService(engine, served_name, hooks=EndpointHooks(self), sampled_logprobs=True)
+        # Submissions are checked while the trainer updates: with a tokenizer of their own (a fast tokenizer
+        # shared between threads can fail with "Already borrowed" when the engine pads a batch meanwhile).
+        self._tokenizer = copy.deepcopy(engine.tokenizer)
+        self._submit_lock = threading.Lock()
+        self._open_for_submissions = True
+        self._closed = False
+        self.service.lock.acquire()  # closed until the trainer's first collect
+        self._gate_held = True
+        self.token = secrets.token_urlsafe(32)
+        self.server = serve_app_in_thread(build_app(self.service, self.token), host)
+        self.url = self.server.url
+        self.endpoint_file = Path(job_dir) / ENDPOINT_FILE
+        write_private(self.endpoint_file, {"url": self.url, "token": self.token, "model": self.service.served_name,
+                                            "pid": os.getpid()})
+
+    # ----- the trainer's side ----------------------------------------------------------------------
+
+    def collect(self, step: int, scenarios: int, group_size: int) -> list[TrajectoryGroup]:
+        """The next `scenarios` submitted groups; serves the endpoint until they are there."""
+        if group_size != self.group_size:
+            raise ValueError(f"this source checks groups of {self.group_size}, not {group_size}")
+        self.step = step
+        self._open()
+        try:
+            with self._arrived:
+                while len(self._queue) < scenarios:
+                    reason = "the source was closed" if self._closed else self.stop_requested()
+                    if reason:
+                        raise CollectStopped(f"stopped ({reason}) while waiting for {scenarios} trajectory groups"
+                                             f" ({len(self._queue)} submitted)")
+                    self._arrived.wait(0.5)
+                return [self._queue.popleft() for _ in range(scenarios)]
+        finally:
+            self._close_gate()
+
+    def close(self) -> None:
+        self.endpoint_file.unlink(missing_ok=True)
+        with self._submit_lock:
+            self._open_for_submissions = False
+        with self._arrived:
+            self._closed = True
+            self._arrived.notify_all()
+        self.service.open = False  # requests waiting for the engine are answered 503, not generated
+        self._open()
+        self.server.close(timeout_seconds=60)
+
+    # ----- the endpoint's side ----------------------------------------------------------------------
+
+    def submit(self, raw_groups: list[Any]) -> dict[str, int]:
+        """Verify and queue submitted groups (all or none); called by the endpoint's submit route."""
+        with self._submit_lock:
+            if not self._open_for_submissions:
+                raise SourceBusy("the job is ending; it takes no more trajectories", 409)
+            with self._arrived:
+                room = self.max_queued_groups - len(self._queue)
+            if len(raw_groups) > room:
+                raise SourceBusy(f"{len(raw_groups)} groups do not fit: {room} of {self.max_queued_groups} queue"
+                                 " places are free; submit again after the next step", 429)
+            groups = self.ledger.verify(raw_groups, self.group_size, self._tokenizer)
+        with self._arrived:
+            self._queue.extend(groups)
+            self.accepted_total += len(groups)
+            self._arrived.notify_all()
+            return {"accepted": len(groups), "queued": len(self._queue), "step": self.step}
+
+    def _open(self) -> None:
+        if self._gate_held:
+            self._gate_held = False
+            self.service.lock.release()
+
+    def _close_gate(self) -> None:
+        # Waits for the request being generated to finish; later ones wait for the next collect.
+        self.service.lock.acquire()
+        self._gate_held = True

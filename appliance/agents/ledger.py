@@ -1,0 +1,152 @@
+"""The served-token ledger: what a job's endpoint served, and the check that submitted trajectories are only that.
+
+Every completion the student endpoint returns is recorded under a hash of
+(prompt token ids, completion token ids), with the text and the logprobs it
+returned. A submitted trajectory is accepted only when each assistant turn
+names, by its `sampled.prompt_token_ids` and `sampled.token_ids`, a completion
+in the ledger that no earlier submission used, with the same text and
+logprobs; and, given the tokenizer, when the conversation before each turn
+renders to exactly the prompt that turn was served for. So an agent cannot
+train the student on text it did not generate (a forged or edited turn), on
+an edited context, or on one good completion twice. The first problem found
+is refused with the group, trajectory and turn it is in.
+
+The ledger is bounded (oldest entries go first); a job that keeps more
+completions unsubmitted than `capacity` loses the oldest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from appliance.agents.toolcalls import template_messages
+from appliance.agents.trajectory import AssistantMessage, TrajectoryGroup
+from appliance.errors import ApplianceError
+
+DEFAULT_CAPACITY = 16384
+LOGPROB_TOLERANCE = 1e-4  # JSON round trips keep doubles exact; this only forgives float32 re-encodings
+
+
+class TrajectoryRefused(ApplianceError):
+    """A submission the job will not train on; the message names the group, trajectory and turn."""
+
+
+@dataclass
+class Served:
+    text: str
+    logprobs: tuple[float, ...]
+    step: int
+    used: bool = False
+
+
+def served_key(prompt_ids: list[int], token_ids: list[int]) -> bytes:
+    """A digest of one completion and the prompt it was generated from (lengths first: no ambiguity)."""
+    digest = hashlib.sha256(struct.pack("<QQ", len(prompt_ids), len(token_ids)))
+    digest.update(struct.pack(f"<{len(prompt_ids)}q", *prompt_ids))
+    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return digest.digest()
+
+
+class ServedLedger:
+    """Bounded record of served completions; thread-safe."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY):
+        if capacity < 1:
+            raise ValueError("the ledger needs room for at least one completion")
+        self.capacity = capacity
+        self._entries: OrderedDict[bytes, Served] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def record(self, prompt_ids: list[int], token_ids: list[int], text: str, logprobs: list[float],
+               step: int) -> None:
+        key = served_key(prompt_ids, token_ids)
+        with self._lock:
+            self._entries[key] = Served(text, tuple(logprobs), step)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+
+    def verify(self, raw_groups: list[Any], group_size: int, tokenizer=None) -> list[TrajectoryGroup]:
+        """The submitted groups, typed, when every assistant turn was served and unused; marks those turns used."""
+        groups = [_parse_group(index, raw, group_size) for index, raw in enumerate(raw_groups)]
+        with self._lock:
+            keys: list[bytes] = []
+            for g, group in enumerate(groups):
+                for t, trajectory in enumerate(group.trajectories):
+                    where = f"group {g} (scenario {group.scenario_id!r}), trajectory {t}"
+                    if not math.isfinite(trajectory.reward):
+                        raise TrajectoryRefused(f"{where}: the reward is {trajectory.reward}; give a finite number")
+                    turns = [(m, message) for m, message in enumerate(trajectory.messages)
+                             if isinstance(message, AssistantMessage)]
+                    if not turns:
+                        raise TrajectoryRefused(f"{where} has no assistant turn: there is nothing to train")
+                    for number, (m, message) in enumerate(turns):
+                        keys.append(self._check_turn(f"{where}, assistant turn {number} (message {m})", message, keys))
+                    if tokenizer is not None:
+                        _check_context(where, trajectory, tokenizer)
+            for key in keys:
+                self._entries[key].used = True
+        return groups
+
+    def _check_turn(self, where: str, message: AssistantMessage, taken: list[bytes]) -> bytes:
+        sampled = message.sampled
+        if sampled is None or sampled.prompt_token_ids is None:
+            raise TrajectoryRefused(
+                f"{where} carries no sampled token ids; submit the prompt_token_ids, token_ids and logprobs"
+                " the endpoint returned with it")
+        key = served_key(sampled.prompt_token_ids, sampled.token_ids)
+        served = self._entries.get(key)
+        if served is None:
+            raise TrajectoryRefused(f"{where} was not served by this job's endpoint: no completion it served has"
+                                    " these prompt and completion token ids (edited, forged, or too old)")
+        if served.used or key in taken:
+            raise TrajectoryRefused(f"{where} was already submitted: each served completion trains once")
+        if message.content != served.text:
+            raise TrajectoryRefused(f"{where}: the text differs from what the endpoint served for these token ids")
+        if len(served.logprobs) != len(sampled.logprobs) or any(
+                abs(a - b) > LOGPROB_TOLERANCE for a, b in zip(served.logprobs, sampled.logprobs)):
+            raise TrajectoryRefused(f"{where}: the logprobs differ from those the endpoint served")
+        return key
+
+
+def _parse_group(index: int, raw: Any, group_size: int) -> TrajectoryGroup:
+    try:
+        group = TrajectoryGroup.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        at = ".".join(str(part) for part in first.get("loc", ()))
+        raise TrajectoryRefused(f"group {index} is malformed: {at + ': ' if at else ''}{first.get('msg')}") from None
+    if len(group.trajectories) != group_size:
+        raise TrajectoryRefused(f"group {index} (scenario {group.scenario_id!r}) has {len(group.trajectories)}"
+                                f" trajectories; this job's groups hold grpo.group_size = {group_size}")
+    return group
+
+
+def _check_context(where: str, trajectory, tokenizer) -> None:
+    """Each assistant turn's context, rendered as the trainer renders it, is the text of the prompt it was served for.
+
+    Text, not token ids: a turn the model sampled in a non-canonical tokenisation is re-tokenised differently
+    inside the next turn's prompt, and that honest trajectory must not be refused.
+    """
+    rendered = template_messages(trajectory.messages, trajectory.tools)
+    shift = len(rendered) - len(trajectory.messages)  # 1 when a system message was added for the tools
+    turns = [(m, message) for m, message in enumerate(trajectory.messages) if isinstance(message, AssistantMessage)]
+    for number, (m, message) in enumerate(turns):
+        expected = tokenizer.apply_chat_template(rendered[:m + shift], tokenize=False, add_generation_prompt=True)
+        served = tokenizer.decode(message.sampled.prompt_token_ids, skip_special_tokens=False,
+                                  clean_up_tokenization_spaces=False)
+        if served != expected:
+            raise TrajectoryRefused(
+                f"{where}, assistant turn {number} (message {m}): the conversation before it differs from the prompt"
+                " the endpoint served (edited messages or tools); submit the messages exactly as sent")

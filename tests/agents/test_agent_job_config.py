@@ -1,0 +1,98 @@
+"""The job key task.environment: checked with the loader's rules, exclusive with a dataset, built into a source."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.agents.environment import AgentEnvironmentError
+from appliance.agents.source import EnvironmentSource, make_source
+from appliance.config.checks import check_job_file
+from appliance.config.load import parse_job_text as parse_job
+
+JOB = """\
+name: agent-job
+student:
+  model: smollm2-135m-instruct
+task:
+  environment: {environment}
+{extra}rewards:
+  - {{name: environment}}
+"""
+
+
+def _check(tmp_path, environment, extra=""):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB.format(environment=environment, extra=extra))
+    return check_job_file(path, tmp_path, check_models=False)
+
+
+@pytest.mark.parametrize("environment", ["builtin:calculator", "builtin:email_search", "builtin:game2048", "external"])
+def test_builtin_and_external_environments_pass_the_check(tmp_path, environment):
+    spec, errors = _check(tmp_path, environment)
+    assert errors == [] and spec.task.environment == environment
+
+
+def test_a_mistyped_builtin_gets_a_did_you_mean_at_its_line(tmp_path):
+    _, errors = _check(tmp_path, "builtin:calculater")
+    assert [(e.key, e.line) for e in errors] == [("task.environment", 5)]
+    assert "did you mean 'builtin:calculator'?" in errors[0].message
+
+
+def test_a_plugin_is_checked_in_the_plugins_folder_without_running_it(tmp_path):
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "mine.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('ran').write_text('x')\nclass Mine:\n    name = 'mine'\n")
+    assert _check(tmp_path, "mine.py:Mine")[1] == []
+    _, errors = _check(tmp_path, "mine.py:Mien")
+    assert "defines no class 'Mien'; did you mean 'Mine'?" in errors[0].message
+    _, errors = _check(tmp_path, "other.py:Mine")
+    assert "does not exist" in errors[0].message and str(tmp_path / "plugins") in errors[0].message
+    assert not (tmp_path / "plugins" / "ran").exists()
+
+
+def test_dataset_and_environment_exclude_each_other_in_one_error(tmp_path):
+    _, errors = _check(tmp_path, "builtin:calculator", "  dataset: builtin:multiply\n")
+    assert len(errors) == 1
+    assert "task.environment (builtin:calculator) and task.dataset exclude each other" in errors[0].message
+
+
+def test_agent_only_keys_without_an_environment_are_refused():
+    with pytest.raises(Exception, match="max_turns apply to agent jobs only"):
+        parse_job("name: x\nstudent: {model: m}\ntask: {max_turns: 3}\nrewards: [{name: correctness}]\n", "job.yaml")
+
+
+def test_make_source_builds_the_environment_and_says_what_external_needs(tmp_path):
+    spec = parse_job(JOB.format(environment="builtin:game2048", extra="  max_turns: 2\n"), "job.yaml")
+    source = make_source(spec, engine=None, data_dir=tmp_path)
+    assert isinstance(source, EnvironmentSource) and source.environment.max_turns == 2
+    external = spec.model_copy(update={"task": spec.task.model_copy(update={"environment": "external"})})
+    with pytest.raises(AgentEnvironmentError, match="'external' needs the job folder"):
+        make_source(external, engine=None, data_dir=tmp_path)
+    # the endpoint serves a transformers engine (model + tokenizer); anything else is refused before serving
+    with pytest.raises(AgentEnvironmentError, match="served by the transformers engine.*engine.rollout: hf"):
+        make_source(external, engine=object(), data_dir=tmp_path, job_dir=tmp_path)
+    assert not (tmp_path / "endpoint.json").exists()
+
+
+def test_an_agent_job_plans_with_its_stated_trajectory_bound(tmp_path, demo_model_dir):
+    from appliance.budget.device import DeviceInfo
+    from appliance.budget.plan import plan_job
+    from appliance.budget.shapes import load_config
+    from appliance.budget.workload import AGENT_TURNS_ASSUMED, TOOL_RESULT_TOKENS
+    from appliance.grpo.prompt_lengths import measure_prompt_tokens
+
+    spec = parse_job(JOB.format(environment="builtin:calculator", extra="  max_turns: 3\n")
+                     + "grpo: {max_new_tokens: 40, group_size: 4, prompts_per_step: 2}\n", "job.yaml")
+    opening = measure_prompt_tokens(spec, demo_model_dir, tmp_path)
+    assert 100 < opening < 400  # the calculator's system prompt with its tool, the question, the template
+    device = DeviceInfo("cuda", 24 * 2**30, 0, "fake")
+    plan = plan_job(spec, load_config(demo_model_dir / "config.json"), None, device, prompt_tokens=opening)
+    assert plan.fits
+    assert plan.sequence_tokens["student"] == opening + 3 * (40 + TOOL_RESULT_TOKENS)
+    assert "3 turns (task.max_turns)" in plan.choices.reasons["sequence_tokens"]
+    assert "sequence_tokens" in plan.render()
+    unset = parse_job(JOB.format(environment="builtin:calculator", extra="")
+                      + "grpo: {max_new_tokens: 40}\n", "job.yaml")
+    plan = plan_job(unset, load_config(demo_model_dir / "config.json"), None, device, prompt_tokens=opening)
+    assert plan.sequence_tokens["student"] == opening + AGENT_TURNS_ASSUMED * (40 + TOOL_RESULT_TOKENS)
+    assert "assumed; set task.max_turns" in plan.choices.reasons["sequence_tokens"]
