@@ -27,3 +27,7 @@ class DiskFullError(ApplianceError):
 
 class JobStopped(ApplianceError):
     """A run ended early on purpose (e.g. too many non-finite steps in a row)."""
+
+
+class StopBeforeStep(ApplianceError):
+    """The job was asked to stop while a step waited for its input; nothing of that step was applied."""

@@ -43,14 +43,14 @@ from appliance.agents.ledger import DEFAULT_CAPACITY, ServedLedger, TrajectoryRe
 from appliance.agents.toolcalls import parse_tool_calls, template_messages
 from appliance.agents.trajectory import Message, TrajectoryGroup
 from appliance.engines.openai_server import ChatService, build_app, serve_app_in_thread
-from appliance.errors import ApplianceError
+from appliance.errors import ApplianceError, StopBeforeStep
 
 _MESSAGE = TypeAdapter(Message)
 _MESSAGE_FIELDS = {"system": ("role", "content"), "user": ("role", "content"),
                    "assistant": ("role", "content", "tool_calls"), "tool": ("role", "content", "tool_call_id")}
 
 
-class CollectStopped(ApplianceError):
+class CollectStopped(StopBeforeStep):
     """The job was asked to stop while it waited for submitted trajectory groups."""
 
 

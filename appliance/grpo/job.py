@@ -13,6 +13,7 @@ import appliance.offline  # noqa: F401
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import yaml
@@ -122,7 +123,8 @@ def rollout_engine_kind(spec: JobSpec, device: str) -> str:
     return "vllm" if device.startswith("cuda") else "hf"
 
 
-def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Path) -> Trainer:
+def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Path,
+                  stop_requested: Callable[[], str | None] | None = None) -> Trainer:
     device = default_device()
     torch.manual_seed(spec.grpo.seed)
     student_dir = resolve_model(spec.student.model, data_dir)
@@ -153,7 +155,8 @@ def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Pa
 
         bound = (plan.sequence_tokens["student"] if plan is not None
                  else (prompt_tokens or spec.grpo.max_prompt_tokens) + generated_tokens(planned))
-        agent = AgentJob(make_source(spec, engine, data_dir, job_dir=job_dir), spec.task.environment, bound, environment)
+        agent = AgentJob(make_source(spec, engine, data_dir, job_dir=job_dir,
+                                         stop_requested=stop_requested), spec.task.environment, bound, environment)
     ledger = measure_loaded(plan, student, engine) if plan is not None else None
     return Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger, plan=plan,
                    agent=agent)

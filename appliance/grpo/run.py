@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from appliance.config.schema import JobSpec
+from appliance.errors import StopBeforeStep
 from appliance.grpo.step_record import EvalResult, RunEvent, RunResult, StepRecord
 from appliance.trackers import open_trackers
 
@@ -38,10 +39,12 @@ def run_job(spec: JobSpec, data_dir: Path, job_dir: Path, *, job_file_dir: Path,
     from appliance.grpo.job import build_trainer
 
     emit = on_event or (lambda event: None)
-    trainer = build_trainer(spec, Path(job_file_dir), Path(data_dir), Path(job_dir))
+    stop_requested = stop_requested or (lambda: None)
+    # The trainer polls it too: an agent job waiting for submitted trajectories stops without finishing a step.
+    trainer = build_trainer(spec, Path(job_file_dir), Path(data_dir), Path(job_dir), stop_requested=stop_requested)
     try:
         return _drive(trainer, spec, resume, evaluate, eval_limit, on_step or (lambda record: None), emit,
-                      stop_requested or (lambda: None))
+                      stop_requested)
     finally:
         trainer.close()
 
@@ -91,14 +94,20 @@ def _drive(trainer, spec: JobSpec, resume: bool, evaluate: bool, eval_limit: int
         trackers.write(record)
 
     trainer.progress = step_done
+    def stopped(reason: str) -> RunResult:
+        trainer.ensure_checkpoint()
+        log_and_emit(f"stopped at step {trainer.step}: {reason}")
+        return RunResult("stopped", trainer.step, reason, trainer.checkpoints.best_state(), before, None)
+
     try:
         while trainer.step < spec.grpo.steps:
             reason = stop_requested()
             if reason:
-                trainer.ensure_checkpoint()
-                log_and_emit(f"stopped at step {trainer.step}: {reason}")
-                return RunResult("stopped", trainer.step, reason, trainer.checkpoints.best_state(), before, None)
-            trainer.train_step()
+                return stopped(reason)
+            try:
+                trainer.train_step()
+            except StopBeforeStep as interrupted:
+                return stopped(stop_requested() or str(interrupted))
     finally:
         trackers.close()
     after = held_out_eval(adapter=True, when="after") if evaluate else None

@@ -69,3 +69,39 @@ def test_an_agent_job_runs_records_trajectories_and_resumes(tmp_path, fresh_data
     assert (resumed.status, resumed.step) == ("completed", 3)
     assert [m["step"] for m in read_jsonl(job_dir / "metrics.jsonl")] == [1, 2, 3]
     assert json.loads((job_dir / "checkpoints" / "step-000003" / "state.json").read_text())["step"] == 3
+
+
+def test_an_external_job_waiting_for_trajectories_stops_when_asked(tmp_path, fresh_data_dir):
+    """A pause, cancel or SIGTERM reaches an agent job that waits for submitted groups: no step, no kill timeout."""
+    import threading
+    import time
+
+    path = tmp_path / "external.yaml"
+    path.write_text(JOB.format(short="calculator", steps=2).replace('"builtin:calculator"', "external"))
+    spec = load_checked_job(path, fresh_data_dir)
+    job_dir = fresh_data_dir / "jobs" / "agent-external"
+    job_dir.mkdir(parents=True)  # as appliance train and the daemon do before run_job
+    polls: list[float] = []
+
+    def stop_requested():
+        polls.append(time.monotonic())
+        # The run loop's poll before step 1 lets it start; then the trainer waits in collect, which must poll too.
+        return "paused by the operator" if len(polls) > 1 else None
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path,
+                                    stop_requested=stop_requested)
+        except Exception as error:  # surfaced below
+            box["result"] = error
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(timeout=300)
+    assert not runner.is_alive(), "the job kept waiting for trajectory groups after the stop request"
+    result = box["result"]
+    assert not isinstance(result, Exception), repr(result)
+    assert (result.status, result.step, result.stop_reason) == ("stopped", 0, "paused by the operator")
+    assert not (job_dir / "endpoint.json").exists() and not (job_dir / "metrics.jsonl").exists()
