@@ -176,7 +176,14 @@ def run_job_file(job_file: Path, data_dir: Path, steps: int) -> dict:
     spec = spec.model_copy(update={"grpo": spec.grpo.model_copy(update={"steps": steps}),
                                    "checkpoint": spec.checkpoint.model_copy(update={"every": 10**6,
                                                                                     "eval_every": None})})
-    records = []
+    records, planned_components, loaded = [], {}, {}
+
+    def on_event(event) -> None:
+        # The "memory" event comes once, after the trainer loaded its models: the RSS then is the resident base.
+        if event.kind == "memory" and not planned_components:
+            planned_components.update(event.data["planned_bytes"])
+            loaded["rss_bytes"] = process_rss_bytes()
+
     with tempfile.TemporaryDirectory() as scratch:
         run_data = Path(scratch)
         (run_data / "models").mkdir()
@@ -184,11 +191,14 @@ def run_job_file(job_file: Path, data_dir: Path, steps: int) -> dict:
             if not model.name.startswith("."):
                 (run_data / "models" / model.name).symlink_to(model.resolve())
         run_job(spec, run_data, run_data / "jobs" / spec.name, job_file_dir=job_file.resolve().parent,
-                on_step=records.append)
+                on_step=records.append, on_event=on_event)
     last = records[-1]
     planned, measured = last.memory.planned_peak_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"job": str(job_file), "steps": steps, "planned_peak_bytes": planned, "measured_peak_bytes": measured,
-            "ratio": measured / planned if planned else None, "seconds": time.monotonic() - started}
+            "ratio": measured / planned if planned else None, "planned_components": planned_components,
+            "rss_after_load_bytes": loaded.get("rss_bytes"),
+            "step_peak_rss_bytes": [r.memory.peak_rss_bytes for r in records],
+            "seconds": time.monotonic() - started}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.job}: planned {format_bytes(result['planned_peak_bytes'])}, measured peak RSS "
               f"{format_bytes(result['measured_peak_bytes'])}, measured/planned {result['ratio']:.2f} "
               f"({result['seconds']:.0f} s)")
+        if not args.json:
+            print("  planned: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in result["planned_components"].items()
+                                            if v))
+            print(f"  RSS after loading {format_bytes(result['rss_after_load_bytes'] or 0)}")
         return 0
     result = run(args.data_dir, args.judge, args.gradient_checkpointing, args.sequences)
     if args.json:
