@@ -164,6 +164,36 @@ def run(data_dir: Path, judge: bool, checkpointing: bool, sequences: int = 32) -
     }
 
 
+def plan_of_trained_batch(spec, data_dir: Path, job_file: Path, trained: int, choices: dict) -> int:
+    """The plan's peak for the batch that really trained: `trained` sequences in one micro-batch.
+
+    The trainer drops groups whose rewards are all equal, so a step trains from
+    0 to all of its sequences; the plan budgets for all of them. Re-planning the
+    job with the prompts that trained (the other choices pinned to the run's)
+    compares the memory model with what ran. Widths stay the plan's: the longest
+    measured prompt + max_new_tokens.
+    """
+    from appliance.budget.plan import plan_job
+    from appliance.budget.device import probe_device
+    from appliance.budget.shapes import load_config
+    from appliance.grpo.prompt_lengths import measure_prompt_tokens
+    from appliance.models.store import resolve_model
+
+    group = spec.grpo.group_size
+    prompts = max(1, -(-trained // group))
+    replanned = spec.model_copy(update={
+        "grpo": spec.grpo.model_copy(update={"prompts_per_step": prompts, "micro_batch_size": prompts * group}),
+        "student": spec.student.model_copy(update={"gradient_checkpointing": choices["gradient_checkpointing"]}),
+        "engine": spec.engine.model_copy(update={"rollout_weights": choices["rollout_weights"]}),
+    })
+    student_dir = resolve_model(spec.student.model, data_dir, verify=False)
+    judge_dir = resolve_model(spec.judge.model, data_dir, verify=False) if spec.judge and not spec.judge.endpoint else None
+    plan = plan_job(replanned, load_config(student_dir / "config.json"),
+                    load_config(judge_dir / "config.json") if judge_dir else None, probe_device("cpu"),
+                    prompt_tokens=measure_prompt_tokens(spec, student_dir, job_file.resolve().parent))
+    return plan.peak_bytes
+
+
 def run_job_file(job_file: Path, data_dir: Path, steps: int) -> dict:
     """The first `steps` steps of a real job: planned peak (from its measured prompts) vs peak RSS."""
     import tempfile
@@ -176,7 +206,18 @@ def run_job_file(job_file: Path, data_dir: Path, steps: int) -> dict:
     spec = spec.model_copy(update={"grpo": spec.grpo.model_copy(update={"steps": steps}),
                                    "checkpoint": spec.checkpoint.model_copy(update={"every": 10**6,
                                                                                     "eval_every": None})})
-    records = []
+    records, planned_components, loaded, choices = [], {}, {}, {}
+
+    def on_event(event) -> None:
+        if event.kind == "log" and "gradient checkpointing" in event.data.get("line", ""):
+            line = event.data["line"]
+            choices["gradient_checkpointing"] = "gradient checkpointing on" in line
+            choices["rollout_weights"] = "merged_copy" if "merged_copy weights" in line else "shared"
+        # The "memory" event comes once, after the trainer loaded its models: the RSS then is the resident base.
+        if event.kind == "memory" and not planned_components:
+            planned_components.update(event.data["planned_bytes"])
+            loaded["rss_bytes"] = process_rss_bytes()
+
     with tempfile.TemporaryDirectory() as scratch:
         run_data = Path(scratch)
         (run_data / "models").mkdir()
@@ -184,11 +225,19 @@ def run_job_file(job_file: Path, data_dir: Path, steps: int) -> dict:
             if not model.name.startswith("."):
                 (run_data / "models" / model.name).symlink_to(model.resolve())
         run_job(spec, run_data, run_data / "jobs" / spec.name, job_file_dir=job_file.resolve().parent,
-                on_step=records.append)
+                on_step=records.append, on_event=on_event)
     last = records[-1]
     planned, measured = last.memory.planned_peak_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    trained = max(r.trained_sequences for r in records)
+    at_trained = plan_of_trained_batch(spec, data_dir, job_file, trained, choices) if trained else None
     return {"job": str(job_file), "steps": steps, "planned_peak_bytes": planned, "measured_peak_bytes": measured,
-            "ratio": measured / planned if planned else None, "seconds": time.monotonic() - started}
+            "ratio": measured / planned if planned else None, "planned_components": planned_components,
+            "trained_sequences": [r.trained_sequences for r in records],
+            "planned_peak_of_trained_batch_bytes": at_trained,
+            "ratio_to_trained_batch_plan": measured / at_trained if at_trained else None,
+            "rss_after_load_bytes": loaded.get("rss_bytes"),
+            "step_peak_rss_bytes": [r.memory.peak_rss_bytes for r in records],
+            "seconds": time.monotonic() - started}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +256,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.job}: planned {format_bytes(result['planned_peak_bytes'])}, measured peak RSS "
               f"{format_bytes(result['measured_peak_bytes'])}, measured/planned {result['ratio']:.2f} "
               f"({result['seconds']:.0f} s)")
+        if not args.json:
+            print("  planned: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in result["planned_components"].items()
+                                            if v))
+            print(f"  RSS after loading {format_bytes(result['rss_after_load_bytes'] or 0)}")
+            if result["planned_peak_of_trained_batch_bytes"]:
+                print(f"  sequences trained per step {result['trained_sequences']}: the plan for the largest of "
+                      f"them {format_bytes(result['planned_peak_of_trained_batch_bytes'])}, measured/planned "
+                      f"{result['ratio_to_trained_batch_plan']:.2f}")
         return 0
     result = run(args.data_dir, args.judge, args.gradient_checkpointing, args.sequences)
     if args.json:

@@ -1,7 +1,7 @@
-"""One side of the GRPO step benchmark: workload P through our trainer, in this process.
+"""One side of the GRPO step benchmark: a workload (P or V) through our trainer, in this process.
 
     python bench/ours_worker.py --out RESULT.json [--rollout-weights auto|shared|merged_copy]
-        [--warmup 1] [--measured 3] [--store DATA_DIR]
+        [--workload P|V] [--warmup 1] [--measured 3] [--store DATA_DIR]
 
 Builds the trainer the way `appliance train` does (`build_trainer`) in a
 throw-away data dir whose model store links to `--store`'s, calls
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from workload import TORCH_THREADS, job_spec
+from workload import TORCH_THREADS, WORKLOADS, job_spec
 
 DEFAULT_STORE = Path(__file__).resolve().parent.parent / ".test-cache" / "data"
 
@@ -35,11 +35,11 @@ def link_model_store(store: Path, data_dir: Path) -> None:
             os.symlink(model, data_dir / "models" / model.name)
 
 
-def run(rollout_weights: str, warmup: int, measured: int, store: Path) -> dict:
+def run(rollout_weights: str, warmup: int, measured: int, store: Path, workload: str = "P") -> dict:
     from appliance.grpo.job import build_trainer, prepare_job_dir
 
     torch.set_num_threads(TORCH_THREADS)
-    spec = job_spec(rollout_weights, steps=warmup + measured)
+    spec = job_spec(rollout_weights, steps=warmup + measured, workload=workload)
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as scratch:
         data_dir = Path(scratch)
         link_model_store(store, data_dir)
@@ -58,6 +58,7 @@ def run(rollout_weights: str, warmup: int, measured: int, store: Path) -> dict:
                     "completions": record.completions, "generated_tokens": record.generated_tokens["student"],
                     "reward_mean": record.reward_mean, "loss": record.loss,
                     "trained_sequences": record.trained_sequences,
+                    "groups_informative": record.groups_informative, "groups_total": record.groups_total,
                     "completion_length_mean": record.completion_length_mean,
                 })
                 print(f"ours step {record.step}: {steps[-1]['seconds']:.1f} s, reward {record.reward_mean:.3f}",
@@ -67,6 +68,7 @@ def run(rollout_weights: str, warmup: int, measured: int, store: Path) -> dict:
         choices = trainer.choices
     return {
         "side": f"ours ({rollout_weights})",
+        "workload": workload,
         "requested_rollout_weights": rollout_weights,
         "choices": {"rollout_weights": choices.rollout_weights, "micro_batch_size": choices.micro_batch_size,
                     "gradient_checkpointing": choices.gradient_checkpointing, "reasons": choices.reasons},
@@ -83,9 +85,10 @@ def main() -> None:
     parser.add_argument("--rollout-weights", choices=["auto", "shared", "merged_copy"], default="auto")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--measured", type=int, default=3)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="P")
     parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help="data dir whose models/ holds the model")
     args = parser.parse_args()
-    result = run(args.rollout_weights, args.warmup, args.measured, args.store)
+    result = run(args.rollout_weights, args.warmup, args.measured, args.store, args.workload)
     args.out.write_text(json.dumps(result, indent=2))
 
 

@@ -1,6 +1,7 @@
-"""The TRL side of the GRPO step benchmark: workload P through TRL's GRPOTrainer, in this process.
+"""The TRL side of the GRPO step benchmark: a workload (P or V) through TRL's GRPOTrainer, in this process.
 
-    /work/.venv-trl/bin/python bench/trl_worker.py --out RESULT.json [--warmup 1] [--measured 3] [--model DIR]
+    /work/.venv-trl/bin/python bench/trl_worker.py --out RESULT.json [--workload P|V] [--warmup 1] [--measured 3]
+        [--model DIR]
 
 Runs in its own venv (bench/requirements-trl.txt: TRL needs a newer
 transformers than ours) with /work/main on PYTHONPATH, so it gets the same
@@ -24,17 +25,22 @@ from pathlib import Path
 import torch
 
 from appliance.rewards import rules
-from workload import REWARD_WEIGHTS, TORCH_THREADS, prompts_in_step_order
+from workload import TORCH_THREADS, WORKLOADS, prompts_in_step_order
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / ".test-cache" / "data" / "models" / "smollm2-135m-instruct"
 
 
-def as_trl_reward(rule):
-    """Our `fn(prompt, completion, reference, metadata)` as a TRL reward function over a batch."""
+def as_trl_reward(rule, params: dict):
+    """Our `fn(prompt, completion, reference, metadata, **params)` as a TRL reward function over a batch.
 
-    def reward(prompts, completions, answer, question, **_):
+    Like our step loop, it gives the rule the completion's token count (TRL passes `completion_ids`).
+    """
+
+    def reward(prompts, completions, answer, question, completion_ids=None, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [rule(q, text, ref, {}) for q, text, ref in zip(question, texts, answer)]
+        counts = [len(ids) for ids in completion_ids] if completion_ids is not None else [None] * len(texts)
+        return [rule(q, text, ref, {} if n is None else {"completion_tokens": n}, **params)
+                for q, text, ref, n in zip(question, texts, answer, counts)]
 
     reward.__name__ = rule.__name__
     return reward
@@ -50,7 +56,7 @@ def keep_trainable_4bit_layout(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def run(warmup: int, measured: int, model_dir: Path) -> dict:
+def run(warmup: int, measured: int, model_dir: Path, workload: str = "P") -> dict:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, TrainerCallback
@@ -94,13 +100,13 @@ def run(warmup: int, measured: int, model_dir: Path) -> dict:
             max_completion_length=32, temperature=1.0, shuffle_dataset=False,
             learning_rate=2.0e-4, lr_scheduler_type="constant", max_grad_norm=1.0,
             beta=0.0, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, scale_rewards="group",
-            reward_weights=list(REWARD_WEIGHTS.values()),
+            reward_weights=[weight for weight, _ in WORKLOADS[workload].values()],
             use_vllm=False, bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False,
             logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
         )
         trainer = GRPOTrainer(
             model=model,
-            reward_funcs=[as_trl_reward(getattr(rules, name)) for name in REWARD_WEIGHTS],
+            reward_funcs=[as_trl_reward(rules.RULES[name], params) for name, (_, params) in WORKLOADS[workload].items()],
             args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
             peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
                                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
@@ -117,6 +123,7 @@ def run(warmup: int, measured: int, model_dir: Path) -> dict:
 
     return {
         "side": "trl",
+        "workload": workload,
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
         "trainable_parameters": trainable,
         "load_seconds": load_seconds,
@@ -131,9 +138,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--measured", type=int, default=3)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="P")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="HF folder of SmolLM2-135M-Instruct")
     args = parser.parse_args()
-    result = run(args.warmup, args.measured, args.model)
+    result = run(args.warmup, args.measured, args.model, args.workload)
     args.out.write_text(json.dumps(result, indent=2))
 
 

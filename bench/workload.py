@@ -1,10 +1,17 @@
-"""Workload P of the GRPO step benchmark, shared by both workers so that they train on the same thing.
+"""The GRPO step benchmark's workloads, shared by both workers so that they train on the same thing.
 
 SmolLM2-135M-Instruct as NF4 + LoRA r16 (alpha 32) on q/k/v/o, fp32 compute,
 2 prompts x 8 completions per step, at most 32 new tokens, temperature 1.0,
-lr 2e-4, DAPO loss without KL, rewards `correctness` (1.0) + `answer_format`
-(0.5) on `builtin:multiply` prompts. This module imports only the job schema
-and the task loader, so it runs in the TRL venv as well as in ours.
+lr 2e-4, DAPO loss without KL, on `builtin:multiply` prompts. The workloads
+differ only in their rewards:
+
+    P  `correctness` (1.0) + `answer_format` (0.5): most groups of the base model
+       score all 0, so our trainer skips them and TRL does not.
+    V  P's rewards + `length` (0.5, target 12 tokens): completion lengths differ
+       within a group, so every group has a reward spread and both sides train it.
+
+This module imports only the job schema and the task loader, so it runs in the
+TRL venv as well as in ours.
 """
 
 from __future__ import annotations
@@ -20,18 +27,23 @@ from appliance.tasks.stream import ProblemStream
 MODEL_NAME = "smollm2-135m-instruct"
 TORCH_THREADS = 2
 SYSTEM_PROMPT = "Reply with the answer in the form <answer>N</answer>."
-REWARD_WEIGHTS = {"correctness": 1.0, "answer_format": 0.5}
+# workload -> reward rule -> (weight, keyword arguments)
+WORKLOADS = {
+    "P": {"correctness": (1.0, {}), "answer_format": (0.5, {})},
+    "V": {"correctness": (1.0, {}), "answer_format": (0.5, {}), "length": (0.5, {"target": 12})},
+}
 
 
-def job_dict(rollout_weights: str = "auto", steps: int = 4) -> dict:
-    """Our job file for workload P; `rollout_weights` is the only knob the bench varies on our side."""
+def job_dict(rollout_weights: str = "auto", steps: int = 4, workload: str = "P") -> dict:
+    """Our job file for a workload; `rollout_weights` is the only knob the bench varies on our side."""
     return {
         "name": "bench-grpo-step",
         "student": {"model": MODEL_NAME, "quantization": "nf4", "compute_dtype": "float32",
                     "lora": {"rank": 16, "alpha": 32, "dropout": 0.0,
                              "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}},
         "task": {"dataset": "builtin:multiply", "system_prompt": SYSTEM_PROMPT},
-        "rewards": [{"name": name, "weight": weight} for name, weight in REWARD_WEIGHTS.items()],
+        "rewards": [{"name": name, "weight": weight, "params": params}
+                    for name, (weight, params) in WORKLOADS[workload].items()],
         "grpo": {"group_size": 8, "prompts_per_step": 2, "max_new_tokens": 32, "temperature": 1.0,
                  "learning_rate": 2.0e-4, "loss": "dapo", "beta": 0.0,
                  # Far past the measured steps, so that no end-of-run checkpoint lands inside a timed step.
@@ -41,8 +53,8 @@ def job_dict(rollout_weights: str = "auto", steps: int = 4) -> dict:
     }
 
 
-def job_spec(rollout_weights: str = "auto", steps: int = 4) -> JobSpec:
-    return JobSpec.model_validate(job_dict(rollout_weights, steps))
+def job_spec(rollout_weights: str = "auto", steps: int = 4, workload: str = "P") -> JobSpec:
+    return JobSpec.model_validate(job_dict(rollout_weights, steps, workload))
 
 
 def prompts_in_step_order(steps: int) -> list[dict]:

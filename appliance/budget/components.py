@@ -34,7 +34,9 @@ CPU_FIRST_USE_BYTES = 280 * 2**20
 CPU_RUNTIME_BYTES = CPU_LIBRARIES_BYTES + CPU_LOAD_RESIDUE_BYTES + CPU_FIRST_USE_BYTES
 # CUDA context, cuBLAS workspaces and kernels of one process on the GPU.
 CUDA_CONTEXT_BYTES = 600 * 2**20
-# Caching-allocator fragmentation on the GPU, as a fraction of everything else in a phase.
+# Caching-allocator fragmentation on the GPU, as a fraction of everything else in a phase. Checked against the
+# one measured H100 shape (tests/budget/test_cuda_calibration.py, not re-measured): nvidia-smi's peak exceeded
+# torch's max_allocated by 3.6 GB at 43.8 GB and by 3.5 GB at 64.0 GB; context + slack plan 2.8 and 3.8 GB.
 CUDA_ALLOCATOR_SLACK = 0.05
 
 # vLLM's default max_num_batched_tokens with chunked prefill: tokens per forward pass.
@@ -103,22 +105,39 @@ def optimizer_bytes(trainable_params: int, optimizer: str = "adamw_32bit") -> in
     return trainable_params * OPTIMIZER_BYTES_PER_PARAM[optimizer]
 
 
-def _saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str]) -> int:
-    """Elements one decoder layer keeps for backward per token (frozen base, flash/SDPA attention).
+def _lora_input_bytes(shape: ModelShape, lora_targets: list[str], dtype_bytes: int) -> int:
+    """Bytes per token one layer's LoRA adapters keep of their inputs for the adapter's gradient.
 
-    Norm inputs and output, q/k/v after RoPE, the attention output feeding o_proj,
-    and the SwiGLU gate, up and activated gate. A frozen 4-bit linear does not keep
-    its input; a LoRA-targeted one does (for the adapter's gradient).
+    The adapters are fp32 (student.py), and peft casts each targeted layer's input
+    to fp32 before lora_A: under a 16-bit compute dtype every targeted module keeps
+    its own fp32 copy (q, k and v three copies of the same norm output); under fp32
+    the cast is a no-op and modules sharing an input share one tensor.
+    """
+    linears = {name: i for name, i, _ in shape.block_linears}
+    targets = set(linears) if "all-linear" in lora_targets else set(lora_targets) & set(linears)
+    if dtype_bytes != FP32:
+        return sum(linears[t] for t in targets) * FP32
+    groups = ({"q_proj", "k_proj", "v_proj"}, {"o_proj"}, {"gate_proj", "up_proj"}, {"down_proj"})
+    return sum(linears[next(iter(group))] for group in groups if group & targets) * FP32
+
+
+def _saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str], dtype_bytes: int) -> int:
+    """Bytes one decoder layer keeps for backward per token (frozen 4-bit base, SDPA attention).
+
+    Counted from what autograd saves (torch.autograd.graph.saved_tensors_hooks on a
+    Llama-shaped nf4 + LoRA student, transformers 5.19, bf16 and fp32; see
+    tests/budget/test_cuda_calibration.py): the two RMSNorm inputs, upcast to fp32
+    inside the norm; q and k after RoPE, v and the attention output (k and v at
+    kv_heads: SDPA handles grouped-query attention without repeating them); the
+    SwiGLU gate, up and activated gate; the LoRA inputs (_lora_input_bytes). A frozen
+    4-bit linear keeps no input (bitsandbytes keeps only its packed weight).
     """
     h, kv, i = shape.hidden, shape.kv_heads * shape.head_dim, shape.intermediate
     q = shape.heads * shape.head_dim
-    elements = 2 * h + (q + 2 * kv) + q + h + 3 * i
-    targets = set(lora_targets)
-    if targets & {"gate_proj", "up_proj", "all-linear"}:
-        elements += h
-    if targets & {"down_proj", "all-linear"}:
-        elements += i
-    return elements
+    norms = 2 * h * FP32
+    attention = (2 * q + 2 * kv) * dtype_bytes
+    mlp = 3 * i * dtype_bytes
+    return norms + attention + mlp + _lora_input_bytes(shape, lora_targets, dtype_bytes)
 
 
 def activation_bytes(
@@ -139,7 +158,7 @@ def activation_bytes(
     needs them for the completion only (transformers' `logits_to_keep`).
     """
     tokens = micro_batch * sequence_tokens
-    per_layer = _saved_per_token_per_layer(shape, lora_targets) * dtype_bytes * tokens
+    per_layer = _saved_per_token_per_layer(shape, lora_targets, dtype_bytes) * tokens
     if gradient_checkpointing:
         layers = shape.layers * shape.hidden * dtype_bytes * tokens + per_layer
     else:

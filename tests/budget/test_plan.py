@@ -121,13 +121,14 @@ def test_judge_sharing_the_student_base_holds_no_judge_weights(configs):
 
 def test_auto_fit_batches_grow_with_the_budget(job, configs):
     plans = [plan_job(job.model_copy(update={"judge": job.judge.model_copy(update={"quantization": "nf4"})}),
-                      *configs, gpu(gib)) for gib in (24, 40, 80, 160)]
+                      *configs, gpu(gib)) for gib in (24, 40, 80, 192)]
     assert all(plan.fits for plan in plans)
     micro = [plan.choices.micro_batch_size for plan in plans]
     rollout = [plan.choices.rollout_batch for plan in plans]
     assert micro == sorted(micro) and rollout == sorted(rollout)
     assert micro[0] < micro[-1]
-    # With room to spare, the engines stay awake and rollouts get a merged bf16 copy.
+    # With room to spare, the engines stay awake and rollouts get a merged bf16 copy (since the activation model
+    # counts the fp32 LoRA input copies of a bf16 student, 160 GiB is no longer enough for both).
     assert not plans[-1].choices.time_share
     assert plans[-1].choices.rollout_weights == "merged_copy"
     assert all(set(plan.choices.reasons) >= {"micro_batch_size", "gradient_checkpointing", "rollout_weights",

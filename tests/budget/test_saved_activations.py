@@ -1,0 +1,75 @@
+"""The activation model against what autograd really saves, on the CPU, for a Llama-shaped nf4 + LoRA student.
+
+The CUDA activation arithmetic (components._saved_per_token_per_layer) was
+calibrated from one H100 shape (test_cuda_calibration.py). What a layer keeps
+for backward does not depend on the device (bitsandbytes' 4-bit matmul keeps
+only its packed weight on both; peft's fp32 cast and the RMSNorm's fp32 upcast
+are the same code), so it is counted here, exactly, with
+torch.autograd.graph.saved_tensors_hooks around the trainer's own Student
+forward, in bf16 and in fp32.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from appliance.budget import components as c
+from appliance.budget.shapes import shape_from_config
+from appliance.config.schema import StudentSpec
+from appliance.grpo.student import Student, TokenBatch
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, LAYERS = 256, 896, 8, 2, 3
+BATCH, PROMPT, COMPLETION = 2, 24, 8
+
+
+def tiny_llama(source, target):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1024, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                         tie_word_embeddings=False, pad_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(target)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, target / name)
+    return config.to_dict()
+
+
+def saved_bytes_per_layer(student: Student) -> dict[int, int]:
+    """Bytes of the distinct tensors each decoder layer saves for backward (parameters and buffers excluded)."""
+    layers = student.model.base_model.model.model.layers
+    current, saved = {"layer": None}, {}
+    own = {t.untyped_storage().data_ptr() for t in list(student.model.parameters()) + list(student.model.buffers())}
+    for index, layer in enumerate(layers):
+        layer.register_forward_pre_hook(lambda module, args, index=index: current.update(layer=index))
+        layer.register_forward_hook(lambda module, args, output: current.update(layer=None))
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if current["layer"] is not None and storage.data_ptr() not in own:
+            saved.setdefault(current["layer"], {})[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids = torch.randint(10, 1000, (BATCH, PROMPT + COMPLETION))
+    batch = TokenBatch(ids, torch.ones_like(ids), ids[:, PROMPT:], torch.ones(BATCH, COMPLETION, dtype=torch.long))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        student.completion_logprobs(batch, 1.0, train=True).sum().backward()
+    return {index: sum(storages.values()) for index, storages in saved.items()}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_saved_tensors_match_the_activation_model(dtype, demo_model_dir, tmp_path):
+    config = tiny_llama(demo_model_dir, tmp_path)
+    spec = StudentSpec.model_validate({"model": str(tmp_path), "quantization": "nf4", "compute_dtype": dtype,
+                                       "lora": {"rank": 16, "alpha": 32, "target_modules": TARGETS}})
+    per_layer = saved_bytes_per_layer(Student(spec, tmp_path, "cpu"))
+    tokens = BATCH * (PROMPT + COMPLETION)
+    planned = c._saved_per_token_per_layer(shape_from_config(config), TARGETS, 4 if dtype == "float32" else 2)
+    # Layer 0's input is the frozen embedding (nothing needs its gradient), so it keeps less: compare the others.
+    for index in range(1, LAYERS):
+        # The model leaves out only small tensors: the softmax log-sum-exp, rank-16 LoRA activations, RoPE tables.
+        assert per_layer[index] / tokens == pytest.approx(planned, rel=0.05), (index, per_layer)
