@@ -20,7 +20,7 @@ from appliance.agents.environment import AssistantTurn, rollout_groups
 from appliance.agents.loading import load_environment
 from appliance.agents.tokenize import tokenize_trajectory
 from appliance.agents.toolcalls import parse_tool_calls
-from appliance.agents.trajectory import AssistantMessage, UserMessage
+from appliance.agents.trajectory import UserMessage
 from appliance.engines.base import Sampling
 
 pytestmark = pytest.mark.model
