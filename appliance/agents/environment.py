@@ -93,6 +93,10 @@ class ToolEnvironment(ABC):
     def start(self, scenario: Scenario) -> tuple[Any, str, str]:
         """(state, system prompt, first user message) for a new episode of `scenario`."""
 
+    def examples(self, scenario: Scenario) -> list[Message]:
+        """Worked example turns placed between the system prompt and the question: context, never trained."""
+        return []
+
     @abstractmethod
     def call(self, state: Any, name: str, arguments: dict) -> ToolResult:
         """Run one validated tool call against `state`."""
@@ -104,7 +108,8 @@ class ToolEnvironment(ABC):
     async def rollout(self, client: ChatClient, scenario: Scenario) -> Trajectory:
         state, system, user = self.start(scenario)
         tools = self.tools()
-        messages: list[Message] = [SystemMessage(content=system), UserMessage(content=user)]
+        examples = self.examples(scenario)
+        messages: list[Message] = [SystemMessage(content=system), *examples, UserMessage(content=user)]
         episode = Episode()
         while episode.turns < self.max_turns and not episode.done:
             turn = await client.chat(list(messages), tools)
@@ -126,7 +131,7 @@ class ToolEnvironment(ABC):
                    "malformed_calls": float(episode.malformed_calls), "invalid_calls": float(episode.invalid_calls),
                    **metrics}
         return Trajectory(scenario_id=scenario.id, messages=messages, tools=tools, reward=reward, metrics=metrics,
-                          metadata={"environment": self.name})
+                          metadata={"environment": self.name}, context_messages=1 + len(examples))
 
     def _answer(self, state: Any, tools: list[dict], call: ToolCall, episode: "Episode") -> ToolMessage:
         episode.tool_calls += 1

@@ -85,8 +85,8 @@ def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajector
         out.logprobs += [None] * len(ids)
 
     for index, message in enumerate(trajectory.messages):
-        if not isinstance(message, AssistantMessage):
-            continue
+        if not isinstance(message, AssistantMessage) or index < trajectory.context_messages:
+            continue  # context: rendered into the next turn's prompt (worked examples included)
         position = index + shift
         prompt = _render(tokenizer, rendered[:position], generation_prompt=True)
         add_context(_after(prompt, covered, f"message {index}'s generation prompt"))

@@ -93,9 +93,13 @@ class Trajectory(_Strict):
     reward: float = 0.0
     metrics: dict[str, float] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # The first `context_messages` messages are context even where they are assistant messages: an
+    # environment's worked examples, shown to the model but never trained (0: only non-assistant context).
+    context_messages: int = Field(default=0, ge=0)
 
     def assistant_turns(self) -> list[AssistantMessage]:
-        return [message for message in self.messages if isinstance(message, AssistantMessage)]
+        return [message for index, message in enumerate(self.messages)
+                if isinstance(message, AssistantMessage) and index >= self.context_messages]
 
     def to_openai(self) -> list[dict]:
         """The messages as an OpenAI chat-completions `messages` list (no appliance-only fields)."""

@@ -20,7 +20,7 @@ from appliance.agents.environment import AssistantTurn, rollout_groups
 from appliance.agents.loading import load_environment
 from appliance.agents.tokenize import tokenize_trajectory
 from appliance.agents.toolcalls import parse_tool_calls
-from appliance.agents.trajectory import AssistantMessage
+from appliance.agents.trajectory import UserMessage
 from appliance.engines.base import Sampling
 
 pytestmark = pytest.mark.model
@@ -42,7 +42,7 @@ class ScriptedFirstTurn:
         self.text, self.model = text, model
 
     async def chat(self, messages, tools):
-        if not any(isinstance(message, AssistantMessage) for message in messages):
+        if isinstance(messages[-1], UserMessage):  # the first turn after the scenario's question
             return AssistantTurn(text=self.text, tool_calls=parse_tool_calls(self.text).calls)
         return await self.model.chat(messages, tools)
 
@@ -72,8 +72,9 @@ def test_the_bundled_model_plays_a_few_turns(engine, tmp_path, name, options):
     trajectories = [t for g in groups for t in g.trajectories]
     assert len(trajectories) == 2 and all(math.isfinite(t.reward) for t in trajectories)
     for number, trajectory in enumerate(trajectories):
-        scripted, generated = [m for m in trajectory.messages if isinstance(m, AssistantMessage)]
-        assert scripted.sampled is None and trajectory.messages[3].role == "tool"  # the tool answered turn 1
+        scripted, generated = trajectory.assistant_turns()  # the worked example, if any, is context
+        answer = trajectory.messages[trajectory.context_messages + 2]
+        assert scripted.sampled is None and answer.role == "tool"  # the tool answered turn 1
         assert generated.sampled is not None and generated.sampled.token_ids
         tokenized = tokenize_trajectory(engine.tokenizer, trajectory)
         sampled_at = [i for i, logprob in enumerate(tokenized.logprobs) if logprob is not None]

@@ -104,3 +104,18 @@ def test_groups_must_share_a_size_of_at_least_two(tokenizer):
     group = TrajectoryGroup(scenario_id="multiply-12x34", trajectories=[_trajectory(tokenizer, "x", 1.0)])
     with pytest.raises(ValueError, match="at least 2"):
         score_trajectories("c", [group], tokenizer, [], True, None)
+
+
+def test_worked_example_turns_are_context_never_trained(tokenizer):
+    example = '<tool_call>{"name": "multiply", "arguments": {"a": 23, "b": 41}}</tool_call>'
+    plain = _trajectory(tokenizer, "<answer>408</answer>", 1.0)
+    messages = list(plain.messages)
+    messages[1:1] = [UserMessage(content="What is 23 * 41?"), AssistantMessage(content=example)]
+    with_example = plain.model_copy(update={"messages": messages, "context_messages": 3})
+    group = TrajectoryGroup(scenario_id="multiply-12x34", trajectories=[with_example, with_example])
+    scored = score_trajectories("c", [group], tokenizer, [], True, None)
+    record = scored.sample_records(1, tokenizer, 1)[0]
+    trained = [s["text"] for s in record["segments"] if s["trained"]]
+    assert trained == [CALL + "<|im_end|>", "<answer>408</answer><|im_end|>"]  # the example is not among them
+    assert example in record["segments"][0]["text"] and not record["segments"][0]["trained"]
+    assert "What is 12 * 34?" in scored.flat[0].messages[3].content

@@ -12,11 +12,13 @@ the question's operands, -0.25 for each malformed or refused call, floored at
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 
 from appliance.agents.environment import Episode, Scenario, Split, ToolEnvironment, ToolResult
-from appliance.agents.toolcalls import function_tool
+from appliance.agents.toolcalls import format_call, function_tool
+from appliance.agents.trajectory import AssistantMessage, FunctionCall, Message, ToolCall, UserMessage
 from appliance.rewards.extract import answers_match
 from appliance.tasks.base import split_held_out
 from appliance.tasks.multiply import multiply_problems
@@ -25,6 +27,10 @@ SYSTEM_PROMPT = (
     "You are a careful assistant. Use the multiply tool to multiply numbers; do not multiply in your head. "
     "When you have the result, reply with the final answer as <answer>N</answer>."
 )
+
+
+# The worked example's question: its call is shown, never its product, and it is context only.
+EXAMPLE_OPERANDS = (23, 41)
 
 
 @dataclass
@@ -56,6 +62,13 @@ class CalculatorEnvironment(ToolEnvironment):
     def start(self, scenario: Scenario) -> tuple[CalculatorState, str, str]:
         a, b = scenario.data["a"], scenario.data["b"]
         return CalculatorState(a, b), SYSTEM_PROMPT, f"What is {a} * {b}?"
+
+    def examples(self, scenario: Scenario) -> list[Message]:
+        # A worked first turn: the untrained 135M model copies the form of the last assistant turn it sees, and
+        # without it wrote no tool call in 70 sampled rollouts over five prompt wordings (with it: 7 of 8 tried).
+        a, b = EXAMPLE_OPERANDS
+        call = ToolCall(id="example_1", function=FunctionCall(name="multiply", arguments=json.dumps({"a": a, "b": b})))
+        return [UserMessage(content=f"What is {a} * {b}?"), AssistantMessage(content=format_call(call))]
 
     def call(self, state: CalculatorState, name: str, arguments: dict) -> ToolResult:
         a, b = arguments["a"], arguments["b"]
