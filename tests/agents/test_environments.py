@@ -84,10 +84,11 @@ def test_calculator_rollouts_run_concurrently_and_score_the_right_answer():
         for trajectory in group.trajectories:
             a, b = scenario.data["a"], scenario.data["b"]
             roles = [m.role for m in trajectory.messages]
-            # the worked example (a question and its call, context) comes before the scenario's question
-            assert roles == ["system", "user", "assistant", "user", "assistant", "tool", "assistant"]
-            assert trajectory.context_messages == 3 and len(trajectory.assistant_turns()) == 2
-            assert trajectory.messages[5].content == str(a * b)
+            # the worked episode (question, call, result, answer: context) comes before the scenario's question
+            assert roles == ["system", *["user", "assistant", "tool", "assistant"] * 2, "user", "assistant", "tool",
+                             "assistant"]
+            assert trajectory.context_messages == 9 and len(trajectory.assistant_turns()) == 2
+            assert trajectory.messages[11].content == str(a * b)
             assert trajectory.reward == pytest.approx(1.2)
             assert trajectory.metrics == {"turns": 2.0, "tool_calls": 1.0, "malformed_calls": 0.0,
                                           "invalid_calls": 0.0, "correct": 1.0, "used_tool": 1.0, "success": 1.0}
@@ -107,12 +108,12 @@ def test_a_malformed_call_gets_an_error_tool_message_and_costs_reward():
         if last_tool(messages) is None:  # the first turn
             return '<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": </tool_call>'
         if last_tool(messages).error:
-            return calculator_policy(messages[:4])  # as if the bad call never happened
+            return calculator_policy(messages[:10])  # as if the bad call never happened
         return calculator_policy(messages)
 
     environment = CalculatorEnvironment()
     trajectory = only(play(environment, sloppy, [environment.scenarios("train", 1, seed=2)[0]])[0])
-    error = trajectory.messages[5]  # after the worked example and the question
+    error = trajectory.messages[11]  # after the worked example and the question
     assert isinstance(error, ToolMessage) and error.error and "tool call 1 is not valid JSON" in error.content
     assert trajectory.metrics["malformed_calls"] == 1 and trajectory.metrics["correct"] == 1
     assert trajectory.reward == pytest.approx(1.2 - 0.25)
@@ -126,14 +127,14 @@ def test_arguments_outside_the_schema_are_refused_and_cost_reward():
 
     environment = CalculatorEnvironment()
     trajectory = only(play(environment, stringly, environment.scenarios("train", 1, seed=2))[0])
-    assert "bad arguments for 'multiply' at a: '12' is not of type 'integer'" in trajectory.messages[5].content
+    assert "bad arguments for 'multiply' at a: '12' is not of type 'integer'" in trajectory.messages[11].content
     assert trajectory.metrics["invalid_calls"] == 1 and trajectory.metrics["correct"] == 0
     assert trajectory.reward == pytest.approx(-0.25)
 
 
 def test_the_turn_limit_ends_an_episode_that_never_answers():
     def forever(messages):
-        return calculator_policy(messages[:4])  # always the first turn: call again
+        return calculator_policy(messages[:10])  # always the first turn: call again
 
     environment = CalculatorEnvironment()
     trajectory = only(play(environment, forever, environment.scenarios("train", 1, seed=5))[0])

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from appliance.agents.environment import Episode, Scenario, Split, ToolEnvironment, ToolResult
 from appliance.agents.toolcalls import format_call, function_tool
-from appliance.agents.trajectory import AssistantMessage, FunctionCall, Message, ToolCall, UserMessage
+from appliance.agents.trajectory import AssistantMessage, FunctionCall, Message, ToolCall, ToolMessage, UserMessage
 from appliance.rewards.extract import answers_match
 from appliance.tasks.base import split_held_out
 from appliance.tasks.multiply import multiply_problems
@@ -30,7 +30,7 @@ SYSTEM_PROMPT = (
 
 
 # The worked example's question: its call is shown, never its product, and it is context only.
-EXAMPLE_OPERANDS = (23, 41)
+EXAMPLE_OPERANDS = ((23, 41), (17, 56))
 
 
 @dataclass
@@ -64,11 +64,11 @@ class CalculatorEnvironment(ToolEnvironment):
         return CalculatorState(a, b), SYSTEM_PROMPT, f"What is {a} * {b}?"
 
     def examples(self, scenario: Scenario) -> list[Message]:
-        # A worked first turn: the untrained 135M model copies the form of the last assistant turn it sees, and
-        # without it wrote no tool call in 70 sampled rollouts over five prompt wordings (with it: 7 of 8 tried).
-        a, b = EXAMPLE_OPERANDS
-        call = ToolCall(id="example_1", function=FunctionCall(name="multiply", arguments=json.dumps({"a": a, "b": b})))
-        return [UserMessage(content=f"What is {a} * {b}?"), AssistantMessage(content=format_call(call))]
+        # Worked episodes (context, never trained): the untrained 135M model copies the form of the turns it sees.
+        # Measured with the bundled model at temperature 1: no example, no tool call in 70 rollouts; one example
+        # of the call alone, 7 of 8 called but 8 GRPO steps taught no answer turn (held-out success 0 -> 0); one
+        # whole episode, it answered at once without the tool; two whole episodes, 7 of 16 rollouts succeeded.
+        return [message for operands in EXAMPLE_OPERANDS for message in _worked_episode(*operands)]
 
     def call(self, state: CalculatorState, name: str, arguments: dict) -> ToolResult:
         a, b = arguments["a"], arguments["b"]
@@ -80,6 +80,12 @@ class CalculatorEnvironment(ToolEnvironment):
         reward = float(correct) + 0.2 * state.called_with_operands - 0.25 * (episode.malformed_calls + episode.invalid_calls)
         return max(-1.0, reward), {"correct": float(correct), "used_tool": float(state.called_with_operands),
                                     "success": float(correct)}
+
+
+def _worked_episode(a: int, b: int) -> list[Message]:
+    call = ToolCall(id=f"example_{a}_{b}", function=FunctionCall(name="multiply", arguments=json.dumps({"a": a, "b": b})))
+    return [UserMessage(content=f"What is {a} * {b}?"), AssistantMessage(content=format_call(call)),
+            ToolMessage(tool_call_id=call.id, content=str(a * b)), AssistantMessage(content=f"<answer>{a * b}</answer>")]
 
 
 def _answer_of(text: str) -> str:
