@@ -86,14 +86,18 @@ def test_an_external_agent_plays_and_its_groups_are_collected(source, tmp_path):
     played = run_agent(source, tmp_path / "played.json")
     groups = played["groups"]
     assert len(groups) == 1 and len(groups[0]["trajectories"]) == 2
-    turns = [m for t in groups[0]["trajectories"] for m in t["messages"] if m["role"] == "assistant"]
+    # the worked examples (the first context_messages) are context: every turn after them was served
+    turns = [m for t in groups[0]["trajectories"] for m in t["messages"][t["context_messages"]:]
+             if m["role"] == "assistant"]
     assert turns and all(turn["sampled"]["token_ids"] and turn["sampled"]["prompt_token_ids"] for turn in turns)
     # the tools were described in the prompt the endpoint rendered, as in process
     assert "<tools>" in source.service.engine.tokenizer.decode(turns[0]["sampled"]["prompt_token_ids"])
     assert len(played["latencies"]) == len(turns)
 
     forged = json.loads(json.dumps(groups))
-    first = next(m for m in forged[0]["trajectories"][1]["messages"] if m["role"] == "assistant")
+    forged_trajectory = forged[0]["trajectories"][1]
+    first = next(m for m in forged_trajectory["messages"][forged_trajectory["context_messages"]:]
+                 if m["role"] == "assistant")
     first["sampled"]["token_ids"][0] = (first["sampled"]["token_ids"][0] + 1) % 1000
     refused = submit(source, forged)
     assert refused.status_code == 422

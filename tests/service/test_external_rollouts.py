@@ -78,7 +78,8 @@ def test_an_external_agent_trains_a_job_and_forgeries_are_refused(make_daemon, t
     groups = json.loads(played.read_text())["groups"]
 
     forged = json.loads(json.dumps(groups))
-    turn = next(m for m in forged[0]["trajectories"][0]["messages"] if m["role"] == "assistant")
+    played = forged[0]["trajectories"][0]
+    turn = next(m for m in played["messages"][played["context_messages"]:] if m["role"] == "assistant")
     turn["content"] = '<tool_call>{"name": "multiply", "arguments": {"a": 1, "b": 1}}</tool_call>'
     (tmp_path / "forged.json").write_text(json.dumps(forged))
     refused = daemon.cli("submit-trajectories", job_id, str(tmp_path / "forged.json"))
