@@ -129,14 +129,21 @@ class TaskSpec(Spec):
             raise ValueError(f"operand_min ({self.operand_min}) must not exceed operand_max ({self.operand_max})")
         return self
 
+    def _changed(self, keys: set[str]) -> list[str]:
+        """Keys set to something other than their default: a saved job.yaml (every key written out) is no conflict."""
+        fields = type(self).model_fields
+        return sorted(key for key in keys & self.model_fields_set
+                      if getattr(self, key) != fields[key].get_default(call_default_factory=True))
+
     @model_validator(mode="after")
     def _environment_or_dataset(self) -> "TaskSpec":
         if self.environment is None:
-            stray = sorted({"environment_options", "max_turns"} & self.model_fields_set)
+            stray = self._changed({"environment_options", "max_turns"})
             if stray:
-                raise ValueError(f"{' and '.join(stray)} apply to agent jobs only; set task.environment or drop them")
+                raise ValueError(f"{' and '.join(stray)} {'apply' if len(stray) > 1 else 'applies'} to agent jobs only; "
+                                 f"set task.environment or drop {'them' if len(stray) > 1 else 'it'}")
             return self
-        stray = sorted(DATASET_KEYS & self.model_fields_set)
+        stray = self._changed(DATASET_KEYS)
         if stray:
             raise ValueError(
                 f"task.environment ({self.environment}) and {', '.join('task.' + key for key in stray)} exclude each "

@@ -51,13 +51,25 @@ def test_a_plugin_is_checked_in_the_plugins_folder_without_running_it(tmp_path):
 
 
 def test_dataset_and_environment_exclude_each_other_in_one_error(tmp_path):
-    _, errors = _check(tmp_path, "builtin:calculator", "  dataset: builtin:multiply\n")
+    _, errors = _check(tmp_path, "builtin:calculator", "  dataset: builtin:gsm8k\n")
     assert len(errors) == 1
     assert "task.environment (builtin:calculator) and task.dataset exclude each other" in errors[0].message
 
 
+@pytest.mark.parametrize("task", ["{environment: builtin:calculator, max_turns: 2}", "{dataset: builtin:multiply}"])
+def test_a_spec_written_out_with_every_default_reads_back(task):
+    """job.yaml in a job folder holds every key (export and resume read it back): defaults are no conflict."""
+    import yaml
+
+    from appliance.config.schema import JobSpec
+
+    spec = parse_job(f"name: x\nstudent: {{model: m}}\ntask: {task}\nrewards: [{{name: correctness}}]\n", "job.yaml")
+    dumped = yaml.safe_load(yaml.safe_dump(spec.model_dump(mode="json")))
+    assert JobSpec.model_validate(dumped) == spec
+
+
 def test_agent_only_keys_without_an_environment_are_refused():
-    with pytest.raises(Exception, match="max_turns apply to agent jobs only"):
+    with pytest.raises(Exception, match="max_turns applies to agent jobs only"):
         parse_job("name: x\nstudent: {model: m}\ntask: {max_turns: 3}\nrewards: [{name: correctness}]\n", "job.yaml")
 
 
