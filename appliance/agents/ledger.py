@@ -87,7 +87,7 @@ class ServedLedger:
                     where = f"group {g} (scenario {group.scenario_id!r}), trajectory {t}"
                     if not math.isfinite(trajectory.reward):
                         raise TrajectoryRefused(f"{where}: the reward is {trajectory.reward}; give a finite number")
-                    turns = trained_turns(trajectory)
+                    turns = trajectory.trained_turns()
                     if not turns:
                         raise TrajectoryRefused(f"{where} has no assistant turn: there is nothing to train")
                     for number, (m, message) in enumerate(turns):
@@ -140,7 +140,7 @@ def _check_context(where: str, trajectory, tokenizer) -> None:
     """
     rendered = template_messages(trajectory.messages, trajectory.tools)
     shift = len(rendered) - len(trajectory.messages)  # 1 when a system message was added for the tools
-    for number, (m, message) in enumerate(trained_turns(trajectory)):
+    for number, (m, message) in enumerate(trajectory.trained_turns()):
         expected = tokenizer.apply_chat_template(rendered[:m + shift], tokenize=False, add_generation_prompt=True)
         served = tokenizer.decode(message.sampled.prompt_token_ids, skip_special_tokens=False,
                                   clean_up_tokenization_spaces=False)
@@ -148,10 +148,3 @@ def _check_context(where: str, trajectory, tokenizer) -> None:
             raise TrajectoryRefused(
                 f"{where}, assistant turn {number} (message {m}): the conversation before it differs from the prompt"
                 " the endpoint served (edited messages or tools); submit the messages exactly as sent")
-
-
-def trained_turns(trajectory) -> list[tuple[int, AssistantMessage]]:
-    """(index, message) of the assistant turns that train: worked examples (the first `context_messages`) are
-    context, never trained, so they need no ledger entry; every turn after them must have been served."""
-    return [(m, message) for m, message in enumerate(trajectory.messages)
-            if isinstance(message, AssistantMessage) and m >= trajectory.context_messages]

@@ -17,10 +17,8 @@ from appliance.agents.trajectory import AssistantMessage, ToolMessage, Trajector
 
 def opening_length(trajectory: Trajectory) -> int:
     """How many messages come before the first assistant turn."""
-    for index, message in enumerate(trajectory.messages):
-        if isinstance(message, AssistantMessage) and index >= trajectory.context_messages:
-            return index
-    return len(trajectory.messages)
+    turns = trajectory.trained_turns()
+    return turns[0][0] if turns else len(trajectory.messages)
 
 
 def opening_text(trajectory: Trajectory) -> str:

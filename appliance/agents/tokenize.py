@@ -84,9 +84,8 @@ def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajector
         out.assistant_mask += [0] * len(ids)
         out.logprobs += [None] * len(ids)
 
-    for index, message in enumerate(trajectory.messages):
-        if not isinstance(message, AssistantMessage) or index < trajectory.context_messages:
-            continue  # context: rendered into the next turn's prompt (worked examples included)
+    # Everything else (worked examples included) is context, rendered into the next trained turn's prompt.
+    for index, message in trajectory.trained_turns():
         position = index + shift
         prompt = _render(tokenizer, rendered[:position], generation_prompt=True)
         add_context(_after(prompt, covered, f"message {index}'s generation prompt"))

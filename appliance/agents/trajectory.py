@@ -97,9 +97,13 @@ class Trajectory(_Strict):
     # environment's worked examples, shown to the model but never trained (0: only non-assistant context).
     context_messages: int = Field(default=0, ge=0)
 
-    def assistant_turns(self) -> list[AssistantMessage]:
-        return [message for index, message in enumerate(self.messages)
+    def trained_turns(self) -> list[tuple[int, AssistantMessage]]:
+        """(index, message) of the assistant turns that train: every one after the first `context_messages`."""
+        return [(index, message) for index, message in enumerate(self.messages)
                 if isinstance(message, AssistantMessage) and index >= self.context_messages]
+
+    def assistant_turns(self) -> list[AssistantMessage]:
+        return [message for _, message in self.trained_turns()]
 
     def to_openai(self) -> list[dict]:
         """The messages as an OpenAI chat-completions `messages` list (no appliance-only fields)."""
