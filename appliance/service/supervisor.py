@@ -219,10 +219,7 @@ class Supervisor:
             raise
         job_dir = self.job_dir(job.id)
         job_dir.mkdir(parents=True, exist_ok=True)
-        # The keys the user set, not every default: some checks read which keys were given (an agent job's
-        # task.environment excludes task.dataset), and the worker parses this file again.
-        _atomic_write(job_dir / "job.yaml", yaml.safe_dump(spec.model_dump(mode="json", exclude_unset=True),
-                                                           sort_keys=False))
+        _atomic_write(job_dir / "job.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
         self._publish_counts()
         self.wake()
         return job
