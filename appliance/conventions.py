@@ -13,6 +13,8 @@ import re
 JUDGE_REWARD = "judge"
 # An agent job's environment's own reward of each trajectory (rewards: [{name: environment}]).
 ENVIRONMENT_REWARD = "environment"
+# task.environment of an agent job whose trajectories are played elsewhere and submitted (the student endpoint).
+EXTERNAL_ENVIRONMENT = "external"
 # A plugin reward: "path/to/file.py:function".
 PLUGIN_REWARD = re.compile(r"^(?P<file>.+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
 PLUGIN_SYNTAX = "path/to/file.py:function"

@@ -17,7 +17,7 @@ from appliance.agents.environment import AgentEnvironmentError, Environment
 from appliance.agents.envs.calculator import CalculatorEnvironment
 from appliance.agents.envs.email_search import EmailSearchEnvironment
 from appliance.agents.envs.game2048 import Game2048Environment
-from appliance.conventions import is_plugin_reward
+from appliance.conventions import EXTERNAL_ENVIRONMENT, is_plugin_reward
 from appliance.rewards.plugins import load_from_file
 from appliance.suggest import closest
 from appliance.paths import plugins_dir
@@ -87,7 +87,7 @@ def _name_problem(name: str, data_dir: Path) -> str | None:
 
 def extra_names() -> tuple[str, ...]:
     """task.environment values that name no environment class (sources built elsewhere)."""
-    return ("external",)
+    return (EXTERNAL_ENVIRONMENT,)
 
 
 def environment_problem(name: str, data_dir: Path) -> str | None:

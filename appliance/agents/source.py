@@ -27,10 +27,8 @@ from appliance.agents.environment import AgentEnvironmentError, Environment, Spl
 from appliance.agents.loading import load_environment
 from appliance.agents.trajectory import TrajectoryGroup
 from appliance.config.schema import JobSpec
+from appliance.conventions import EXTERNAL_ENVIRONMENT
 from appliance.engines.base import GenerationEngine, Sampling
-
-# task.environment of a job whose trajectories are submitted from outside (the student endpoint).
-EXTERNAL = "external"
 
 
 @runtime_checkable
@@ -83,7 +81,7 @@ def build_environment(spec: JobSpec, data_dir: Path) -> Environment:
     name = spec.task.environment
     if name is None:
         raise AgentEnvironmentError("this job has no task.environment; it trains on task.dataset")
-    if name == EXTERNAL:
+    if name == EXTERNAL_ENVIRONMENT:
         raise AgentEnvironmentError(
             "task.environment 'external' has no in-process environment: its trajectories are submitted from outside")
     environment = load_environment(name, data_dir, dict(spec.task.environment_options))
@@ -109,7 +107,7 @@ def make_source(spec: JobSpec, engine: GenerationEngine, data_dir: Path, *, job_
     "external" serves the student endpoint over `engine` and writes its address and token into `job_dir`
     (agents/external.py); `stop_requested` lets its `collect` give up waiting when the job is asked to stop.
     """
-    if spec.task.environment == EXTERNAL:
+    if spec.task.environment == EXTERNAL_ENVIRONMENT:
         from appliance.agents.external import ExternalSource
 
         if job_dir is None:

@@ -167,9 +167,10 @@ def _agent_environment(spec: JobSpec, data_dir: Path):
 
     The plan counts the environment's own turn limit when the job sets no task.max_turns.
     """
-    from appliance.agents.source import EXTERNAL, build_environment
+    from appliance.agents.source import build_environment
+    from appliance.conventions import EXTERNAL_ENVIRONMENT
 
-    if spec.task.environment == EXTERNAL:
+    if spec.task.environment == EXTERNAL_ENVIRONMENT:
         return None, spec
     environment = build_environment(spec, data_dir)
     turns = getattr(environment, "max_turns", None)

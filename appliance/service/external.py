@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 import httpx
 
 from appliance.agents.endpoint_file import SUBMIT_ROUTE, read_endpoint_file
+from appliance.conventions import EXTERNAL_ENVIRONMENT
 from appliance.service.api import EndpointInfo, TrajectoriesAccepted
 from appliance.service.submission import SubmissionRejected
 
 if TYPE_CHECKING:
     from appliance.service.daemon import Daemon
 
-EXTERNAL_ENVIRONMENT = "external"
 FORWARD_TIMEOUT_SECONDS = 300.0  # the check tokenises every trajectory; a busy CPU box is slow
 
 
