@@ -35,7 +35,7 @@ CPU_RUNTIME_BYTES = CPU_LIBRARIES_BYTES + CPU_LOAD_RESIDUE_BYTES + CPU_FIRST_USE
 # CUDA context, cuBLAS workspaces and kernels of one process on the GPU.
 CUDA_CONTEXT_BYTES = 600 * 2**20
 # Caching-allocator fragmentation on the GPU, as a fraction of everything else in a phase. Checked against the
-# one measured H100 shape (tests/budget/test_cuda_calibration.py, not re-measured): nvidia-smi's peak exceeded
+# one measured H100 shape (tests/budget/test_cuda_calibration.py, measured twice): nvidia-smi's peak exceeded
 # torch's max_allocated by 3.6 GB at 43.8 GB and by 3.5 GB at 64.0 GB; context + slack plan 2.8 and 3.8 GB.
 CUDA_ALLOCATOR_SLACK = 0.05
 
