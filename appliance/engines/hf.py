@@ -48,8 +48,12 @@ class HFEngine:
 
     kind = "hf"
 
-    def __init__(self, model, tokenizer, name: str, max_batch_size: int = 64):
+    def __init__(self, model, tokenizer, name: str, max_batch_size: int = 64, owns_weights: bool = False):
         self.model = model
+        # An engine that loaded its own weights (a judge, the merged rollout copy) may move them to host RAM
+        # while asleep; one generating through the trainer's model (owns_weights False) never moves them.
+        self.owns_weights = owns_weights
+        self._asleep_from: torch.device | None = None
         self.tokenizer = tokenizer
         self.name = name
         self.max_batch_size = max_batch_size
@@ -65,7 +69,7 @@ class HFEngine:
         device = device or default_device()
         dtype = compute_dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         model = load_causal_lm(model_dir, quantization, dtype, device)
-        return cls(model, load_tokenizer(model_dir), name or Path(model_dir).name, max_batch_size)
+        return cls(model, load_tokenizer(model_dir), name or Path(model_dir).name, max_batch_size, owns_weights=True)
 
     def _eos_ids(self) -> list[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -85,6 +89,7 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], sampling: Sampling) -> list[list[Completion]]:
+        self.wake()
         started = time.monotonic()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
@@ -153,6 +158,7 @@ class HFEngine:
     def next_token_logprobs(self, prompts: list[str], candidates: list[str]) -> list[dict[str, float]]:
         if not prompts:
             return []
+        self.wake()
         started = time.monotonic()
         candidate_ids = torch.tensor(single_token_ids(self._encode, prompts[0], candidates), device=self.device)
         encoded = [self._encode(prompt) for prompt in prompts]
@@ -197,11 +203,22 @@ class HFEngine:
         self.adapter_version = version
 
     def sleep(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        """On CUDA: weights it owns go to host RAM (the plan's time-sharing counts them out) and the cache is freed.
+
+        On the CPU host RAM is the device: nothing to move, nothing to free.
+        """
+        if self._asleep_from is not None or self.device.type != "cuda":
+            return
+        if self.owns_weights:
+            self._asleep_from = self.device
+            self.model.to("cpu")
+        torch.cuda.empty_cache()
 
     def wake(self) -> None:
-        pass
+        """Weights back on the device they slept from; generate() and the scorers call it themselves."""
+        if self._asleep_from is not None:
+            self.model.to(self._asleep_from)
+            self._asleep_from = None
 
     def metrics_snapshot(self) -> dict | None:
         return None  # transformers keeps no metrics of its own; the counters are in the StepRecord

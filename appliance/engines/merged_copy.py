@@ -52,12 +52,28 @@ class MergedCopyEngine(HFEngine):
             elif name in copy_modules and getattr(getattr(module, "weight", None), "quant_state", None) is not None:
                 copy_modules[name].weight.data.copy_(_dequantized(module).to(copy_modules[name].weight.dtype))
         self._copy_modules = copy_modules
-        super().__init__(copy, student.tokenizer, name, max_batch_size)
+        super().__init__(copy, student.tokenizer, name, max_batch_size, owns_weights=True)
         self.update_adapter(None, 0)
+
+    def sleep(self) -> None:
+        """The copy and its dequantized base weights go to host RAM together (CUDA; see HFEngine.sleep)."""
+        super().sleep()
+        if self._asleep_from is not None:
+            self._move_base_weights("cpu")
+
+    def wake(self) -> None:
+        device = self._asleep_from
+        super().wake()
+        if device is not None:
+            self._move_base_weights(device)
+
+    def _move_base_weights(self, device) -> None:
+        self._base_weights = {name: weight.to(device) for name, weight in self._base_weights.items()}
 
     @torch.no_grad()
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
-        """Merge the student's current (in-memory) adapter into the copy's target weights."""
+        """Merge the student's current (in-memory) adapter into the copy's target weights (awake: on the device)."""
+        self.wake()
         for name, layer in self._lora_layers.items():
             delta = sum((layer.get_delta_weight(adapter).float() for adapter in layer.active_adapters),
                         torch.zeros_like(self._base_weights[name]))

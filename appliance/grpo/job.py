@@ -112,7 +112,10 @@ def decide_choices(spec: JobSpec, device: str, student_dir: Path, judge_dir: Pat
         reasons["rollout_weights"] = plan.choices.reasons.get("rollout_weights", "budget plan")
     else:
         weights, reasons["rollout_weights"] = "shared", "default"
-    return RuntimeChoices(device, micro, checkpointing, weights, reasons), plan
+    time_share = plan is not None and plan.choices.time_share
+    if plan is not None:
+        reasons["time_share"] = plan.choices.reasons.get("time_share", "budget plan")
+    return RuntimeChoices(device, micro, checkpointing, weights, reasons, time_share), plan
 
 
 def rollout_engine_kind(spec: JobSpec, device: str) -> str:

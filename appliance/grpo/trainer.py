@@ -32,6 +32,7 @@ from appliance.grpo.records import RunRecords
 from appliance.grpo.rollout import ScoredRollout, generate_groups, score_groups, scored_rollout
 from appliance.grpo.step_record import MemoryReading, RewardStats, StepRecord
 from appliance.grpo.student import Student
+from appliance.grpo.time_share import enter_phase
 from appliance.grpo.training_state import UpdateSnapshot, load_payload, write_adapter, write_payload
 from appliance.grpo.trajectories import AgentJob, ScoredTrajectories, score_trajectories
 from appliance.grpo.update import GrpoUpdater, UpdateStats
@@ -62,6 +63,8 @@ class RuntimeChoices:
     gradient_checkpointing: bool
     rollout_weights: str  # "shared" | "merged_copy"
     reasons: dict
+    # Idle engines sleep in the phases they do not serve (grpo/time_share.py): only when the plan needs it.
+    time_share: bool = False
 
 
 class Trainer:
@@ -173,23 +176,25 @@ class Trainer:
 
     def _rollout(self, clock: PhaseClock) -> ScoredRollout:
         problems = self.stream.next_batch(self.spec.grpo.prompts_per_step)
-        self.engine.wake()
+        self._enter("generate")
         with clock.phase("generate", memory="generate"):
             prompts, groups = generate_groups(self.engine, self.task, problems, self._sampling())
+        self._enter("judge")
         with clock.phase("reward", memory="judge" if self.judge is not None else None):
             scores = score_groups(problems, groups, self.rewards)
-        self.engine.sleep()
+        self._enter("train")
         return scored_rollout(problems, prompts, groups, scores, self.spec.grpo.scale_rewards)
 
     def _agent_rollout(self, clock: PhaseClock) -> ScoredTrajectories:
         grpo = self.spec.grpo
-        self.engine.wake()
+        self._enter("generate")
         with clock.phase("generate", memory="generate"):
             groups = self.agent.source.collect(self.step + 1, grpo.prompts_per_step, grpo.group_size)
+        self._enter("judge")
         with clock.phase("reward", memory="judge" if self.judge is not None else None):
             scored = score_trajectories(self.agent.environment, groups, self.student.tokenizer, self.rewards,
                                         grpo.scale_rewards, self.agent.max_tokens)
-        self.engine.sleep()
+        self._enter("train")
         if scored.truncated:
             self.records.log(f"step {self.step + 1}: {scored.truncated} trajectories were longer than the planned "
                              f"{self.agent.max_tokens} tokens and were cut there")
@@ -260,6 +265,9 @@ class Trainer:
             snapshot = engine.metrics_snapshot()
             if snapshot is not None:
                 self.on_event("engine_metrics", snapshot=snapshot)
+
+    def _enter(self, phase: str) -> None:
+        enter_phase(phase, self.engine, self.judge.engine if self.judge is not None else None, self.choices.time_share)
 
     def engines(self) -> list[GenerationEngine]:
         return [self.engine] + ([self.judge.engine] if self.judge is not None else [])
