@@ -194,15 +194,26 @@ def plan_of_trained_batch(spec, data_dir: Path, job_file: Path, trained: int, ch
     return plan.peak_bytes
 
 
-def run_job_file(job_file: Path, data_dir: Path, steps: int) -> dict:
-    """The first `steps` steps of a real job: planned peak (from its measured prompts) vs peak RSS."""
+NOISE_REWARD = Path(__file__).resolve().parent / "noise_reward.py"
+
+
+def run_job_file(job_file: Path, data_dir: Path, steps: int, every_group_trains: bool = False) -> dict:
+    """The first `steps` steps of a real job: planned peak (from its measured prompts) vs peak RSS.
+
+    every_group_trains: a hash of each completion (bench/noise_reward.py) added to the job's rewards, so that
+    every group has a reward spread and every sequence trains, as the plan budgets. Memory does not depend on
+    what the rewards are, only on how many sequences train (and on the judge, which still runs).
+    """
     import tempfile
 
     from appliance.config.checks import load_checked_job
+    from appliance.config.schema import RewardSpec
     from appliance.grpo.run import run_job
 
     started = time.monotonic()
     spec = load_checked_job(job_file, data_dir)
+    if every_group_trains:
+        spec = spec.model_copy(update={"rewards": [*spec.rewards, RewardSpec(name=f"{NOISE_REWARD}:noise", weight=1.0)]})
     spec = spec.model_copy(update={"grpo": spec.grpo.model_copy(update={"steps": steps}),
                                    "checkpoint": spec.checkpoint.model_copy(update={"every": 10**6,
                                                                                     "eval_every": None})})
@@ -230,7 +241,8 @@ def run_job_file(job_file: Path, data_dir: Path, steps: int) -> dict:
     planned, measured = last.memory.planned_peak_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     trained = max(r.trained_sequences for r in records)
     at_trained = plan_of_trained_batch(spec, data_dir, job_file, trained, choices) if trained else None
-    return {"job": str(job_file), "steps": steps, "planned_peak_bytes": planned, "measured_peak_bytes": measured,
+    return {"job": str(job_file), "steps": steps, "every_group_trains": every_group_trains,
+            "planned_peak_bytes": planned, "measured_peak_bytes": measured,
             "ratio": measured / planned if planned else None, "planned_components": planned_components,
             "trained_sequences": [r.trained_sequences for r in records],
             "planned_peak_of_trained_batch_bytes": at_trained,
@@ -244,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", type=Path, default=None, help="run this job file's first steps with the trainer")
     parser.add_argument("--steps", type=int, default=2, help="with --job: steps to run (default 2)")
+    parser.add_argument("--every-group-trains", action="store_true",
+                        help="with --job: add a per-completion hash reward, so that every sequence trains")
     parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".test-cache" / "data")
     parser.add_argument("--judge", action="store_true", help="also judge every completion with the unquantized model")
     parser.add_argument("--gradient-checkpointing", action="store_true")
@@ -251,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.job is not None:
-        result = run_job_file(args.job, args.data_dir, args.steps)
+        result = run_job_file(args.job, args.data_dir, args.steps, args.every_group_trains)
         print(json.dumps(result, indent=2) if args.json else
               f"{args.job}: planned {format_bytes(result['planned_peak_bytes'])}, measured peak RSS "
               f"{format_bytes(result['measured_peak_bytes'])}, measured/planned {result['ratio']:.2f} "

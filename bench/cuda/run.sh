@@ -7,7 +7,7 @@ OUT=${OUT:-$PWD/.gpu-out}; mkdir -p $OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 D=$PWD/.gpu-data
-mkdir -p $D && cp bench/cuda/noise_reward.py $D/
+mkdir -p $D && cp bench/noise_reward.py $D/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, transformers, peft, bitsandbytes; print(torch.__version__, transformers.__version__, peft.__version__, bitsandbytes.__version__)" || exit 1
 if [ ! -f $D/models/llama8b-shape/manifest.json ]; then

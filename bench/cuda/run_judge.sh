@@ -6,7 +6,7 @@ OUT=${OUT:-$PWD/.gpu-out}; mkdir -p $OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 D=$PWD/.gpu-data
-mkdir -p $D && cp bench/cuda/noise_reward.py $D/
+mkdir -p $D && cp bench/noise_reward.py $D/
 if [ ! -f $D/models/llama8b-shape/manifest.json ]; then
   python3 bench/cuda/make_model.py appliance/budget/fixtures/Llama-3.1-8B.json /tmp/m/shape 2>&1 | tail -1 || exit 1
   python3 -m appliance models import /tmp/m/shape --name llama8b-shape --data-dir $D || exit 1
