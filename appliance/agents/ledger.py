@@ -12,7 +12,10 @@ an edited context, or on one good completion twice. The first problem found
 is refused with the group, trajectory and turn it is in.
 
 The ledger is bounded (oldest entries go first); a job that keeps more
-completions unsubmitted than `capacity` loses the oldest.
+completions unsubmitted than `capacity` loses the oldest. Given a file
+(agents/ledger_file.py) it is kept there too, so a restarted worker of the
+same job still accepts what the earlier one served and still refuses what it
+did not serve or what was already submitted.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from appliance.agents.ledger_file import LedgerFile, served_line
 from appliance.agents.toolcalls import template_messages
 from appliance.agents.trajectory import AssistantMessage, TrajectoryGroup
 from appliance.errors import ApplianceError
@@ -56,14 +61,19 @@ def served_key(prompt_ids: list[int], token_ids: list[int]) -> bytes:
 
 
 class ServedLedger:
-    """Bounded record of served completions; thread-safe."""
+    """Bounded record of served completions, optionally kept in a file (`path`); thread-safe."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY):
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, path: Path | None = None):
         if capacity < 1:
             raise ValueError("the ledger needs room for at least one completion")
         self.capacity = capacity
         self._entries: OrderedDict[bytes, Served] = OrderedDict()
         self._lock = threading.Lock()
+        self._file = LedgerFile(path) if path is not None else None
+        if self._file is not None:
+            for line in self._file.read():
+                self._replay(line)
+            self._file.rewrite(self._lines())  # drops a damaged tail, so appends start on a fresh line
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -72,13 +82,21 @@ class ServedLedger:
                step: int) -> None:
         key = served_key(prompt_ids, token_ids)
         with self._lock:
-            self._entries[key] = Served(text, tuple(logprobs), step)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
+            self._insert(key, Served(text, tuple(logprobs), step))
+            if self._file is not None:
+                self._file.append(served_line(key, text, logprobs, step))
+                if self._file.lines > 2 * self.capacity:
+                    self._file.rewrite(self._lines())
 
     def verify(self, raw_groups: list[Any], group_size: int, tokenizer=None) -> list[TrajectoryGroup]:
         """The submitted groups, typed, when every assistant turn was served and unused; marks those turns used."""
+        groups, keys = self.check(raw_groups, group_size, tokenizer)
+        self.mark_used(keys)
+        return groups
+
+    def check(self, raw_groups: list[Any], group_size: int,
+              tokenizer=None) -> tuple[list[TrajectoryGroup], list[bytes]]:
+        """The submitted groups, typed, and the keys of their turns; marks nothing (see `mark_used`)."""
         groups = [_parse_group(index, raw, group_size) for index, raw in enumerate(raw_groups)]
         with self._lock:
             keys: list[bytes] = []
@@ -94,9 +112,41 @@ class ServedLedger:
                         keys.append(self._check_turn(f"{where}, assistant turn {number} (message {m})", message, keys))
                     if tokenizer is not None:
                         _check_context(where, trajectory, tokenizer)
-            for key in keys:
+        return groups, keys
+
+    def mark_used(self, keys: list[bytes]) -> None:
+        """These completions were submitted and accepted: they train once. Durable (fsynced) with a file."""
+        with self._lock:
+            fresh = [key for key in keys if key in self._entries and not self._entries[key].used]
+            for key in fresh:
                 self._entries[key].used = True
-        return groups
+            if fresh and self._file is not None:
+                self._file.append({"used": [key.hex() for key in fresh]}, durable=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+
+    def _insert(self, key: bytes, served: Served) -> None:
+        self._entries[key] = served
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def _replay(self, line: dict[str, Any]) -> None:
+        if "key" in line:
+            self._insert(bytes.fromhex(line["key"]),
+                         Served(line["text"], tuple(float(v) for v in line["logprobs"]), line["step"],
+                                line.get("used", False)))
+            return
+        for key in map(bytes.fromhex, line["used"]):
+            if key in self._entries:
+                self._entries[key].used = True
+
+    def _lines(self) -> list[dict[str, Any]]:
+        return [served_line(key, s.text, s.logprobs, s.step, s.used) for key, s in self._entries.items()]
+
 
     def _check_turn(self, where: str, message: AssistantMessage, taken: list[bytes]) -> bytes:
         sampled = message.sampled
@@ -118,6 +168,13 @@ class ServedLedger:
             raise TrajectoryRefused(f"{where}: the logprobs differ from those the endpoint served")
         return key
 
+
+def trained_turn_keys(groups: list[TrajectoryGroup]) -> list[bytes]:
+    """The ledger keys of every trained assistant turn in `groups` (groups that were accepted)."""
+    return [served_key(message.sampled.prompt_token_ids, message.sampled.token_ids)
+            for group in groups for trajectory in group.trajectories
+            for _, message in trajectory.trained_turns()
+            if message.sampled is not None and message.sampled.prompt_token_ids is not None]
 
 def _parse_group(index: int, raw: Any, group_size: int) -> TrajectoryGroup:
     try:

@@ -36,6 +36,9 @@ class TrajectorySource(Protocol):
     def collect(self, step: int, scenarios: int, group_size: int) -> list[TrajectoryGroup]:
         """`scenarios` groups of `group_size` trajectories (one scenario each) for training step `step` (1-based)."""
 
+    def checkpointed(self, step: int) -> None:
+        """Steps up to `step` are in a complete checkpoint: what the source kept to replay them may go."""
+
     def close(self) -> None:
         """Release what the source holds (servers, clients); the source is unusable afterwards."""
 
@@ -71,6 +74,9 @@ class EnvironmentSource:
         groups = asyncio.run(rollout_groups(self.environment, client, chosen, group_size))
         self.batch_sizes = list(client.batch_sizes)
         return groups
+
+    def checkpointed(self, step: int) -> None:
+        """Nothing kept: a replayed step plays its scenarios again from the step's seed."""
 
     def close(self) -> None:
         """Nothing to release: the engine belongs to the trainer."""
