@@ -30,10 +30,12 @@ The trainer and the endpoint never use the model at once: the engine lock is
 held by the trainer from the end of one `collect` to the start of the next
 (the update and weight sync), so chat requests arriving then wait.
 
-On a GPU the endpoint would be vLLM's own OpenAI server over the job's vLLM
-engine, with the adapter loaded by name after each sync; the ledger would
-then be fed from its responses (return_token_ids). Not built here: the CPU
-server above is what runs on this box.
+The endpoint runs over whichever engine the trainer rolls out with
+(transformers, or vLLM on a GPU box): it renders with the engine's tokenizer
+and generates through `engine.generate`, so the ledger records the token ids
+and sampled logprobs of that engine, and each sync's adapter serves the next
+collect. vLLM's own OpenAI server is not used: it would bypass the gate and
+the ledger.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from appliance.agents.ledger import DEFAULT_CAPACITY, ServedLedger, TrajectoryRe
 from appliance.agents.spool import GroupSpool, Spooled
 from appliance.agents.toolcalls import parse_tool_calls, template_messages
 from appliance.agents.trajectory import Message, TrajectoryGroup
+from appliance.engines.base import LocalEngine
 from appliance.engines.openai_server import ChatService, build_app, serve_app_in_thread
 from appliance.errors import ApplianceError, StopBeforeStep
 from appliance.paths import served_ledger_file, submitted_groups_dir
@@ -134,7 +137,7 @@ class SourceBusy(ApplianceError):
 class ExternalSource:
     """A TrajectorySource fed by agents outside the job, through the student endpoint it serves."""
 
-    def __init__(self, engine, job_dir: Path, group_size: int, *, served_name: str | None = None,
+    def __init__(self, engine: LocalEngine, job_dir: Path, group_size: int, *, served_name: str,
                  max_queued_groups: int = 64, ledger_capacity: int = DEFAULT_CAPACITY,
                  stop_requested: Callable[[], str | None] | None = None, host: str = "127.0.0.1"):
         job_dir = Path(job_dir)
@@ -151,7 +154,7 @@ class ExternalSource:
         self.step = 0
         self.accepted_total = 0
         self._arrived = threading.Condition()
-        self.service = ChatService(engine, served_name, hooks=EndpointHooks(self), sampled_logprobs=True)
+        self.service = ChatService(engine, served_name, hooks=EndpointHooks(self))  # logprobs: those sampled
         # Submissions are checked while the trainer updates: with a tokenizer of their own (a fast tokenizer
         # shared between threads can fail with "Already borrowed" when the engine pads a batch meanwhile).
         self._tokenizer = copy.deepcopy(engine.tokenizer)
@@ -190,6 +193,12 @@ class ExternalSource:
                 return [entry.group for entry in taken]
         finally:
             self._close_gate()
+
+    @property
+    def queued(self) -> int:
+        """Accepted groups no step has taken yet (after a restart: also those taken by steps being replayed)."""
+        with self._arrived:
+            return len(self._queue)
 
     def checkpointed(self, step: int) -> None:
         """Step `step` is in a complete checkpoint: the groups it and the steps before it trained are deleted."""
