@@ -33,7 +33,7 @@ class PreviousEndpoint:
 
 def write_endpoint(job_dir: Path, document: dict) -> None:
     """Write the endpoint document (it holds the token: 0600, atomically)."""
-    write_private(Path(job_dir) / ENDPOINT_FILE, json.dumps(document), durable=False)
+    write_private(Path(job_dir) / ENDPOINT_FILE, json.dumps(document))
 
 
 def _read(job_dir: Path) -> dict | None:
