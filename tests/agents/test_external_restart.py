@@ -112,6 +112,7 @@ def test_a_restarted_worker_keeps_queued_groups_and_checks_what_the_dead_one_ser
     assert (second.token, second.url) == (first.token, first.url)  # same job: same token, the port was free
     assert read_endpoint_file(job_dir) == {"url": first.url, "token": first.token, "model": "student",
                                            "pid": os.getpid()}
+    assert second.queued == 2  # both accepted groups are back (checked first: collect would wait for them)
     # resumed at step 0 (no checkpoint): step 1 trains the same group again, then the queued one
     assert [g.model_dump(mode="json") for g in second.collect(1, 1, 2)] == played[:1]
     second.checkpointed(1)
