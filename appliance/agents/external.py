@@ -147,7 +147,7 @@ class ExternalSource:
         self.spool = GroupSpool(submitted_groups_dir(job_dir))
         self._queue: deque[Spooled] = deque(self.spool.load())
         # A crash can fall between writing a group and recording its turns as used: the spool is the truth.
-        self.ledger.mark_used(trained_turn_keys([entry.group for entry in self._queue]))
+        self.ledger.mark_used_at_least(trained_turn_keys([entry.group for entry in self._queue]))
         if self._queue:
             log.warning("%s: %d submitted trajectory groups from before the restart are queued again",
                         job_dir, len(self._queue))

@@ -46,10 +46,13 @@ class TrajectoryRefused(ApplianceError):
 
 @dataclass
 class Served:
+    """One served completion; `served` counts identical serves (same ids, text and logprobs), `used` those submitted."""
+
     text: str
     logprobs: tuple[float, ...]
     step: int
-    used: bool = False
+    used: int = 0
+    served: int = 1
 
 
 def served_key(prompt_ids: list[int], token_ids: list[int]) -> bytes:
@@ -82,7 +85,12 @@ class ServedLedger:
                step: int) -> None:
         key = served_key(prompt_ids, token_ids)
         with self._lock:
-            self._insert(key, Served(text, tuple(logprobs), step))
+            same = self._entries.get(key)
+            if same is not None and same.text == text and _close(same.logprobs, logprobs):
+                # Two rollouts of a group can sample the very same completion: each may be submitted once.
+                self._insert(key, Served(text, tuple(logprobs), step, same.used, same.served + 1))
+            else:
+                self._insert(key, Served(text, tuple(logprobs), step))
             if self._file is not None:
                 self._file.append(served_line(key, text, logprobs, step))
                 if self._file.lines > 2 * self.capacity:
@@ -115,13 +123,28 @@ class ServedLedger:
         return groups, keys
 
     def mark_used(self, keys: list[bytes]) -> None:
-        """These completions were submitted and accepted: they train once. Durable (fsynced) with a file."""
+        """These completions were submitted and accepted (a key once per use): they train once. Fsynced with a file."""
         with self._lock:
-            fresh = [key for key in keys if key in self._entries and not self._entries[key].used]
-            for key in fresh:
-                self._entries[key].used = True
+            fresh = [key for key in keys if self._use(key)]
             if fresh and self._file is not None:
                 self._file.append({"used": [key.hex() for key in fresh]}, durable=True)
+
+    def mark_used_at_least(self, keys: list[bytes]) -> None:
+        """After a restart: the turns of groups still queued count as used, in case the crash came before
+        `mark_used` recorded them (never more uses than these keys name, so nothing is counted twice)."""
+        needed: dict[bytes, int] = {}
+        for key in keys:
+            needed[key] = needed.get(key, 0) + 1
+        missing = [key for key, count in needed.items() if key in self._entries
+                   for _ in range(max(0, count - self._entries[key].used))]
+        self.mark_used(missing)
+
+    def _use(self, key: bytes) -> bool:
+        served = self._entries.get(key)
+        if served is None or served.used >= served.served:
+            return False
+        served.used += 1
+        return True
 
     def close(self) -> None:
         with self._lock:
@@ -136,16 +159,21 @@ class ServedLedger:
 
     def _replay(self, line: dict[str, Any]) -> None:
         if "key" in line:
-            self._insert(bytes.fromhex(line["key"]),
-                         Served(line["text"], tuple(float(v) for v in line["logprobs"]), line["step"],
-                                line.get("used", False)))
+            key = bytes.fromhex(line["key"])
+            same = self._entries.get(key)
+            logprobs = tuple(float(v) for v in line["logprobs"])
+            if "served" not in line and same is not None and same.text == line["text"] and _close(same.logprobs,
+                                                                                                  logprobs):
+                self._insert(key, Served(same.text, logprobs, line["step"], same.used, same.served + 1))
+            else:
+                self._insert(key, Served(line["text"], logprobs, line["step"], line.get("used", 0),
+                                         line.get("served", 1)))
             return
         for key in map(bytes.fromhex, line["used"]):
-            if key in self._entries:
-                self._entries[key].used = True
+            self._use(key)
 
     def _lines(self) -> list[dict[str, Any]]:
-        return [served_line(key, s.text, s.logprobs, s.step, s.used) for key, s in self._entries.items()]
+        return [served_line(key, s.text, s.logprobs, s.step, s.used, s.served) for key, s in self._entries.items()]
 
 
     def _check_turn(self, where: str, message: AssistantMessage, taken: list[bytes]) -> bytes:
@@ -159,12 +187,11 @@ class ServedLedger:
         if served is None:
             raise TrajectoryRefused(f"{where} was not served by this job's endpoint: no completion it served has"
                                     " these prompt and completion token ids (edited, forged, or too old)")
-        if served.used or key in taken:
+        if served.used + taken.count(key) >= served.served:
             raise TrajectoryRefused(f"{where} was already submitted: each served completion trains once")
         if message.content != served.text:
             raise TrajectoryRefused(f"{where}: the text differs from what the endpoint served for these token ids")
-        if len(served.logprobs) != len(sampled.logprobs) or any(
-                abs(a - b) > LOGPROB_TOLERANCE for a, b in zip(served.logprobs, sampled.logprobs)):
+        if not _close(served.logprobs, sampled.logprobs):
             raise TrajectoryRefused(f"{where}: the logprobs differ from those the endpoint served")
         return key
 
@@ -175,6 +202,10 @@ def trained_turn_keys(groups: list[TrajectoryGroup]) -> list[bytes]:
             for group in groups for trajectory in group.trajectories
             for _, message in trajectory.trained_turns()
             if message.sampled is not None and message.sampled.prompt_token_ids is not None]
+
+def _close(a, b) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= LOGPROB_TOLERANCE for x, y in zip(a, b))
+
 
 def _parse_group(index: int, raw: Any, group_size: int) -> TrajectoryGroup:
     try:

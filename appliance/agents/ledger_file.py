@@ -5,7 +5,10 @@ completion, with what the check needs:
 
     {"key": "<sha256 hex of prompt and completion ids>", "text": "...", "logprobs": [...], "step": 3}
 
-and one line per accepted submission naming the completions it used:
+(the same completion served again, as two rollouts of a group may sample
+it, is one more line with the same key: it may then be submitted twice), and
+one line per accepted submission naming the completions it used, a key once
+per use:
 
     {"used": ["<key>", ...]}
 
@@ -14,8 +17,8 @@ so it survives the worker's crash (the kernel has it) though not a power cut;
 a used line is fsynced before the submit call answers. Loading replays the
 lines in order into the bounded ledger; a line that does not parse (the last
 one, when a crash cut a write short) is skipped with a log line. The file is
-then rewritten with the entries kept (one line each, `"used": true` where
-used), and again whenever it grows past twice the ledger's capacity, so it
+then rewritten with the entries kept (one line each, with `"served"` and
+`"used"` counts), and again whenever it grows past twice the ledger's capacity, so it
 stays bounded like the ledger.
 """
 
@@ -34,10 +37,12 @@ log = logging.getLogger(__name__)
 KEY_HEX_LENGTH = 64
 
 
-def served_line(key: bytes, text: str, logprobs: Iterable[float], step: int, used: bool = False) -> dict[str, Any]:
+def served_line(key: bytes, text: str, logprobs: Iterable[float], step: int, used: int = 0,
+                served: int | None = None) -> dict[str, Any]:
+    """A served completion; a rewrite adds how often it was served and used (an append: one serve, unused)."""
     line = {"key": key.hex(), "text": text, "logprobs": list(logprobs), "step": step}
-    if used:
-        line["used"] = True
+    if served is not None:
+        line.update(served=served, used=used)
     return line
 
 
@@ -53,7 +58,8 @@ def _valid(record: Any) -> bool:
     return (_is_key(record.get("key")) and isinstance(record.get("text"), str)
             and isinstance(record.get("logprobs"), list)
             and all(isinstance(value, (int, float)) for value in record["logprobs"])
-            and isinstance(record.get("step"), int) and record.get("used", False) in (True, False))
+            and isinstance(record.get("step"), int)
+            and all(isinstance(record.get(count, 0), int) and record.get(count, 0) >= 0 for count in ("used", "served")))
 
 
 class LedgerFile:

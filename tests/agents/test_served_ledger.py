@@ -210,3 +210,21 @@ def test_the_ledger_file_stays_bounded_like_the_ledger(tmp_path):
     reloaded = ServedLedger(capacity=4, path=path)
     assert len(reloaded) == 4
     assert [s.text for s in reloaded._entries.values()] == ["t26", "t27", "t28", "t29"]
+
+
+def test_a_completion_served_twice_may_be_submitted_twice_even_after_a_restart(tmp_path, tokenizer):
+    """Two rollouts of a group can sample the very same completion (a likely answer, a short turn)."""
+    path = tmp_path / "served.jsonl"
+    ledger = ServedLedger(capacity=64, path=path)
+    first, second = played(ledger, tokenizer, "What is 3 * 4?", 1.0), played(ledger, tokenizer, "What is 3 * 4?", 0.0)
+    assert first.messages[2].sampled == second.messages[2].sampled  # the same ids: one key, served twice
+    assert ledger.verify([group_of(first, second)], group_size=2, tokenizer=tokenizer)
+    with pytest.raises(TrajectoryRefused, match="trajectory 0, assistant turn 0 .* was already submitted"):
+        ledger.verify([group_of(first, played(ledger, tokenizer, "4 * 3?", 0.0))], group_size=2)
+    ledger.close()
+    third = played(ServedLedger(capacity=64, path=path), tokenizer, "x", 0.0)  # nothing: just appends a serve
+    reloaded = ServedLedger(capacity=64, path=path)
+    with pytest.raises(TrajectoryRefused, match="already submitted"):  # both uses outlive the restart
+        reloaded.verify([group_of(first, third)], group_size=2)
+    again = played(reloaded, tokenizer, "What is 3 * 4?", 1.0)  # served a third time: one more use
+    assert reloaded.verify([group_of(again, third)], group_size=2, tokenizer=tokenizer)
