@@ -233,9 +233,6 @@ def test_the_student_endpoint_serves_over_vllm_and_its_ledger_checks_what_vllm_s
 
     environment = load_environment("builtin:calculator", tmp_path, {})
     environment.max_turns = 1
-    # The base model: a random adapter left by an earlier test can make both rollouts the same completion, and
-    # the ledger keeps one record per (prompt, completion) ids, so it accepts that completion once per group.
-    engine.update_adapter(None, 1)
     calls_before = engine.counters.calls
     source = ExternalSource(engine, tmp_path, group_size=2, served_name="student")
     try:
