@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -111,10 +112,12 @@ def test_an_external_agent_trains_a_job_and_forgeries_are_refused(make_daemon, t
 
     # The step waits for its second group; the worker dies meanwhile and is restarted from scratch (no checkpoint).
     worker = json.loads((jobs_dir(daemon.data_dir) / job_id / "endpoint.json").read_text())["pid"]
+    killed = time.monotonic()
     os.killpg(worker, signal.SIGKILL)
     wait_for(lambda: client.job(job_id).attempts == 2, 120, "the supervisor to restart the worker")
     restarted = endpoint_when_up(client, job_id)  # the dead worker's endpoint.json is not handed out meanwhile
     assert (restarted.url, restarted.token) == (endpoint.url, endpoint.token)
+    print(f"\nworker killed -> endpoint served again (same url and token): {time.monotonic() - killed:.1f} s")
     assert json.loads((jobs_dir(daemon.data_dir) / job_id / "endpoint.json").read_text())["pid"] != worker
     (tmp_path / "groups.json").write_text(json.dumps({"groups": groups[1:]}))
     accepted = daemon.cli("submit-trajectories", job_id, str(tmp_path / "groups.json"), "--json")
