@@ -48,3 +48,15 @@ def uploads_dir(data_dir: Path) -> Path:
 def exports_dir(data_dir: Path) -> Path:
     """Where the daemon writes exports (a folder name per export, never a caller's path)."""
     return Path(data_dir) / "exports"
+
+
+# ----- inside one job's folder (<data-dir>/jobs/<id>/, or the folder `appliance train` was given) -----
+
+def submitted_groups_dir(job_dir: Path) -> Path:
+    """Trajectory groups an external-rollout job accepted and has not yet trained into a checkpoint."""
+    return Path(job_dir) / "submitted"
+
+
+def served_ledger_file(job_dir: Path) -> Path:
+    """The record of completions an external-rollout job's endpoint served (its served-token ledger)."""
+    return Path(job_dir) / "served.jsonl"

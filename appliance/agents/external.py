@@ -10,6 +10,16 @@ trajectory groups (`POST /jobs/{id}/trajectories`; the daemon forwards them to
 this endpoint's `POST /appliance/trajectories`), where the served-token ledger
 checks them (agents/ledger.py) and the accepted ones queue for `collect`.
 
+Nothing accepted is lost when the worker restarts (a crash, a pause and
+resume, a daemon restart): a submission is answered "accepted" only once its
+groups are on disk (agents/spool.py), and they leave the disk only once the
+step that trained them is checkpointed (`checkpointed`); a restarted worker
+queues them again. The ledger is kept in the job folder too
+(agents/ledger_file.py), so completions served before the restart can still
+be submitted after it, and forged or reused ones are still refused. The
+token stays the same for the life of the job and the port too when it is
+free (agents/endpoint_file.py); clients re-read both through the control API.
+
 Requests with `tools` get them described in the prompt exactly as in-process
 rollouts do (`toolcalls.template_messages`), and replies carry the parsed
 calls as OpenAI `tool_calls` (finish_reason "tool_calls"); `content` keeps the
@@ -20,15 +30,18 @@ The trainer and the endpoint never use the model at once: the engine lock is
 held by the trainer from the end of one `collect` to the start of the next
 (the update and weight sync), so chat requests arriving then wait.
 
-On a GPU the endpoint would be vLLM's own OpenAI server over the job's vLLM
-engine, with the adapter loaded by name after each sync; the ledger would
-then be fed from its responses (return_token_ids). Not built here: the CPU
-server above is what runs on this box.
+The endpoint runs over whichever engine the trainer rolls out with
+(transformers, or vLLM on a GPU box): it renders with the engine's tokenizer
+and generates through `engine.generate`, so the ledger records the token ids
+and sampled logprobs of that engine, and each sync's adapter serves the next
+collect. vLLM's own OpenAI server is not used: it would bypass the gate and
+the ledger.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import secrets
 import threading
@@ -38,12 +51,17 @@ from typing import Any, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
-from appliance.agents.endpoint_file import ENDPOINT_FILE, SUBMIT_ROUTE, write_private
-from appliance.agents.ledger import DEFAULT_CAPACITY, ServedLedger, TrajectoryRefused
+from appliance.agents.endpoint_file import ENDPOINT_FILE, SUBMIT_ROUTE, previous_endpoint, write_endpoint
+from appliance.agents.ledger import DEFAULT_CAPACITY, ServedLedger, TrajectoryRefused, trained_turn_keys
+from appliance.agents.spool import GroupSpool, Spooled
 from appliance.agents.toolcalls import parse_tool_calls, template_messages
 from appliance.agents.trajectory import Message, TrajectoryGroup
+from appliance.engines.base import LocalEngine
 from appliance.engines.openai_server import ChatService, build_app, serve_app_in_thread
 from appliance.errors import ApplianceError, StopBeforeStep
+from appliance.paths import served_ledger_file, submitted_groups_dir
+
+log = logging.getLogger(__name__)
 
 _MESSAGE = TypeAdapter(Message)
 _MESSAGE_FIELDS = {"system": ("role", "content"), "user": ("role", "content"),
@@ -119,17 +137,24 @@ class SourceBusy(ApplianceError):
 class ExternalSource:
     """A TrajectorySource fed by agents outside the job, through the student endpoint it serves."""
 
-    def __init__(self, engine, job_dir: Path, group_size: int, *, served_name: str | None = None,
+    def __init__(self, engine: LocalEngine, job_dir: Path, group_size: int, *, served_name: str,
                  max_queued_groups: int = 64, ledger_capacity: int = DEFAULT_CAPACITY,
                  stop_requested: Callable[[], str | None] | None = None, host: str = "127.0.0.1"):
+        job_dir = Path(job_dir)
         self.group_size, self.max_queued_groups = group_size, max_queued_groups
         self.stop_requested = stop_requested or (lambda: None)
-        self.ledger = ServedLedger(ledger_capacity)
+        self.ledger = ServedLedger(ledger_capacity, served_ledger_file(job_dir))
+        self.spool = GroupSpool(submitted_groups_dir(job_dir))
+        self._queue: deque[Spooled] = deque(self.spool.load())
+        # A crash can fall between writing a group and recording its turns as used: the spool is the truth.
+        self.ledger.mark_used_at_least(trained_turn_keys([entry.group for entry in self._queue]))
+        if self._queue:
+            log.warning("%s: %d submitted trajectory groups from before the restart are queued again",
+                        job_dir, len(self._queue))
         self.step = 0
         self.accepted_total = 0
-        self._queue: deque[TrajectoryGroup] = deque()
         self._arrived = threading.Condition()
-        self.service = ChatService(engine, served_name, hooks=EndpointHooks(self), sampled_logprobs=True)
+        self.service = ChatService(engine, served_name, hooks=EndpointHooks(self))  # logprobs: those sampled
         # Submissions are checked while the trainer updates: with a tokenizer of their own (a fast tokenizer
         # shared between threads can fail with "Already borrowed" when the engine pads a batch meanwhile).
         self._tokenizer = copy.deepcopy(engine.tokenizer)
@@ -138,12 +163,13 @@ class ExternalSource:
         self._closed = False
         self.service.lock.acquire()  # closed until the trainer's first collect
         self._gate_held = True
-        self.token = secrets.token_urlsafe(32)
-        self.server = serve_app_in_thread(build_app(self.service, self.token), host)
+        previous = previous_endpoint(job_dir)
+        self.token = previous.token or secrets.token_urlsafe(32)
+        self.server = _serve(build_app(self.service, self.token), host, previous.port)
         self.url = self.server.url
-        self.endpoint_file = Path(job_dir) / ENDPOINT_FILE
-        write_private(self.endpoint_file, {"url": self.url, "token": self.token, "model": self.service.served_name,
-                                            "pid": os.getpid()})
+        self.endpoint_file = job_dir / ENDPOINT_FILE
+        write_endpoint(job_dir, {"url": self.url, "token": self.token, "model": self.service.served_name,
+                                 "pid": os.getpid()})
 
     # ----- the trainer's side ----------------------------------------------------------------------
 
@@ -155,18 +181,34 @@ class ExternalSource:
         self._open()
         try:
             with self._arrived:
+                self._discard_trained_before(step)
                 while len(self._queue) < scenarios:
                     reason = "the source was closed" if self._closed else self.stop_requested()
                     if reason:
                         raise CollectStopped(f"stopped ({reason}) while waiting for {scenarios} trajectory groups"
                                              f" ({len(self._queue)} submitted)")
                     self._arrived.wait(0.5)
-                return [self._queue.popleft() for _ in range(scenarios)]
+                taken = [self._queue.popleft() for _ in range(scenarios)]
+                self.spool.take(taken, step)
+                return [entry.group for entry in taken]
         finally:
             self._close_gate()
 
+    @property
+    def queued(self) -> int:
+        """Accepted groups no step has taken yet (after a restart: also those taken by steps being replayed)."""
+        with self._arrived:
+            return len(self._queue)
+
+    def checkpointed(self, step: int) -> None:
+        """Step `step` is in a complete checkpoint: the groups it and the steps before it trained are deleted."""
+        with self._arrived:
+            self.spool.drop_trained(step)
+
     def close(self) -> None:
-        self.endpoint_file.unlink(missing_ok=True)
+        # The token and the last address stay (no url: not serving), for the next worker of this job.
+        write_endpoint(self.endpoint_file.parent, {"token": self.token, "model": self.service.served_name,
+                                                   "last_url": self.url})
         with self._submit_lock:
             self._open_for_submissions = False
         with self._arrived:
@@ -175,11 +217,12 @@ class ExternalSource:
         self.service.open = False  # requests waiting for the engine are answered 503, not generated
         self._open()
         self.server.close(timeout_seconds=60)
+        self.ledger.close()
 
     # ----- the endpoint's side ----------------------------------------------------------------------
 
     def submit(self, raw_groups: list[Any]) -> dict[str, int]:
-        """Verify and queue submitted groups (all or none); called by the endpoint's submit route."""
+        """Verify and queue submitted groups (all or none); on disk before it answers. The endpoint's submit route."""
         with self._submit_lock:
             if not self._open_for_submissions:
                 raise SourceBusy("the job is ending; it takes no more trajectories", 409)
@@ -188,12 +231,19 @@ class ExternalSource:
             if len(raw_groups) > room:
                 raise SourceBusy(f"{len(raw_groups)} groups do not fit: {room} of {self.max_queued_groups} queue"
                                  " places are free; submit again after the next step", 429)
-            groups = self.ledger.verify(raw_groups, self.group_size, self._tokenizer)
+            groups, keys = self.ledger.check(raw_groups, self.group_size, self._tokenizer)
+            with self._arrived:
+                entries = self.spool.add(groups)
+            self.ledger.mark_used(keys)
         with self._arrived:
-            self._queue.extend(groups)
+            self._queue.extend(entries)
             self.accepted_total += len(groups)
             self._arrived.notify_all()
             return {"accepted": len(groups), "queued": len(self._queue), "step": self.step}
+
+    def _discard_trained_before(self, step: int) -> None:
+        if any(entry.taken_by is not None for entry in self._queue):  # only groups queued again after a restart
+            self._queue = deque(self.spool.without_trained(list(self._queue), step))
 
     def _open(self) -> None:
         if self._gate_held:
@@ -204,3 +254,13 @@ class ExternalSource:
         # Waits for the request being generated to finish; later ones wait for the next collect.
         self.service.lock.acquire()
         self._gate_held = True
+
+
+def _serve(app, host: str, port: int | None):
+    """Serve on `port` (the job's previous port) when it is free, else on any free port."""
+    if port:
+        try:
+            return serve_app_in_thread(app, host, port)
+        except OSError as error:
+            log.warning("the endpoint's previous port %d is taken (%s); serving on another", port, error)
+    return serve_app_in_thread(app, host, 0)

@@ -12,7 +12,10 @@ an edited context, or on one good completion twice. The first problem found
 is refused with the group, trajectory and turn it is in.
 
 The ledger is bounded (oldest entries go first); a job that keeps more
-completions unsubmitted than `capacity` loses the oldest.
+completions unsubmitted than `capacity` loses the oldest. Given a file
+(agents/ledger_file.py) it is kept there too, so a restarted worker of the
+same job still accepts what the earlier one served and still refuses what it
+did not serve or what was already submitted.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from appliance.agents.ledger_file import LedgerFile, served_line
 from appliance.agents.toolcalls import template_messages
 from appliance.agents.trajectory import AssistantMessage, TrajectoryGroup
 from appliance.errors import ApplianceError
@@ -41,10 +46,13 @@ class TrajectoryRefused(ApplianceError):
 
 @dataclass
 class Served:
+    """One served completion; `served` counts identical serves (same ids, text and logprobs), `used` those submitted."""
+
     text: str
     logprobs: tuple[float, ...]
     step: int
-    used: bool = False
+    used: int = 0
+    served: int = 1
 
 
 def served_key(prompt_ids: list[int], token_ids: list[int]) -> bytes:
@@ -56,14 +64,19 @@ def served_key(prompt_ids: list[int], token_ids: list[int]) -> bytes:
 
 
 class ServedLedger:
-    """Bounded record of served completions; thread-safe."""
+    """Bounded record of served completions, optionally kept in a file (`path`); thread-safe."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY):
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, path: Path | None = None):
         if capacity < 1:
             raise ValueError("the ledger needs room for at least one completion")
         self.capacity = capacity
         self._entries: OrderedDict[bytes, Served] = OrderedDict()
         self._lock = threading.Lock()
+        self._file = LedgerFile(path) if path is not None else None
+        if self._file is not None:
+            for line in self._file.read():
+                self._replay(line)
+            self._file.rewrite(self._lines())  # drops a damaged tail, so appends start on a fresh line
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -72,13 +85,26 @@ class ServedLedger:
                step: int) -> None:
         key = served_key(prompt_ids, token_ids)
         with self._lock:
-            self._entries[key] = Served(text, tuple(logprobs), step)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
+            same = self._entries.get(key)
+            if same is not None and same.text == text and _close(same.logprobs, logprobs):
+                # Two rollouts of a group can sample the very same completion: each may be submitted once.
+                self._insert(key, Served(text, tuple(logprobs), step, same.used, same.served + 1))
+            else:
+                self._insert(key, Served(text, tuple(logprobs), step))
+            if self._file is not None:
+                self._file.append(served_line(key, text, logprobs, step))
+                if self._file.lines > 2 * self.capacity:
+                    self._file.rewrite(self._lines())
 
     def verify(self, raw_groups: list[Any], group_size: int, tokenizer=None) -> list[TrajectoryGroup]:
         """The submitted groups, typed, when every assistant turn was served and unused; marks those turns used."""
+        groups, keys = self.check(raw_groups, group_size, tokenizer)
+        self.mark_used(keys)
+        return groups
+
+    def check(self, raw_groups: list[Any], group_size: int,
+              tokenizer=None) -> tuple[list[TrajectoryGroup], list[bytes]]:
+        """The submitted groups, typed, and the keys of their turns; marks nothing (see `mark_used`)."""
         groups = [_parse_group(index, raw, group_size) for index, raw in enumerate(raw_groups)]
         with self._lock:
             keys: list[bytes] = []
@@ -94,9 +120,61 @@ class ServedLedger:
                         keys.append(self._check_turn(f"{where}, assistant turn {number} (message {m})", message, keys))
                     if tokenizer is not None:
                         _check_context(where, trajectory, tokenizer)
-            for key in keys:
-                self._entries[key].used = True
-        return groups
+        return groups, keys
+
+    def mark_used(self, keys: list[bytes]) -> None:
+        """These completions were submitted and accepted (a key once per use): they train once. Fsynced with a file."""
+        with self._lock:
+            fresh = [key for key in keys if self._use(key)]
+            if fresh and self._file is not None:
+                self._file.append({"used": [key.hex() for key in fresh]}, durable=True)
+
+    def mark_used_at_least(self, keys: list[bytes]) -> None:
+        """After a restart: the turns of groups still queued count as used, in case the crash came before
+        `mark_used` recorded them (never more uses than these keys name, so nothing is counted twice)."""
+        needed: dict[bytes, int] = {}
+        for key in keys:
+            needed[key] = needed.get(key, 0) + 1
+        missing = [key for key, count in needed.items() if key in self._entries
+                   for _ in range(max(0, count - self._entries[key].used))]
+        self.mark_used(missing)
+
+    def _use(self, key: bytes) -> bool:
+        served = self._entries.get(key)
+        if served is None or served.used >= served.served:
+            return False
+        served.used += 1
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+
+    def _insert(self, key: bytes, served: Served) -> None:
+        self._entries[key] = served
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def _replay(self, line: dict[str, Any]) -> None:
+        if "key" in line:
+            key = bytes.fromhex(line["key"])
+            same = self._entries.get(key)
+            logprobs = tuple(float(v) for v in line["logprobs"])
+            if "served" not in line and same is not None and same.text == line["text"] and _close(same.logprobs,
+                                                                                                  logprobs):
+                self._insert(key, Served(same.text, logprobs, line["step"], same.used, same.served + 1))
+            else:
+                self._insert(key, Served(line["text"], logprobs, line["step"], line.get("used", 0),
+                                         line.get("served", 1)))
+            return
+        for key in map(bytes.fromhex, line["used"]):
+            self._use(key)
+
+    def _lines(self) -> list[dict[str, Any]]:
+        return [served_line(key, s.text, s.logprobs, s.step, s.used, s.served) for key, s in self._entries.items()]
+
 
     def _check_turn(self, where: str, message: AssistantMessage, taken: list[bytes]) -> bytes:
         sampled = message.sampled
@@ -109,14 +187,24 @@ class ServedLedger:
         if served is None:
             raise TrajectoryRefused(f"{where} was not served by this job's endpoint: no completion it served has"
                                     " these prompt and completion token ids (edited, forged, or too old)")
-        if served.used or key in taken:
+        if served.used + taken.count(key) >= served.served:
             raise TrajectoryRefused(f"{where} was already submitted: each served completion trains once")
         if message.content != served.text:
             raise TrajectoryRefused(f"{where}: the text differs from what the endpoint served for these token ids")
-        if len(served.logprobs) != len(sampled.logprobs) or any(
-                abs(a - b) > LOGPROB_TOLERANCE for a, b in zip(served.logprobs, sampled.logprobs)):
+        if not _close(served.logprobs, sampled.logprobs):
             raise TrajectoryRefused(f"{where}: the logprobs differ from those the endpoint served")
         return key
+
+
+def trained_turn_keys(groups: list[TrajectoryGroup]) -> list[bytes]:
+    """The ledger keys of every trained assistant turn in `groups` (groups that were accepted)."""
+    return [served_key(message.sampled.prompt_token_ids, message.sampled.token_ids)
+            for group in groups for trajectory in group.trajectories
+            for _, message in trajectory.trained_turns()
+            if message.sampled is not None and message.sampled.prompt_token_ids is not None]
+
+def _close(a, b) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= LOGPROB_TOLERANCE for x, y in zip(a, b))
 
 
 def _parse_group(index: int, raw: Any, group_size: int) -> TrajectoryGroup:

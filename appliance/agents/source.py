@@ -28,13 +28,16 @@ from appliance.agents.loading import load_environment
 from appliance.agents.trajectory import TrajectoryGroup
 from appliance.config.schema import JobSpec
 from appliance.conventions import EXTERNAL_ENVIRONMENT
-from appliance.engines.base import GenerationEngine, Sampling
+from appliance.engines.base import GenerationEngine, LocalEngine, Sampling
 
 
 @runtime_checkable
 class TrajectorySource(Protocol):
     def collect(self, step: int, scenarios: int, group_size: int) -> list[TrajectoryGroup]:
         """`scenarios` groups of `group_size` trajectories (one scenario each) for training step `step` (1-based)."""
+
+    def checkpointed(self, step: int) -> None:
+        """Steps up to `step` are in a complete checkpoint: what the source kept to replay them may go."""
 
     def close(self) -> None:
         """Release what the source holds (servers, clients); the source is unusable afterwards."""
@@ -72,6 +75,9 @@ class EnvironmentSource:
         self.batch_sizes = list(client.batch_sizes)
         return groups
 
+    def checkpointed(self, step: int) -> None:
+        """Nothing kept: a replayed step plays its scenarios again from the step's seed."""
+
     def close(self) -> None:
         """Nothing to release: the engine belongs to the trainer."""
 
@@ -100,12 +106,13 @@ def rollout_sampling(spec: JobSpec) -> Sampling:
                     seed=grpo.seed)
 
 
-def make_source(spec: JobSpec, engine: GenerationEngine, data_dir: Path, *, job_dir: Path | None = None,
+def make_source(spec: JobSpec, engine: LocalEngine, data_dir: Path, *, job_dir: Path | None = None,
                 stop_requested: Callable[[], str | None] | None = None) -> TrajectorySource:
     """The trajectory source of an agent job (`task.environment` set): the one place the key is read.
 
-    "external" serves the student endpoint over `engine` and writes its address and token into `job_dir`
-    (agents/external.py); `stop_requested` lets its `collect` give up waiting when the job is asked to stop.
+    "external" serves the student endpoint over `engine` (the rollout engine: transformers or vLLM) and writes
+    its address and token into `job_dir` (agents/external.py); `stop_requested` lets its `collect` give up
+    waiting when the job is asked to stop.
     """
     if spec.task.environment == EXTERNAL_ENVIRONMENT:
         from appliance.agents.external import ExternalSource
@@ -113,10 +120,6 @@ def make_source(spec: JobSpec, engine: GenerationEngine, data_dir: Path, *, job_
         if job_dir is None:
             raise AgentEnvironmentError("task.environment 'external' needs the job folder (make_source(job_dir=...)):"
                                         " the endpoint's address and token are written there")
-        if not (hasattr(engine, "model") and hasattr(engine, "tokenizer")):
-            raise AgentEnvironmentError(
-                "task.environment 'external' is served by the transformers engine in this build; set"
-                " engine.rollout: hf (vLLM's own OpenAI server is not wired to the ledger yet)")
         return ExternalSource(engine, job_dir, spec.grpo.group_size, served_name=spec.student.model,
                               max_queued_groups=max(16, 4 * spec.grpo.prompts_per_step), stop_requested=stop_requested)
     return EnvironmentSource(build_environment(spec, data_dir), engine, rollout_sampling(spec), seed=spec.grpo.seed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -105,3 +105,17 @@ class GenerationEngine(Protocol):
 
     def metrics_snapshot(self) -> dict | None:
         """The engine's own metrics as plain data (vLLM's `vllm:*`), or None when it keeps none."""
+
+
+@runtime_checkable
+class LocalEngine(GenerationEngine, Protocol):
+    """An engine over a model on this machine (transformers or vLLM: the engines a trainer rolls out with).
+
+    Its tokenizer is the model's own, chat template included: the student
+    endpoint renders chat requests with it and checks submitted trajectories
+    against it, whichever engine serves. A remote engine has none.
+    """
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (a fast tokenizer: one thread at a time when it encodes)."""

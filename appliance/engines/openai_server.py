@@ -1,24 +1,28 @@
-"""A small OpenAI-compatible server over a transformers engine: /v1/models and /v1/chat/completions.
+"""A small OpenAI-compatible server over a local generation engine: /v1/models and /v1/chat/completions.
 
-It serves any `HFEngine` (a base model, or the student with its current
-adapter) with the request and response shapes of OpenAI's chat completions
-API and vLLM's extensions that the appliance's remote engine uses:
-`continue_final_message` / `add_generation_prompt` (an assistant prefill),
-`return_token_ids` (prompt and completion token ids) and
-`return_tokens_as_token_ids`. `logprobs` / `top_logprobs` are the model's raw
-next-token distribution at each generated position (as vLLM returns them),
-computed in one forward pass over prompt and completion.
+It serves any `LocalEngine` (transformers or vLLM; a base model, or the
+student with its current adapter) with the request and response shapes of
+OpenAI's chat completions API and vLLM's extensions that the appliance's
+remote engine uses: `continue_final_message` / `add_generation_prompt` (an
+assistant prefill), `return_token_ids` (prompt and completion token ids) and
+`return_tokens_as_token_ids`. Requests are rendered with the engine's own
+tokenizer (its chat template) and generated with `engine.generate`, so the
+server knows nothing of which engine it runs on.
+
+`logprobs` are those the engine sampled with (what a trajectory trains on).
+Given a `TokenLogprobs` scorer (a transformers model: `serve_in_thread`),
+they are instead the model's raw next-token distribution at each generated
+position, with `top_logprobs` (as vLLM's own server returns them), computed
+in one forward pass over prompt and completion.
 
 It binds loopback (or a given host) only, optionally requires a bearer token,
-and serialises engine calls (the transformers engine is not thread-safe).
+and serialises engine calls (the engines are not thread-safe).
 `serve_in_thread` starts it on a free port and returns a handle to stop it.
 
 Tool calls and the served-token ledger are not this module's business: a
 `ChatHooks` (agents/external.py) renders `tools` and tool messages into the
 prompt, reads tool calls out of each reply and records what was served; a
-server without hooks refuses requests that carry tools. With
-`sampled_logprobs` the logprobs returned are those the engine sampled with
-(no second forward pass), which is what a trajectory trains on.
+server without hooks refuses requests that carry tools.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from appliance.engines.base import Sampling
+from appliance.engines.base import LocalEngine, Sampling
 
 
 class ChatMessage(BaseModel):
@@ -93,9 +97,6 @@ class TokenLogprobs:
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer
 
-    def token_text(self, token_id: int, as_id: bool) -> str:
-        return f"token_id:{token_id}" if as_id else self.tokenizer.decode([token_id])
-
     @torch.no_grad()
     def content(self, prompt_ids: list[int], token_ids: list[int], top: int, as_ids: bool) -> list[dict]:
         if not token_ids:
@@ -113,26 +114,29 @@ class TokenLogprobs:
         best = torch.topk(logprobs, top, dim=-1) if top else None
         entries = []
         for position, (token_id, logprob) in enumerate(zip(token_ids, chosen)):
-            text = self.token_text(token_id, as_ids)
+            text = token_text(self.tokenizer, token_id, as_ids)
             alternatives = []
             if best is not None:
                 for alt_id, alt_logprob in zip(best.indices[position].tolist(), best.values[position].tolist()):
-                    alt_text = self.token_text(alt_id, as_ids)
+                    alt_text = token_text(self.tokenizer, alt_id, as_ids)
                     alternatives.append({"token": alt_text, "logprob": alt_logprob, "bytes": list(alt_text.encode())})
             entries.append({"token": text, "logprob": logprob, "bytes": list(text.encode()),
                             "top_logprobs": alternatives})
         return entries
 
 
+def token_text(tokenizer, token_id: int, as_id: bool) -> str:
+    return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id])
+
+
 class ChatService:
     """The endpoint's logic over one engine, independent of the HTTP framework."""
 
-    def __init__(self, engine, served_name: str | None = None, hooks: ChatHooks | None = None,
-                 sampled_logprobs: bool = False):
+    def __init__(self, engine: LocalEngine, served_name: str, hooks: ChatHooks | None = None,
+                 scorer: TokenLogprobs | None = None):
         self.engine = engine
-        self.served_name = served_name or engine.name
-        self.scorer = TokenLogprobs(engine.model, engine.tokenizer)
-        self.hooks, self.sampled_logprobs = hooks, sampled_logprobs
+        self.served_name = served_name
+        self.hooks, self.scorer = hooks, scorer
         # Held around every engine call; a trainer sharing the engine holds it while it updates the weights.
         self.lock = threading.Lock()
         self.open = True  # False once the owner stops serving: requests waiting for the lock get 503
@@ -201,12 +205,12 @@ class ChatService:
 
     def _logprobs(self, request: ChatRequest, completion) -> list[dict]:
         as_ids = request.return_tokens_as_token_ids
-        if not self.sampled_logprobs:
+        if self.scorer is not None:
             return self.scorer.content(completion.prompt_token_ids, completion.token_ids, request.top_logprobs or 0,
                                        as_ids)
         entries = []
         for token_id, logprob in zip(completion.token_ids, completion.logprobs):
-            text = self.scorer.token_text(token_id, as_ids)
+            text = token_text(self.engine.tokenizer, token_id, as_ids)
             entries.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
         return entries
 
@@ -283,8 +287,10 @@ class RunningServer:
 
 def serve_in_thread(engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                     served_name: str | None = None) -> RunningServer:
-    """Serve `engine` on host:port (0: a free port) in a background thread; returns once it accepts."""
-    return serve_app_in_thread(build_app(ChatService(engine, served_name), token), host, port)
+    """Serve transformers engine `engine` (an HFEngine: raw logprobs with top_logprobs) on host:port (0: a free
+    port) in a background thread; returns once it accepts."""
+    service = ChatService(engine, served_name or engine.name, scorer=TokenLogprobs(engine.model, engine.tokenizer))
+    return serve_app_in_thread(build_app(service, token), host, port)
 
 
 def serve_app_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
@@ -293,7 +299,11 @@ def serve_app_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> RunningS
 
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()  # the port is taken: the caller may try another
+        raise
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="openai-server", daemon=True)

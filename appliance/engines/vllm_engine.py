@@ -245,10 +245,15 @@ class VLLMEngine:
 
     # --- generation -------------------------------------------------------------
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    @property
+    def tokenizer(self) -> Any:
+        """vLLM's tokenizer of the served model (its chat template included), fetched once."""
         if self._tokenizer is None:
             self._tokenizer = self.llm.get_tokenizer()
-        return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self._tokenizer
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def generate(self, prompts: list[str], sampling: Sampling) -> list[list[Completion]]:
         self.wake()
@@ -313,11 +318,9 @@ class VLLMEngine:
         if not prompts:
             return []
         self.wake()
-        if self._tokenizer is None:
-            self._tokenizer = self.llm.get_tokenizer()
 
         def encode(text: str) -> list[int]:
-            return self._tokenizer.encode(text, add_special_tokens=False)
+            return self.tokenizer.encode(text, add_special_tokens=False)
 
         candidate_ids = single_token_ids(encode, prompts[0], candidates)
         token_prompts = [self._api.TokensPrompt(prompt_token_ids=encode(prompt)) for prompt in prompts]

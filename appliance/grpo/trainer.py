@@ -384,6 +384,8 @@ class Trainer:
                 "micro_batch_size": self.micro_batch_size,
                 "nonfinite_in_a_row": self.nonfinite_in_a_row,
             })
+        if self.agent is not None:
+            self.agent.source.checkpointed(self.step)  # submitted groups it trained need not be kept any more
         self.on_event("checkpoint", path=str(path), best=False)
         return path
 

@@ -1,7 +1,8 @@
 """External rollouts through the control API: a running job's student endpoint, and forwarding submitted groups.
 
 `GET /jobs/{id}/endpoint` reads `<job>/endpoint.json`, which the job's worker
-writes (0600) while it serves; `POST /jobs/{id}/trajectories` forwards the
+writes (0600) while it serves (a file left by an earlier worker of the job is
+not handed out); `POST /jobs/{id}/trajectories` forwards the
 groups over loopback to that endpoint's submission route, with its token, so
 they are checked against the served-token ledger where it lives, and the
 caller gets the worker's verdict (422 naming the group, trajectory and turn
@@ -43,7 +44,8 @@ def job_endpoint(daemon: "Daemon", job_id: str) -> EndpointInfo:
     if summary.state != "running":
         raise EndpointRefused(409, f"job '{job_id}' is {summary.state}; its endpoint is served only while it runs")
     document = read_endpoint_file(daemon.job_dir(job_id))
-    if document is None:
+    # After a crash the dead worker's file stays until the restarted one serves: only the running worker's counts.
+    if document is None or document.get("pid") != row.pgid:
         raise EndpointRefused(409, f"job '{job_id}' is starting and does not serve its endpoint yet (the model is"
                               " loading); ask again in a few seconds")
     return EndpointInfo(job_id=job_id, url=document["url"], token=document["token"], model=document["model"],

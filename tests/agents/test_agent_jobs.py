@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from appliance.agents.endpoint_file import read_endpoint_file
 from appliance.config.checks import load_checked_job
 from appliance.grpo.records import read_jsonl
 from appliance.grpo.run import run_job
@@ -108,4 +109,4 @@ def test_an_external_job_waiting_for_trajectories_stops_when_asked(tmp_path, fre
     result = box["result"]
     assert not isinstance(result, Exception), repr(result)
     assert (result.status, result.step, result.stop_reason) == ("stopped", 0, "paused by the operator")
-    assert not (job_dir / "endpoint.json").exists() and not (job_dir / "metrics.jsonl").exists()
+    assert read_endpoint_file(job_dir) is None and not (job_dir / "metrics.jsonl").exists()  # not serving

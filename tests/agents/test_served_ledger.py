@@ -7,7 +7,10 @@ as the endpoint computes them, so the context check runs on real renderings.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import stat
 
 import pytest
 
@@ -139,3 +142,89 @@ def test_the_ledger_is_bounded_oldest_first(tokenizer):
     assert len(ledger) == 2
     with pytest.raises(TrajectoryRefused, match="trajectory 0, assistant turn 0 .* not served .*too old"):
         ledger.verify([group_of(old, new)], group_size=2)
+
+
+# ----- the ledger in the job folder: a restarted worker checks against what the earlier one served ---------
+
+
+def test_a_ledger_reloaded_from_its_file_accepts_what_was_served_and_refuses_the_rest(tmp_path, tokenizer):
+    path = tmp_path / "served.jsonl"
+    before = ServedLedger(capacity=64, path=path)
+    submitted = group_of(played(before, tokenizer, "What is 3 * 4?", 1.0), played(before, tokenizer, "3 * 4?", 0.0))
+    before.verify([submitted], group_size=2, tokenizer=tokenizer)
+    pending = group_of(played(before, tokenizer, "4 * 3?", 1.0), played(before, tokenizer, "12 = ?", 0.0))
+    before.close()  # the worker is gone; only the file is left
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+    after = ServedLedger(capacity=64, path=path)
+    assert len(after) == 8
+    with pytest.raises(TrajectoryRefused, match="assistant turn 0 .* was already submitted"):
+        after.verify([submitted], group_size=2, tokenizer=tokenizer)
+    forged = json.loads(json.dumps(pending))
+    forged["trajectories"][0]["messages"][4]["content"] = "<answer>13</answer>"
+    with pytest.raises(TrajectoryRefused, match="assistant turn 1 .* the text differs"):
+        after.verify([forged], group_size=2, tokenizer=tokenizer)
+    invented = json.loads(json.dumps(pending))
+    invented["trajectories"][1]["messages"][2]["sampled"]["token_ids"][0] += 1
+    with pytest.raises(TrajectoryRefused, match="trajectory 1, assistant turn 0 .* not served by this job's endpoint"):
+        after.verify([invented], group_size=2, tokenizer=tokenizer)
+    assert after.verify([pending], group_size=2, tokenizer=tokenizer)  # served before the restart: accepted after
+    after.close()
+    with pytest.raises(TrajectoryRefused, match="already submitted"):  # and that acceptance outlives the next one
+        ServedLedger(capacity=64, path=path).verify([pending], group_size=2, tokenizer=tokenizer)
+
+
+def test_a_ledger_file_cut_short_by_a_crash_loads_without_its_last_line(tmp_path, tokenizer, caplog):
+    path = tmp_path / "served.jsonl"
+    before = ServedLedger(capacity=64, path=path)
+    kept = group_of(played(before, tokenizer, "What is 3 * 4?", 1.0), played(before, tokenizer, "3 * 4?", 0.0))
+    cut = played(before, tokenizer, "4 * 3?", 1.0)  # its second turn is the last line
+    before.close()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 40])  # the last write stopped mid-line
+
+    with caplog.at_level(logging.WARNING, logger="appliance.agents.ledger_file"):
+        after = ServedLedger(capacity=64, path=path)
+    assert f"{path}: line 6 of 6 is damaged (a write cut short by a crash) and was ignored" in caplog.text
+    assert len(after) == 5
+    assert path.read_bytes().endswith(b"\n") and len(path.read_bytes().splitlines()) == 5  # rewritten whole
+    with pytest.raises(TrajectoryRefused, match="trajectory 0, assistant turn 1 .* not served"):
+        after.verify([group_of(cut, played(after, tokenizer, "12?", 0.0))], group_size=2, tokenizer=tokenizer)
+    assert after.verify([kept], group_size=2, tokenizer=tokenizer)
+    after.close()
+    data = path.read_bytes()
+    path.write_bytes(data[:5] + b"\xff\xfe" + data[7:])  # damage at the start of the file too
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="appliance.agents.ledger_file"):
+        assert len(ServedLedger(capacity=64, path=path)) == 6  # the first line lost, the appended ones kept
+    assert "line 1 of 8 is damaged and was ignored" in caplog.text
+
+
+def test_the_ledger_file_stays_bounded_like_the_ledger(tmp_path):
+    path = tmp_path / "served.jsonl"
+    ledger = ServedLedger(capacity=4, path=path)
+    for index in range(30):
+        ledger.record([1, 2, index], [3, index], f"t{index}", [-0.5, -0.25], step=1)
+        assert len(path.read_bytes().splitlines()) <= 2 * 4 + 1
+    ledger.close()
+    reloaded = ServedLedger(capacity=4, path=path)
+    assert len(reloaded) == 4
+    assert [s.text for s in reloaded._entries.values()] == ["t26", "t27", "t28", "t29"]
+
+
+def test_a_completion_served_twice_may_be_submitted_twice_even_after_a_restart(tmp_path, tokenizer):
+    """Two rollouts of a group can sample the very same completion (a likely answer, a short turn)."""
+    path = tmp_path / "served.jsonl"
+    ledger = ServedLedger(capacity=64, path=path)
+    first, second = played(ledger, tokenizer, "What is 3 * 4?", 1.0), played(ledger, tokenizer, "What is 3 * 4?", 0.0)
+    assert first.messages[2].sampled == second.messages[2].sampled  # the same ids: one key, served twice
+    assert ledger.verify([group_of(first, second)], group_size=2, tokenizer=tokenizer)
+    with pytest.raises(TrajectoryRefused, match="trajectory 0, assistant turn 0 .* was already submitted"):
+        ledger.verify([group_of(first, played(ledger, tokenizer, "4 * 3?", 0.0))], group_size=2)
+    ledger.close()
+    third = played(ServedLedger(capacity=64, path=path), tokenizer, "x", 0.0)  # nothing: just appends a serve
+    reloaded = ServedLedger(capacity=64, path=path)
+    with pytest.raises(TrajectoryRefused, match="already submitted"):  # both uses outlive the restart
+        reloaded.verify([group_of(first, third)], group_size=2)
+    again = played(reloaded, tokenizer, "What is 3 * 4?", 1.0)  # served a third time: one more use
+    assert reloaded.verify([group_of(again, third)], group_size=2, tokenizer=tokenizer)

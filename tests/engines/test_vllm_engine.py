@@ -213,3 +213,60 @@ def test_judge_probability_scores_match_transformers_and_reasoned_answers_are_co
     # The answer is constrained to exactly the group's ids by structured outputs: parsed on the first try.
     assert reasoned.outcomes == {"ok": 2, "parse_error": 0, "timeout": 0} and reasoned.retries == 0
     assert all(0.0 <= s <= 1.0 for s in scores)
+
+
+def test_the_student_endpoint_serves_over_vllm_and_its_ledger_checks_what_vllm_served(engine, tmp_path):
+    """An external-rollout job on a vLLM rollout engine: an agent plays through the `openai` client, the
+    endpoint answers with vLLM's token ids and sampled logprobs, the ledger accepts the group and refuses a
+    forged copy. The same ExternalSource as on transformers: only the engine differs."""
+    import asyncio
+    import json
+    import threading
+
+    import httpx
+
+    from appliance.agents.endpoint_file import SUBMIT_ROUTE
+    from appliance.agents.environment import rollout_groups
+    from appliance.agents.external import ExternalSource
+    from appliance.agents.loading import load_environment
+    from appliance.agents.openai_client import OpenAIChatClient
+
+    environment = load_environment("builtin:calculator", tmp_path, {})
+    environment.max_turns = 1
+    calls_before = engine.counters.calls
+    source = ExternalSource(engine, tmp_path, group_size=2, served_name="student")
+    try:
+        box: dict = {}
+        collecting = threading.Thread(target=lambda: box.setdefault("groups", source.collect(1, 1, 2)), daemon=True)
+        collecting.start()  # opens the model to chat requests
+
+        async def rollouts():
+            client = OpenAIChatClient(source.url, source.token, "student", max_tokens=12, temperature=0.7)
+            try:
+                return await rollout_groups(environment, client, environment.scenarios("train", 1, seed=5), 2)
+            finally:
+                await client.close()
+
+        played = [group.model_dump(mode="json") for group in asyncio.run(rollouts())]
+        assert engine.counters.calls - calls_before == 2  # one vLLM generate per chat request
+        turns = [m for t in played[0]["trajectories"] for m in t["messages"][t["context_messages"]:]
+                 if m["role"] == "assistant"]
+        assert len(turns) == 2 and all(turn["sampled"]["token_ids"] for turn in turns)
+        assert all(len(t["sampled"]["logprobs"]) == len(t["sampled"]["token_ids"]) for t in turns)
+        assert "<tools>" in engine.tokenizer.decode(turns[0]["sampled"]["prompt_token_ids"])
+
+        def submit(groups):
+            return httpx.post(source.url.removesuffix("/v1") + SUBMIT_ROUTE, json={"groups": groups}, timeout=120,
+                              headers={"Authorization": f"Bearer {source.token}"})
+
+        forged = json.loads(json.dumps(played))
+        trajectory = forged[0]["trajectories"][1]
+        turn = next(m for m in trajectory["messages"][trajectory["context_messages"]:] if m["role"] == "assistant")
+        turn["sampled"]["logprobs"][0] += 0.5
+        refused = submit(forged)
+        assert refused.status_code == 422 and "the logprobs differ" in refused.json()["error"]["message"]
+        assert submit(played).status_code == 200
+        collecting.join(60)
+        assert [group.model_dump(mode="json") for group in box["groups"]] == played
+    finally:
+        source.close()

@@ -6,13 +6,22 @@ tests/agents/external_agent.py against it (builtin:calculator, group of 2),
 submits a forged copy (refused with a 4xx naming the turn, nothing trained on
 it) and then the real groups through `appliance jobs submit-trajectories`; the
 job trains on them (trained tokens > 0) and succeeds.
+
+The step takes two groups. Between the first submission and the second the
+worker is killed (SIGKILL): the supervisor restarts it, the endpoint comes
+back with the same token and address, the group accepted before the crash is
+still queued, and the second group, served by the dead worker, is accepted
+by the new one.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -36,7 +45,7 @@ rewards:
   - {name: environment, weight: 1.0}
 grpo:
   group_size: 2
-  prompts_per_step: 1
+  prompts_per_step: 2
   max_new_tokens: 12
   steps: 1
 checkpoint:
@@ -52,7 +61,7 @@ def endpoint_when_up(client, job_id: str):
         except ClientError as error:
             assert error.status == 409, error
             job = client.job(job_id)
-            assert job.state in ("queued", "running"), f"job {job_id} is {job.state}: {job.reason}"
+            assert job.state in ("queued", "running", "interrupted"), f"job {job_id} is {job.state}: {job.reason}"
             return None  # starting: the model is loading
     return wait_for(ask, 600, f"job {job_id}'s endpoint")
 
@@ -72,7 +81,7 @@ def test_an_external_agent_trains_a_job_and_forgeries_are_refused(make_daemon, t
 
     played = tmp_path / "played.json"
     agent = subprocess.run([sys.executable, str(AGENT), "--url", endpoint.url, "--token", endpoint.token, "--model",
-                            endpoint.model, "--out", str(played), "--max-tokens", "12"],
+                            endpoint.model, "--out", str(played), "--max-tokens", "12", "--groups", "2"],
                            capture_output=True, text=True, timeout=600, env=daemon.env, cwd=REPO_ROOT)
     assert agent.returncode == 0, agent.stderr[-3000:]
     groups = json.loads(played.read_text())["groups"]
@@ -93,17 +102,34 @@ def test_an_external_agent_trains_a_job_and_forgeries_are_refused(make_daemon, t
 
     # The untrained model rarely solves the task, so both rollouts usually score alike and the group would carry
     # no signal; an external agent's rewards are its own to give, and these two differ.
-    for trajectory, reward in zip(groups[0]["trajectories"], (1.0, 0.0)):
-        trajectory["reward"] = reward
-    (tmp_path / "groups.json").write_text(json.dumps({"groups": groups}))
+    for group in groups:
+        for trajectory, reward in zip(group["trajectories"], (1.0, 0.0)):
+            trajectory["reward"] = reward
+    (tmp_path / "groups.json").write_text(json.dumps({"groups": groups[:1]}))
     accepted = daemon.cli("submit-trajectories", job_id, str(tmp_path / "groups.json"), "--json")
     assert accepted.returncode == 0, accepted.stderr
+    assert json.loads(accepted.stdout)["accepted"] == 1
+
+    # The step waits for its second group; the worker dies meanwhile and is restarted from scratch (no checkpoint).
+    worker = json.loads((jobs_dir(daemon.data_dir) / job_id / "endpoint.json").read_text())["pid"]
+    killed = time.monotonic()
+    os.killpg(worker, signal.SIGKILL)
+    wait_for(lambda: client.job(job_id).attempts == 2, 120, "the supervisor to restart the worker")
+    restarted = endpoint_when_up(client, job_id)  # the dead worker's endpoint.json is not handed out meanwhile
+    assert (restarted.url, restarted.token) == (endpoint.url, endpoint.token)
+    print(f"\nworker killed -> endpoint served again (same url and token): {time.monotonic() - killed:.1f} s")
+    assert json.loads((jobs_dir(daemon.data_dir) / job_id / "endpoint.json").read_text())["pid"] != worker
+    (tmp_path / "groups.json").write_text(json.dumps({"groups": groups[1:]}))
+    accepted = daemon.cli("submit-trajectories", job_id, str(tmp_path / "groups.json"), "--json")
+    assert accepted.returncode == 0, accepted.stderr  # served before the crash, checked after it
     assert json.loads(accepted.stdout)["accepted"] == 1
 
     job = daemon.wait_state(job_id, ("succeeded", "failed"), timeout=600)
     assert job.state == "succeeded", job.reason
     records = client.all_metrics(job_id)
     assert len(records) == 1 and records[0]["trained_tokens"] > 0
+    assert records[0]["groups_total"] == 2  # the group accepted before the crash trained too
+    assert list((jobs_dir(daemon.data_dir) / job_id / "submitted").iterdir()) == []  # checkpointed: gone
     with pytest.raises(ClientError) as gone:
         client.endpoint(job_id)
     assert gone.value.status == 409  # only while it runs
