@@ -164,14 +164,16 @@ def run(data_dir: Path, judge: bool, checkpointing: bool, sequences: int = 32) -
     }
 
 
-def plan_of_trained_batch(spec, data_dir: Path, job_file: Path, trained: int, choices: dict) -> int:
+def plan_of_trained_batch(spec, data_dir: Path, job_file: Path, trained: int, choices: dict,
+                          completion_tokens: int | None = None) -> int:
     """The plan's peak for the batch that really trained: `trained` sequences in one micro-batch.
 
     The trainer drops groups whose rewards are all equal, so a step trains from
-    0 to all of its sequences; the plan budgets for all of them. Re-planning the
-    job with the prompts that trained (the other choices pinned to the run's)
-    compares the memory model with what ran. Widths stay the plan's: the longest
-    measured prompt + max_new_tokens.
+    0 to all of its sequences; the plan budgets for all of them. It also budgets
+    every completion at max_new_tokens, while a batch is as wide as its longest
+    completion. Re-planning the job with the prompts that trained and, given
+    `completion_tokens`, that longest completion (the other choices pinned to
+    the run's) compares the memory model with what ran.
     """
     from appliance.budget.plan import plan_job
     from appliance.budget.device import probe_device
@@ -182,7 +184,8 @@ def plan_of_trained_batch(spec, data_dir: Path, job_file: Path, trained: int, ch
     group = spec.grpo.group_size
     prompts = max(1, -(-trained // group))
     replanned = spec.model_copy(update={
-        "grpo": spec.grpo.model_copy(update={"prompts_per_step": prompts, "micro_batch_size": prompts * group}),
+        "grpo": spec.grpo.model_copy(update={"prompts_per_step": prompts, "micro_batch_size": prompts * group,
+                                             "max_new_tokens": completion_tokens or spec.grpo.max_new_tokens}),
         "student": spec.student.model_copy(update={"gradient_checkpointing": choices["gradient_checkpointing"]}),
         "engine": spec.engine.model_copy(update={"rollout_weights": choices["rollout_weights"]}),
     })
@@ -240,11 +243,13 @@ def run_job_file(job_file: Path, data_dir: Path, steps: int, every_group_trains:
     last = records[-1]
     planned, measured = last.memory.planned_peak_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     trained = max(r.trained_sequences for r in records)
-    at_trained = plan_of_trained_batch(spec, data_dir, job_file, trained, choices) if trained else None
+    longest = max((r.completion_length_max for r in records if r.trained_sequences), default=None)
+    at_trained = plan_of_trained_batch(spec, data_dir, job_file, trained, choices, longest) if trained else None
     return {"job": str(job_file), "steps": steps, "every_group_trains": every_group_trains,
             "planned_peak_bytes": planned, "measured_peak_bytes": measured,
             "ratio": measured / planned if planned else None, "planned_components": planned_components,
             "trained_sequences": [r.trained_sequences for r in records],
+            "longest_trained_completion_tokens": longest,
             "planned_peak_of_trained_batch_bytes": at_trained,
             "ratio_to_trained_batch_plan": measured / at_trained if at_trained else None,
             "rss_after_load_bytes": loaded.get("rss_bytes"),
@@ -275,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                                             if v))
             print(f"  RSS after loading {format_bytes(result['rss_after_load_bytes'] or 0)}")
             if result["planned_peak_of_trained_batch_bytes"]:
-                print(f"  sequences trained per step {result['trained_sequences']}: the plan for the largest of "
-                      f"them {format_bytes(result['planned_peak_of_trained_batch_bytes'])}, measured/planned "
+                print(f"  sequences trained per step {result['trained_sequences']}, longest completion "
+                      f"{result['longest_trained_completion_tokens']} tokens: the plan for that batch "
+                      f"{format_bytes(result['planned_peak_of_trained_batch_bytes'])}, measured/planned "
                       f"{result['ratio_to_trained_batch_plan']:.2f}")
         return 0
     result = run(args.data_dir, args.judge, args.gradient_checkpointing, args.sequences)
