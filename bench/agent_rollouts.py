@@ -67,7 +67,7 @@ def measure(engine, name: str, options: dict, scenarios: int, group: int, max_ne
 TRAIN_JOB = """\
 name: bench-{short}
 student: {{model: smollm2-135m-instruct, quantization: nf4}}
-task: {{environment: "builtin:{short}", max_turns: {turns}}}
+task: {{environment: "builtin:{short}", max_turns: {turns}, environment_options: {options}}}
 rewards: [{{name: environment}}]
 grpo: {{group_size: {group}, prompts_per_step: {scenarios}, max_new_tokens: {tokens}, steps: {steps},
         learning_rate: 3.0e-4}}
@@ -75,7 +75,8 @@ checkpoint: {{every: {steps}}}
 """
 
 
-def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, tokens: int, turns: int) -> None:
+def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, tokens: int, turns: int,
+          options: dict) -> None:
     import tempfile
 
     from appliance.config.checks import load_checked_job
@@ -85,7 +86,7 @@ def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, to
         folder = Path(folder)
         job_file = folder / "job.yaml"
         job_file.write_text(TRAIN_JOB.format(short=short, steps=steps, scenarios=scenarios, group=group,
-                                             tokens=tokens, turns=turns))
+                                             tokens=tokens, turns=turns, options=json.dumps(options)))
         run_data = folder / "data"  # a fresh data dir that sees the provisioned models
         (run_data / "models").mkdir(parents=True)
         for model in (data_dir / "models").iterdir():
@@ -112,7 +113,7 @@ def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, to
                 "successes": sum(s["metrics"].get("success", 0) >= 1 for s in mine),
             }), flush=True)
         print(json.dumps({
-            "environment": short, "steps": len(records), "minutes": round(minutes, 2),
+            "environment": short, "options": options, "steps": len(records), "minutes": round(minutes, 2),
             "steps_per_minute": round(len(records) / minutes, 3),
             "reward_per_step": [round(r["reward_mean"], 3) for r in records],
             "groups_informative": sum(r["groups_informative"] for r in records),
@@ -134,6 +135,8 @@ def main() -> None:
                         help="train STEPS steps of an agent job per environment instead of timing rollouts")
     parser.add_argument("--environments", default=",".join(ENVIRONMENTS),
                         help="comma-separated built-in environments (default: all)")
+    parser.add_argument("--options", type=json.loads, default={},
+                        help='with --train: task.environment_options for each, as JSON (e.g. \'{"worked_examples": 1}\')')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data_dir = Path(os.environ.get("APPLIANCE_TEST_DATA_DIR", ".test-cache/data"))
@@ -145,7 +148,7 @@ def main() -> None:
     if args.train:
         for name in chosen:
             train(data_dir, name.removeprefix("builtin:"), args.train, args.scenarios, args.group,
-                  args.max_new_tokens, args.max_turns or 3)
+                  args.max_new_tokens, args.max_turns or 3, args.options)
         return
     engine = HFEngine.load(ModelStore(data_dir).verify(DEMO_MODEL_NAME).path)
     for name in chosen:
