@@ -20,6 +20,7 @@ import appliance.offline  # noqa: F401
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -66,7 +67,7 @@ def measure(engine, name: str, options: dict, scenarios: int, group: int, max_ne
 TRAIN_JOB = """\
 name: bench-{short}
 student: {{model: smollm2-135m-instruct, quantization: nf4}}
-task: {{environment: "builtin:{short}", max_turns: {turns}}}
+task: {{environment: "builtin:{short}", max_turns: {turns}, environment_options: {options}}}
 rewards: [{{name: environment}}]
 grpo: {{group_size: {group}, prompts_per_step: {scenarios}, max_new_tokens: {tokens}, steps: {steps},
         learning_rate: 3.0e-4}}
@@ -74,7 +75,8 @@ checkpoint: {{every: {steps}}}
 """
 
 
-def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, tokens: int, turns: int) -> None:
+def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, tokens: int, turns: int,
+          options: dict) -> None:
     import tempfile
 
     from appliance.config.checks import load_checked_job
@@ -84,26 +86,42 @@ def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, to
         folder = Path(folder)
         job_file = folder / "job.yaml"
         job_file.write_text(TRAIN_JOB.format(short=short, steps=steps, scenarios=scenarios, group=group,
-                                             tokens=tokens, turns=turns))
+                                             tokens=tokens, turns=turns, options=json.dumps(options)))
         run_data = folder / "data"  # a fresh data dir that sees the provisioned models
         (run_data / "models").mkdir(parents=True)
         for model in (data_dir / "models").iterdir():
             if not model.name.startswith("."):
                 (run_data / "models" / model.name).symlink_to(model.resolve())
         job_dir = run_data / "jobs" / f"bench-{short}"
+        load_before = os.getloadavg()[0]
         started = time.monotonic()
         run_job(load_checked_job(job_file, run_data), run_data, job_dir, job_file_dir=folder)
         minutes = (time.monotonic() - started) / 60
-        samples = read_jsonl(job_dir / "samples.jsonl")
-        for record in read_jsonl(job_dir / "metrics.jsonl"):
+        samples = read_jsonl(job_dir / "samples.jsonl")  # the first 8 trajectories of each step
+        records = read_jsonl(job_dir / "metrics.jsonl")
+        for record in records:
             mine = [s for s in samples if s["step"] == record["step"]]
             print(json.dumps({
                 "environment": short, "step": record["step"], "reward_mean": round(record["reward_mean"], 3),
+                "groups_informative": f"{record['groups_informative']}/{record['groups_total']}",
                 "seconds": round(record["seconds"]["step"], 1), "trained_tokens_step": record["trained_tokens"],
                 "trajectory_trained_tokens": [s["trained_tokens"] for s in mine],
                 "trajectory_context_tokens": [s["context_tokens"] for s in mine],
+                "tool_calls": sum(s["metrics"].get("tool_calls", 0) for s in mine),
+                "invalid_or_malformed_calls": sum(s["metrics"].get("invalid_calls", 0)
+                                                  + s["metrics"].get("malformed_calls", 0) for s in mine),
+                "successes": sum(s["metrics"].get("success", 0) >= 1 for s in mine),
             }), flush=True)
-        print(json.dumps({"environment": short, "steps_per_minute": round(steps / minutes, 3)}), flush=True)
+        print(json.dumps({
+            "environment": short, "options": options, "steps": len(records), "minutes": round(minutes, 2),
+            "steps_per_minute": round(len(records) / minutes, 3),
+            "reward_per_step": [round(r["reward_mean"], 3) for r in records],
+            "groups_informative": sum(r["groups_informative"] for r in records),
+            "groups_total": sum(r["groups_total"] for r in records),
+            "trained_tokens_per_trajectory": round(statistics.mean(s["trained_tokens"] for s in samples), 1),
+            "context_tokens_per_trajectory": round(statistics.mean(s["context_tokens"] for s in samples), 1),
+            "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        }), flush=True)
 
 
 def main() -> None:
@@ -115,19 +133,26 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--train", type=int, default=0, metavar="STEPS",
                         help="train STEPS steps of an agent job per environment instead of timing rollouts")
+    parser.add_argument("--environments", default=",".join(ENVIRONMENTS),
+                        help="comma-separated built-in environments (default: all)")
+    parser.add_argument("--options", type=json.loads, default={},
+                        help='with --train: task.environment_options for each, as JSON (e.g. \'{"worked_examples": 1}\')')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    import os
-
     data_dir = Path(os.environ.get("APPLIANCE_TEST_DATA_DIR", ".test-cache/data"))
     provision_demo(data_dir)
+    chosen = args.environments.split(",")
+    unknown = [name for name in chosen if name not in ENVIRONMENTS]
+    if unknown:
+        parser.error(f"--environments: unknown {', '.join(unknown)} (built-ins: {', '.join(ENVIRONMENTS)})")
     if args.train:
-        for name in ENVIRONMENTS:
+        for name in chosen:
             train(data_dir, name.removeprefix("builtin:"), args.train, args.scenarios, args.group,
-                  args.max_new_tokens, args.max_turns or 3)
+                  args.max_new_tokens, args.max_turns or 3, args.options)
         return
     engine = HFEngine.load(ModelStore(data_dir).verify(DEMO_MODEL_NAME).path)
-    for name, options in ENVIRONMENTS.items():
+    for name in chosen:
+        options = ENVIRONMENTS[name]
         print(json.dumps(measure(engine, name, options, args.scenarios, args.group, args.max_new_tokens,
                                  args.max_turns)), flush=True)
 

@@ -23,7 +23,9 @@ def register(subparsers) -> None:
     group.add_argument("--restart", action="store_true", help="archive an earlier run of this job and start over")
     parser.add_argument("--eval", action="store_true",
                         help="measure held-out accuracy of the base model before and of the trained adapter after")
-    parser.add_argument("--eval-limit", type=int, default=None, help="held-out problems to evaluate (default: all)")
+    parser.add_argument("--eval-limit", type=int, default=None,
+                        help="held-out problems (agent jobs: scenarios) to evaluate (default: checkpoint.eval_limit,"
+                             " else all; 32 scenarios for an agent job)")
     parser.add_argument("--metrics-addr", default=None, metavar="HOST:PORT",
                         help="serve Prometheus metrics of this run here (e.g. 127.0.0.1:9464)")
     parser.add_argument("--verbose", action="store_true",
@@ -42,6 +44,13 @@ def format_progress(record) -> str:
     if record.eval is not None:
         line += f"  held-out {record.eval.accuracy:.1%}"
     return line
+
+
+def sampled_note(temperature: float, samples: int) -> str:
+    """How an evaluation drew, for its one-line summary: nothing when greedy."""
+    if temperature == 0.0:
+        return ""
+    return f" ({samples} sample{'s' if samples > 1 else ''} each at temperature {temperature:g})"
 
 
 def _train(args) -> int:
@@ -79,7 +88,8 @@ def _train(args) -> int:
             terminal.line(event.data["line"])
         elif event.kind == "eval" and event.data.get("when") in ("before", "after"):
             terminal.line(f"held-out {event.data['when']}: accuracy {event.data['accuracy']:.1%}, "
-                          f"format {event.data['format_compliance']:.1%} on {event.data['problems']} problems")
+                          f"format {event.data['format_compliance']:.1%} on {event.data['problems']} problems"
+                          + sampled_note(event.data.get("temperature", 0.0), event.data.get("samples", 1)))
         if exporter:
             exporter.on_event(event)
 

@@ -225,14 +225,28 @@ class DeviceSpec(Spec):
 class CheckpointSpec(Spec):
     every: PositiveInt = 20
     keep_last: PositiveInt = 3
-    # Greedy held-out evaluation every N steps (and at the last); null: none during training.
+    # Held-out evaluation every N steps (and at the last); null: none during training.
     eval_every: PositiveInt | None = None
-    # Held-out problems per evaluation (the first N of the split); null: all of them.
+    # Held-out problems (agent jobs: scenarios) per evaluation (the first N of the split); null: all of them
+    # (an agent job: 32 scenarios). Also what `appliance train --eval` evaluates unless --eval-limit says otherwise.
     eval_limit: PositiveInt | None = None
+    # Held-out evaluation samples at this temperature; 0 is greedy. Greedy hides what sampling shows (a model
+    # that is right greedily may be right in few sampled episodes): evaluate sampled to see what training moves.
+    eval_temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.0
+    # Samples per held-out problem or scenario, with fixed seeds (every evaluation of the job sees the same
+    # scenarios and random draws); accuracy / success is the share of all sampled completions or episodes.
+    eval_samples: Annotated[int, Field(ge=1, le=64)] = 1
     # What best/ follows: null is eval.accuracy with eval_every, else reward_mean (see config/best.py).
     best_metric: str | None = None
     # max or min; null: the metric's natural direction (min for loss and kl).
     best_mode: Literal["max", "min"] | None = None
+
+    @model_validator(mode="after")
+    def _samples_need_temperature(self) -> "CheckpointSpec":
+        if self.eval_samples > 1 and self.eval_temperature == 0.0:
+            raise ValueError(f"eval_samples: {self.eval_samples} greedy samples would all be the same; set "
+                             "eval_temperature above 0 (e.g. 1.0) or eval_samples: 1")
+        return self
 
 
 class TrackingSpec(Spec):

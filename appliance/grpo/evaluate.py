@@ -1,15 +1,21 @@
-"""Greedy evaluation of a policy on a list of problems: accuracy, format compliance, reward means.
+"""Held-out evaluation of a policy: accuracy (agent jobs: success), format compliance, reward means.
 
-Accuracy counts completions whose `correctness` reward is 1; format
-compliance counts completions with an `<answer>` block holding a number.
+Greedy by default (one completion or episode per problem or scenario); with
+`EvalSampling(temperature, samples)` every problem or scenario is sampled
+`samples` times at `temperature` from a fixed seed, and each share is over all
+sampled completions or episodes, so two evaluations of one job (the base model
+before, the adapter after) see the same problems, scenarios and random draws.
+For question jobs accuracy counts completions whose `correctness` reward is 1;
+format compliance counts completions with an `<answer>` block holding a number.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from appliance.config.schema import CheckpointSpec
 from appliance.engines.base import GenerationEngine, Sampling
 from appliance.grpo.rollout import generate_groups, score_groups
 from appliance.grpo.step_record import EvalResult
@@ -18,15 +24,48 @@ from appliance.rewards.rules import correctness, format_compliant
 from appliance.tasks.base import Problem, Task
 
 
+@dataclass(frozen=True)
+class EvalSampling:
+    """How held-out evaluation draws: greedy (temperature 0, one sample) or `samples` draws at `temperature`."""
+
+    temperature: float = 0.0
+    samples: int = 1
+    seed: int = 0  # fixed per job, so every evaluation of it sees the same draws
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.temperature < 0.0:
+            raise ValueError(f"evaluation needs samples >= 1 and temperature >= 0 (got {self.samples}, "
+                             f"{self.temperature})")
+        if self.samples > 1 and self.temperature == 0.0:
+            raise ValueError(f"{self.samples} greedy samples would all be the same; sample at a temperature above 0")
+
+    @classmethod
+    def of(cls, checkpoint: CheckpointSpec, seed: int) -> "EvalSampling":
+        """The job's checkpoint.eval_temperature and checkpoint.eval_samples, with the job's seed."""
+        return cls(checkpoint.eval_temperature, checkpoint.eval_samples, seed)
+
+    def engine_sampling(self, max_new_tokens: int) -> Sampling:
+        """Greedy needs no seed (and seeding would reset the process's torch generator for nothing)."""
+        return Sampling(max_new_tokens=max_new_tokens, n=self.samples, temperature=self.temperature,
+                        seed=self.seed if self.temperature > 0 else None)
+
+
+GREEDY = EvalSampling()
+
+
 @dataclass
 class Evaluation:
-    problems: int
+    problems: int  # distinct problems (agent jobs: scenarios); each was sampled `samples` times
     accuracy: float
     format_compliance: float
     reward_means: dict[str, float]
     completion_length_mean: float
     seconds: float
     examples: list[dict]
+    temperature: float = 0.0
+    samples: int = 1
+    draws: int = 0  # completions or episodes the shares are over: problems x samples
+    per_problem: list[float] = field(default_factory=list)  # each problem's share of correct draws, in order
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -34,51 +73,68 @@ class Evaluation:
     def summary(self) -> EvalResult:
         """The part a StepRecord and the run's result carry."""
         return EvalResult(accuracy=self.accuracy, format_compliance=self.format_compliance,
-                          reward_mean=self.reward_means.get("total", 0.0), problems=self.problems)
+                          reward_mean=self.reward_means.get("total", 0.0), problems=self.problems,
+                          temperature=self.temperature, samples=self.samples)
 
 
 def evaluate(engine: GenerationEngine, task: Task, problems: list[Problem], rewards: list[WeightedReward],
-             max_new_tokens: int, examples: int = 5) -> Evaluation:
+             max_new_tokens: int, examples: int = 5, how: EvalSampling = GREEDY) -> Evaluation:
     started = time.monotonic()
-    _, groups = generate_groups(engine, task, problems, Sampling(max_new_tokens=max_new_tokens, temperature=0.0))
-    completions = [group[0] for group in groups]
+    _, groups = generate_groups(engine, task, problems, how.engine_sampling(max_new_tokens))
+    drawn = [(problem, completion) for problem, group in zip(problems, groups) for completion in group]
     scores = score_groups(problems, groups, rewards) if rewards else None
-    correct = [correctness(p.question, c.text, p.answer, dict(p.metadata)) >= 1.0 for p, c in zip(problems, completions)]
-    formatted = [format_compliant(c.text) for c in completions]
-    count = max(len(problems), 1)
+    correct = [correctness(p.question, c.text, p.answer, dict(p.metadata)) >= 1.0 for p, c in drawn]
+    formatted = [format_compliant(c.text) for _, c in drawn]
+    count = max(len(drawn), 1)
     means = {name: sum(v) / len(v) for name, v in scores.per_function.items()} if scores else {}
     if scores:
         means["total"] = sum(scores.total) / len(scores.total)
+    firsts = list(zip(drawn, correct))[::how.samples][:examples]  # the first draw of each problem
     return Evaluation(
         problems=len(problems),
         accuracy=sum(correct) / count,
         format_compliance=sum(formatted) / count,
         reward_means=means,
-        completion_length_mean=sum(len(c.token_ids) for c in completions) / count,
+        completion_length_mean=sum(len(c.token_ids) for _, c in drawn) / count,
         seconds=time.monotonic() - started,
         examples=[{"question": p.question, "reference": p.answer, "completion": c.text, "correct": ok}
-                  for p, c, ok in list(zip(problems, completions, correct))[:examples]],
+                  for (p, c), ok in firsts],
+        temperature=how.temperature,
+        samples=how.samples,
+        draws=len(drawn),
+        per_problem=_shares(correct, [len(group) for group in groups]),
     )
 
 
+def _shares(flags: list[bool], sizes: list[int]) -> list[float]:
+    """Consecutive runs of `sizes` flags -> the share of True in each."""
+    shares, start = [], 0
+    for size in sizes:
+        shares.append(sum(flags[start:start + size]) / max(size, 1))
+        start += size
+    return shares
+
+
 def evaluate_student(student, task: Task, problems: list[Problem], rewards: list[WeightedReward],
-                     max_new_tokens: int, use_adapter: bool) -> Evaluation:
-    """Greedy evaluation through the student's own weights, with its adapter on or switched off (the base)."""
+                     max_new_tokens: int, use_adapter: bool, how: EvalSampling = GREEDY) -> Evaluation:
+    """`evaluate` through the student's own weights, with its adapter on or switched off (the base)."""
     from appliance.engines.hf import HFEngine
 
     engine = HFEngine(student.model, student.tokenizer, name="eval")
     with nullcontext() if use_adapter else student.model.disable_adapter():
-        return evaluate(engine, task, problems, rewards, max_new_tokens)
+        return evaluate(engine, task, problems, rewards, max_new_tokens, how=how)
 
 
-# Held-out scenarios an agent job evaluates when no limit is given (each is a whole greedy episode).
+# Held-out scenarios an agent job evaluates when no limit is given (each is a whole episode).
 AGENT_EVAL_SCENARIOS = 32
 
 
 def evaluate_environment(environment, engine: GenerationEngine, scenarios: int, max_new_tokens: int,
-                         seed: int = 0, examples: int = 3) -> Evaluation:
-    """Greedy episodes on `scenarios` held-out scenarios of an agent environment.
+                         how: EvalSampling = GREEDY, examples: int = 3) -> Evaluation:
+    """Episodes on `scenarios` held-out scenarios of an agent environment, `how.samples` of each.
 
+    The scenarios and the draws come from `how.seed` alone (step 0 of an EnvironmentSource on the held-out
+    split), so the base and the trained adapter play the same scenarios.
     accuracy: the share of episodes whose metrics["success"] is 1 (the environment's own measure: the right
     product, the right email, the target tile); format_compliance: the share with at least one tool call
     that was read and accepted; reward_means["total"]: the environment's mean reward.
@@ -86,29 +142,36 @@ def evaluate_environment(environment, engine: GenerationEngine, scenarios: int, 
     from appliance.agents.source import EnvironmentSource
 
     started = time.monotonic()
-    source = EnvironmentSource(environment, engine, Sampling(max_new_tokens=max_new_tokens, temperature=0.0),
-                               seed=seed, split="held_out")
-    trajectories = [t for group in source.collect(0, scenarios, 1) for t in group.trajectories]
+    source = EnvironmentSource(environment, engine, how.engine_sampling(max_new_tokens), seed=how.seed,
+                               split="held_out")
+    groups = source.collect(0, scenarios, how.samples)
+    trajectories = [t for group in groups for t in group.trajectories]
     count = max(len(trajectories), 1)
     calls_accepted = [t.metrics.get("tool_calls", 0.0) - t.metrics.get("invalid_calls", 0.0) > 0 for t in trajectories]
+    succeeded = [t.metrics.get("success", 0.0) >= 1.0 for t in trajectories]
     return Evaluation(
-        problems=len(trajectories),
-        accuracy=sum(t.metrics.get("success", 0.0) >= 1.0 for t in trajectories) / count,
+        problems=len(groups),
+        accuracy=sum(succeeded) / count,
         format_compliance=sum(calls_accepted) / count,
         reward_means={"total": sum(t.reward for t in trajectories) / count},
         completion_length_mean=sum(len(m.sampled.token_ids) for t in trajectories for m in t.assistant_turns()
                                    if m.sampled is not None) / count,
         seconds=time.monotonic() - started,
-        examples=[{"scenario": t.scenario_id, "messages": t.to_openai(), "reward": t.reward,
-                   "correct": t.metrics.get("success", 0.0) >= 1.0} for t in trajectories[:examples]],
+        examples=[{"scenario": g.trajectories[0].scenario_id, "messages": g.trajectories[0].to_openai(),
+                   "reward": g.trajectories[0].reward, "correct": g.trajectories[0].metrics.get("success", 0.0) >= 1.0}
+                  for g in groups[:examples] if g.trajectories],
+        temperature=how.temperature,
+        samples=how.samples,
+        draws=len(trajectories),
+        per_problem=_shares(succeeded, [len(group.trajectories) for group in groups]),
     )
 
 
 def evaluate_agent_student(student, environment, scenarios: int, max_new_tokens: int, use_adapter: bool,
-                           seed: int = 0) -> Evaluation:
+                           how: EvalSampling = GREEDY) -> Evaluation:
     """evaluate_environment through the student's own weights, adapter on or switched off (the base)."""
     from appliance.engines.hf import HFEngine
 
     engine = HFEngine(student.model, student.tokenizer, name="eval")
     with nullcontext() if use_adapter else student.model.disable_adapter():
-        return evaluate_environment(environment, engine, scenarios, max_new_tokens, seed)
+        return evaluate_environment(environment, engine, scenarios, max_new_tokens, how)

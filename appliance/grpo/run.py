@@ -34,7 +34,9 @@ def run_job(spec: JobSpec, data_dir: Path, job_dir: Path, *, job_file_dir: Path,
     """Train `spec` in `job_dir` until `grpo.steps` or until `stop_requested()` gives a reason.
 
     evaluate: held-out accuracy of the base model before the first step and of
-    the trained adapter after the last (the first `eval_limit` problems).
+    the trained adapter after the last (the first `eval_limit` problems; None:
+    the job's checkpoint.eval_limit), greedy or sampled as the job's
+    checkpoint.eval_temperature and checkpoint.eval_samples say.
     """
     from appliance.grpo.job import build_trainer
 
@@ -43,7 +45,8 @@ def run_job(spec: JobSpec, data_dir: Path, job_dir: Path, *, job_file_dir: Path,
     # The trainer polls it too: an agent job waiting for submitted trajectories stops without finishing a step.
     trainer = build_trainer(spec, Path(job_file_dir), Path(data_dir), Path(job_dir), stop_requested=stop_requested)
     try:
-        return _drive(trainer, spec, resume, evaluate, eval_limit, on_step or (lambda record: None), emit,
+        limit = eval_limit if eval_limit is not None else spec.checkpoint.eval_limit
+        return _drive(trainer, spec, resume, evaluate, limit, on_step or (lambda record: None), emit,
                       stop_requested)
     finally:
         trainer.close()

@@ -52,12 +52,15 @@ class MemoryReading:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Greedy evaluation on held-out problems (the first `problems` of the split)."""
+    """Evaluation on held-out problems (the first `problems` of the split), greedy or `samples` draws of each
+    at `temperature`; the shares are over all draws."""
 
     accuracy: float
     format_compliance: float
     reward_mean: float
     problems: int
+    temperature: float = 0.0
+    samples: int = 1
 
     @classmethod
     def from_dict(cls, data: dict) -> "EvalResult":

@@ -275,16 +275,17 @@ class Trainer:
     # ----- evaluation and the best adapter ------------------------------------------------------
 
     def evaluate_held_out(self, adapter: bool = True, limit: int | None = None):
-        """Greedy evaluation on the held-out split (its first `limit` problems): an Evaluation."""
-        from appliance.grpo.evaluate import AGENT_EVAL_SCENARIOS, evaluate_agent_student, evaluate_student
+        """Evaluation on the held-out split (its first `limit` problems), greedy or sampled as
+        checkpoint.eval_temperature and checkpoint.eval_samples say: an Evaluation."""
+        from appliance.grpo.evaluate import AGENT_EVAL_SCENARIOS, EvalSampling, evaluate_agent_student, evaluate_student
 
+        how = EvalSampling.of(self.spec.checkpoint, self.spec.grpo.seed)
         if self.agent is not None:
             return evaluate_agent_student(self.student, self.agent.evaluation_environment,
-                                          limit or AGENT_EVAL_SCENARIOS, self.spec.grpo.max_new_tokens, adapter,
-                                          seed=self.spec.grpo.seed)
+                                          limit or AGENT_EVAL_SCENARIOS, self.spec.grpo.max_new_tokens, adapter, how)
         problems = self.task.held_out[:limit] if limit else self.task.held_out
         return evaluate_student(self.student, self.task, problems, self.rewards_for_eval(),
-                                self.spec.grpo.max_new_tokens, use_adapter=adapter)
+                                self.spec.grpo.max_new_tokens, use_adapter=adapter, how=how)
 
     def _evaluate_if_due(self, clock: PhaseClock):
         every = self.spec.checkpoint.eval_every

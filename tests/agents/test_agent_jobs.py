@@ -1,5 +1,5 @@
-"""Every built-in environment trains end to end through run_job (the path `appliance train` takes) with the
-bundled model: reward per step, trajectory records whose segments show trained and context parts, checkpoints,
+"""The built-in environments train end to end through run_job (the path `appliance train` takes) with the
+bundled model (builtin:calculator in tests/agents/test_calculator_learning.py): reward per step, trajectory records whose segments show trained and context parts, checkpoints,
 and a resume that continues the run. Kept small: 2 scenarios x 2 rollouts, 2 turns of 16 tokens, 2 steps."""
 
 from __future__ import annotations
@@ -32,18 +32,14 @@ def _spec(tmp_path, data_dir, short, steps):
     return load_checked_job(path, data_dir)
 
 
-@pytest.mark.parametrize("short", ["calculator", "email_search", "game2048"])
+# builtin:calculator's run (records, mask, worked episodes as context, reward per step, held-out evaluation
+# before and after) is tests/agents/test_calculator_learning.py, which trains it for real; resume is the same
+# code for every environment.
+@pytest.mark.parametrize("short", ["email_search", "game2048"])
 def test_an_agent_job_runs_records_trajectories_and_resumes(tmp_path, fresh_data_dir, short):
     job_dir = fresh_data_dir / "jobs" / f"agent-{short}"
-    evaluate = short == "calculator"  # held-out success before and after, on 2 greedy held-out episodes
-    result = run_job(_spec(tmp_path, fresh_data_dir, short, 2), fresh_data_dir, job_dir, job_file_dir=tmp_path,
-                     evaluate=evaluate, eval_limit=2)
+    result = run_job(_spec(tmp_path, fresh_data_dir, short, 2), fresh_data_dir, job_dir, job_file_dir=tmp_path)
     assert (result.status, result.step) == ("completed", 2)
-    if evaluate:
-        summary = json.loads((job_dir / "eval.json").read_text())
-        assert summary["before"]["problems"] == summary["after"]["problems"] == 2
-        assert summary["before"]["examples"][0]["messages"][1]["content"].startswith("What is")
-        assert 0.0 <= result.eval_after.accuracy <= 1.0 and result.eval_before.problems == 2
     assert (job_dir / "checkpoints" / "step-000002" / "state.json").is_file()
 
     metrics = read_jsonl(job_dir / "metrics.jsonl")
@@ -59,9 +55,6 @@ def test_an_agent_job_runs_records_trajectories_and_resumes(tmp_path, fresh_data
         assert trained and context  # the operator sees both parts
         last = [m for m in sample["messages"] if m["role"] == "assistant"][-1]
         assert last["content"] in "".join(s["text"] for s in trained)
-        if short == "calculator":  # its worked example is shown to the model as context, never trained
-            assert sample["messages"][2]["content"].startswith("<tool_call>")
-            assert sample["messages"][2]["content"] in context[0]["text"]
         assert sample["context_tokens"] > sample["trained_tokens"] > 0
     # trained tokens in the step record are the masked (assistant) tokens of the trajectories it trained on
     for step in (1, 2):

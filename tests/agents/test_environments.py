@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from appliance.agents.environment import AssistantTurn, Scenario, rollout_groups
+from appliance.agents.environment import AgentEnvironmentError, AssistantTurn, Scenario, rollout_groups
 from appliance.agents.envs.calculator import CalculatorEnvironment
 from appliance.agents.envs.email_search import EmailSearchEnvironment
 from appliance.agents.envs.game2048 import Game2048Environment, GameState, slide, slide_row_left
@@ -281,3 +281,34 @@ def test_2048_reaching_the_target_ends_the_game():
 def test_scenario_ids_are_stable():
     assert Game2048Environment().scenarios("train", 3, seed=9) == Game2048Environment().scenarios("train", 3, seed=9)
     assert isinstance(Game2048Environment().scenarios("train", 1, seed=9)[0], Scenario)
+
+
+# --- worked examples (environment option worked_examples) -----------------------------------------------------------
+
+def test_email_search_worked_episode_is_real_context_and_leaves_the_training_split():
+    plain, shown = EmailSearchEnvironment(), EmailSearchEnvironment(worked_examples=1)
+    [scenario] = shown.scenarios("train", 1, seed=0)
+    assert plain.examples(scenario) == []
+    example = shown.examples(scenario)
+    assert [type(m).__name__ for m in example] == ["UserMessage"] + ["AssistantMessage", "ToolMessage"] * 3
+    [asked] = [q for q in plain._splits["train"] if q.question == example[0].content]
+    assert asked not in shown._splits["train"] and shown._splits["held_out"] == plain._splits["held_out"]
+    assert [parse_tool_calls(m.content).calls[0].function.name for m in example[1::2]] == ["search", "read", "answer"]
+    assert asked.email_id in example[2].content and example[4].content.startswith(f"id: {asked.email_id}")
+    assert asked.answer in example[5].content and example[6].content == "answer recorded"
+    trajectory = only(play(shown, email_policy, [scenario])[0])
+    assert trajectory.context_messages == 1 + len(example) and trajectory.messages[1:8] == example
+    assert trajectory.metrics["right_email"] == 1 and trajectory.metrics["tool_calls"] == 3  # its own episode only
+
+
+def test_2048_worked_moves_come_from_a_game_outside_both_splits():
+    environment = Game2048Environment(worked_examples=3)
+    example = environment.examples(environment.scenarios("train", 1, seed=0)[0])
+    assert [type(m).__name__ for m in example] == ["UserMessage"] + ["AssistantMessage", "ToolMessage"] * 3
+    moves = [parse_tool_calls(m.content).calls[0].function.arguments for m in example[1::2]]
+    assert len(set(moves)) == 3 and not any(m.error for m in example[2::2])  # every shown move moved
+    assert Game2048Environment().examples(Scenario(id="x", data={"seed": 1})) == []
+    with pytest.raises(AgentEnvironmentError, match="worked_examples"):
+        Game2048Environment(worked_examples=9)
+    with pytest.raises(AgentEnvironmentError, match="worked_examples"):
+        EmailSearchEnvironment(worked_examples=-1)

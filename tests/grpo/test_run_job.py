@@ -76,6 +76,26 @@ def test_iterations_and_kl_with_held_out_evaluation_choosing_best(tiny_model_dir
     assert best["metric"] == "eval.accuracy" and best["step"] in (1, 2)
 
 
+def test_sampled_held_out_evaluation_is_recorded_with_its_temperature_and_samples(tiny_model_dir, tmp_path,
+                                                                                    fresh_data_dir):
+    """checkpoint.eval_temperature / eval_samples reach every evaluation: before, during (eval_every), after;
+    --eval without a limit evaluates checkpoint.eval_limit problems."""
+    spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, grpo={"steps": 1},
+                 checkpoint={"every": 1, "eval_every": 1, "eval_limit": 2, "eval_temperature": 1.0, "eval_samples": 3})
+    job_dir = fresh_data_dir / "jobs" / "tiny"
+    events = []
+    result = run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path, evaluate=True, on_event=events.append)
+    summary = json.loads((job_dir / "eval.json").read_text())
+    for when in ("before", "after"):
+        assert {key: summary[when][key] for key in ("problems", "samples", "draws", "temperature")} == \
+            {"problems": 2, "samples": 3, "draws": 6, "temperature": 1.0}
+    assert (result.eval_before.samples, result.eval_after.temperature) == (3, 1.0)
+    (record,) = _metrics(job_dir)
+    assert (record.eval.problems, record.eval.samples, record.eval.temperature) == (2, 3, 1.0)
+    evals = [e.data for e in events if e.kind == "eval"]
+    assert [e["when"] for e in evals] == ["before", "step", "after"] and all(e["samples"] == 3 for e in evals)
+
+
 def _adapter(trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for p in trainer.student.trainable_parameters()]
 

@@ -9,17 +9,23 @@ and held-out once, by a fixed seed.
 Reward: 1 for citing the right email, +0.5 when the answer contains the fact,
 -0.05 for each tool call after the third (few steps win), -0.25 for each
 malformed or refused call; an episode that never answers scores at most 0.
+
+`worked_examples: N` (an environment option, default 0) shows N whole episodes
+(search, read, answer, with the mailbox's real tool results) before the question,
+as context, never trained; their questions leave the training split.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass
 
-from appliance.agents.environment import Episode, Scenario, Split, ToolEnvironment, ToolResult
-from appliance.agents.envs.mailbox import Email, generate_mailbox
-from appliance.agents.toolcalls import function_tool
+from appliance.agents.environment import AgentEnvironmentError, Episode, Scenario, Split, ToolEnvironment, ToolResult
+from appliance.agents.envs.mailbox import Email, Question, generate_mailbox
+from appliance.agents.toolcalls import format_call, function_tool
+from appliance.agents.trajectory import AssistantMessage, FunctionCall, Message, ToolCall, ToolMessage, UserMessage
 
 _WORD = re.compile(r"[a-z0-9]+")
 SEARCH_RESULTS = 5
@@ -37,13 +43,18 @@ class EmailSearchEnvironment(ToolEnvironment):
     name = "email_search"
     max_turns = 6
 
-    def __init__(self, mailbox_seed: int = 0, mailbox_size: int = 60, held_out_fraction: float = 0.25):
+    def __init__(self, mailbox_seed: int = 0, mailbox_size: int = 60, held_out_fraction: float = 0.25,
+                 worked_examples: int = 0):
         emails, questions = generate_mailbox(mailbox_seed, mailbox_size)
         self.emails = {email.id: email for email in emails}
         shuffled = list(questions)
         random.Random(1234).shuffle(shuffled)
         cut = max(1, round(len(shuffled) * held_out_fraction))
-        self._splits = {"held_out": shuffled[:cut], "train": shuffled[cut:]}
+        if not 0 <= worked_examples <= 3 or cut + worked_examples >= len(shuffled):
+            raise AgentEnvironmentError(f"email_search worked_examples must be 0 to 3 and leave training questions, "
+                                        f"not {worked_examples}")
+        self._example_questions = shuffled[cut:cut + worked_examples]
+        self._splits = {"held_out": shuffled[:cut], "train": shuffled[cut + worked_examples:]}
 
     def tools(self) -> list[dict]:
         text = {"type": "string"}
@@ -65,6 +76,23 @@ class EmailSearchEnvironment(ToolEnvironment):
         system = ("You answer questions about the user's mailbox. Search for emails, read the promising ones, "
                   "then call answer with the answer and the id of the email it is in. Be quick.")
         return SearchState(scenario.data["email_id"], scenario.data["answer"]), system, scenario.data["question"]
+
+    def examples(self, scenario: Scenario) -> list[Message]:
+        return [message for question in self._example_questions for message in self._worked_episode(question)]
+
+    def _worked_episode(self, question: Question) -> list[Message]:
+        """search (the right email's subject), read it, answer: the calls and the tools' real replies."""
+        email = self.emails[question.email_id]
+        steps = [("search", {"keywords": email.subject.lower()}), ("read", {"message_id": email.id}),
+                 ("answer", {"answer": question.answer, "message_id": email.id})]
+        messages: list[Message] = [UserMessage(content=question.question)]
+        state = SearchState(email.id, question.answer)
+        for number, (name, arguments) in enumerate(steps):
+            call = ToolCall(id=f"example_{email.id}_{number}", function=FunctionCall(name=name,
+                                                                                      arguments=json.dumps(arguments)))
+            messages += [AssistantMessage(content=format_call(call)),
+                         ToolMessage(tool_call_id=call.id, content=self.call(state, name, arguments).content)]
+        return messages
 
     def search(self, keywords: str) -> list[Email]:
         words = set(_WORD.findall(keywords.lower()))

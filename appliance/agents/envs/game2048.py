@@ -9,20 +9,28 @@ the target tile, when no move is possible, or at the turn limit.
 Reward: 0.6 * log2(largest tile) / log2(target) + 0.4 * min(1, merged / target)
 (merged: the sum of the tiles created by merging), +1 for reaching the target,
 -0.1 for each move that changes nothing and each malformed or refused call.
+
+`worked_examples: N` (an environment option, default 0) shows the first N moves
+of an example game (its own seed, outside both splits) before the board, as
+context, never trained.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass, field
 
 from appliance.agents.environment import AgentEnvironmentError, Episode, Scenario, Split, ToolEnvironment, ToolResult
-from appliance.agents.toolcalls import function_tool
+from appliance.agents.toolcalls import format_call, function_tool
+from appliance.agents.trajectory import AssistantMessage, FunctionCall, Message, ToolCall, ToolMessage, UserMessage
 
 Board = list[list[int]]
 DIRECTIONS = ("left", "right", "up", "down")
 HELD_OUT_SEED_BASE = 1_000_000  # held-out games use seeds from here up, training games below
+EXAMPLE_SEED = 3_000_000  # the worked example's game: in neither split
+EXAMPLE_MOVES = ("left", "up", "right", "down")  # move k of the example tries them from the k-th on
 
 
 def slide_row_left(row: list[int]) -> tuple[list[int], int]:
@@ -87,10 +95,32 @@ class GameState:
 class Game2048Environment(ToolEnvironment):
     name = "game2048"
 
-    def __init__(self, target: int = 64, max_turns: int = 40):
+    def __init__(self, target: int = 64, max_turns: int = 40, worked_examples: int = 0):
         if target < 8 or target & (target - 1):
             raise AgentEnvironmentError(f"2048 target must be a power of two of at least 8, not {target}")
-        self.target, self.max_turns = target, max_turns
+        if not 0 <= worked_examples <= 8:
+            raise AgentEnvironmentError(f"2048 worked_examples (moves of the example game) must be 0 to 8, "
+                                        f"not {worked_examples}")
+        self.target, self.max_turns, self.worked_examples = target, max_turns, worked_examples
+
+    def examples(self, scenario: Scenario) -> list[Message]:
+        if not self.worked_examples:
+            return []
+        state, _, user = self.start(Scenario(id="2048-example", data={"seed": EXAMPLE_SEED}))
+        messages: list[Message] = [UserMessage(content=user)]
+        for number in range(self.worked_examples):
+            order = EXAMPLE_MOVES[number % 4:] + EXAMPLE_MOVES[:number % 4]  # vary the shown directions
+            direction = next((d for d in order if slide(state.board, d)[0] != state.board), None)
+            if direction is None:
+                break
+            call = ToolCall(id=f"example_move_{number}",
+                            function=FunctionCall(name="move", arguments=json.dumps({"direction": direction})))
+            result = self.call(state, "move", {"direction": direction})
+            messages += [AssistantMessage(content=format_call(call)),
+                         ToolMessage(tool_call_id=call.id, content=result.content)]
+            if result.done:
+                break
+        return messages
 
     def tools(self) -> list[dict]:
         return [function_tool("move", "Slide all tiles in one direction; equal tiles that touch merge.",
