@@ -11,14 +11,7 @@ import os
 import time
 from pathlib import Path
 
-
-def fsync_dir(folder: Path) -> None:
-    """Make the names in `folder` (a rename, a new file) durable."""
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+from appliance.durable import fsync_dir
 
 
 def write_private(path: Path, text: str, *, durable: bool = True) -> None:

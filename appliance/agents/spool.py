@@ -36,7 +36,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from appliance.agents.job_files import fsync_dir, is_temporary, private_dir, write_private
+from appliance.agents.job_files import is_temporary, private_dir, write_private
+from appliance.durable import fsync_dir
 from appliance.agents.trajectory import TrajectoryGroup
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from appliance.durable import fsync_dir
 from appliance.errors import ApplianceError, DiskFullError
 
 SCHEMA_VERSION = 2
@@ -56,14 +57,6 @@ def _is_disk_full(error: BaseException) -> bool:
     if isinstance(error, OSError):
         return error.errno in (errno.ENOSPC, errno.EDQUOT)
     return any(marker in str(error) for marker in _TORCH_DISK_FULL)
-
-
-def fsync_dir(folder: Path) -> None:
-    directory = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def fsync_tree(folder: Path) -> None:
