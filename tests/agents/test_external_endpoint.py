@@ -31,18 +31,9 @@ AGENT = Path(__file__).with_name("external_agent.py")
 REPO_ROOT = AGENT.parent.parent.parent
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from appliance.engines.hf import HFEngine
-
-    engine = HFEngine.load(tiny_model_dir, device="cpu")
-    yield engine
-    engine.close()
-
-
 @pytest.fixture
-def source(engine, tmp_path):
-    source = ExternalSource(engine, tmp_path, group_size=2, served_name="student", max_queued_groups=2)
+def source(tiny_engine, tmp_path):
+    source = ExternalSource(tiny_engine, tmp_path, group_size=2, served_name="student", max_queued_groups=2)
     yield source
     source.close()
 

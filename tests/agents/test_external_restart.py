@@ -26,22 +26,13 @@ from appliance.paths import served_ledger_file, submitted_groups_dir
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from appliance.engines.hf import HFEngine
-
-    engine = HFEngine.load(tiny_model_dir, device="cpu")
-    yield engine
-    engine.close()
-
-
 @pytest.fixture
-def start(engine):
+def start(tiny_engine):
     """Start ExternalSources (workers) over job folders; every one is closed at the end, even when the test fails."""
     started: list[ExternalSource] = []
 
     def starter(job_dir: Path) -> ExternalSource:
-        source = ExternalSource(engine, job_dir, group_size=2, served_name="student", max_queued_groups=8)
+        source = ExternalSource(tiny_engine, job_dir, group_size=2, served_name="student", max_queued_groups=8)
         started.append(source)
         return source
 
