@@ -85,12 +85,7 @@ class ServedLedger:
                step: int) -> None:
         key = served_key(prompt_ids, token_ids)
         with self._lock:
-            same = self._entries.get(key)
-            if same is not None and same.text == text and _close(same.logprobs, logprobs):
-                # Two rollouts of a group can sample the very same completion: each may be submitted once.
-                self._insert(key, Served(text, tuple(logprobs), step, same.used, same.served + 1))
-            else:
-                self._insert(key, Served(text, tuple(logprobs), step))
+            self._add(key, text, tuple(logprobs), step)
             if self._file is not None:
                 self._file.append(served_line(key, text, logprobs, step))
                 if self._file.lines > 2 * self.capacity:
@@ -151,6 +146,15 @@ class ServedLedger:
             if self._file is not None:
                 self._file.close()
 
+    def _add(self, key: bytes, text: str, logprobs: tuple[float, ...], step: int) -> None:
+        """One more serve of `key`: the same completion again counts once more, anything else replaces it."""
+        same = self._entries.get(key)
+        if same is not None and same.text == text and _close(same.logprobs, logprobs):
+            # Two rollouts of a group can sample the very same completion: each may be submitted once.
+            self._insert(key, Served(text, logprobs, step, same.used, same.served + 1))
+        else:
+            self._insert(key, Served(text, logprobs, step))
+
     def _insert(self, key: bytes, served: Served) -> None:
         self._entries[key] = served
         self._entries.move_to_end(key)
@@ -160,14 +164,12 @@ class ServedLedger:
     def _replay(self, line: dict[str, Any]) -> None:
         if "key" in line:
             key = bytes.fromhex(line["key"])
-            same = self._entries.get(key)
             logprobs = tuple(float(v) for v in line["logprobs"])
-            if "served" not in line and same is not None and same.text == line["text"] and _close(same.logprobs,
-                                                                                                  logprobs):
-                self._insert(key, Served(same.text, logprobs, line["step"], same.used, same.served + 1))
-            else:
+            if "served" in line:  # a rewritten entry carries its counts (served_line writes both or neither)
                 self._insert(key, Served(line["text"], logprobs, line["step"], line.get("used", 0),
                                          line.get("served", 1)))
+            else:  # an appended serve
+                self._add(key, line["text"], logprobs, line["step"])
             return
         for key in map(bytes.fromhex, line["used"]):
             self._use(key)
@@ -202,6 +204,7 @@ def trained_turn_keys(groups: list[TrajectoryGroup]) -> list[bytes]:
             for group in groups for trajectory in group.trajectories
             for _, message in trajectory.trained_turns()
             if message.sampled is not None and message.sampled.prompt_token_ids is not None]
+
 
 def _close(a, b) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= LOGPROB_TOLERANCE for x, y in zip(a, b))

@@ -37,8 +37,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from appliance.agents.job_files import is_temporary, private_dir, write_private
-from appliance.durable import fsync_dir
 from appliance.agents.trajectory import TrajectoryGroup
+from appliance.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
