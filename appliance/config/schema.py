@@ -222,6 +222,14 @@ class DeviceSpec(Spec):
         return value
 
 
+def greedy_samples_problem(temperature: float, samples: int) -> str | None:
+    """What is wrong with drawing `samples` held-out samples at `temperature`, or None: the one rule for both
+    the job keys (checkpoint.eval_temperature / eval_samples) and `appliance eval`'s flags."""
+    if samples > 1 and temperature == 0.0:
+        return f"{samples} greedy samples would all be the same"
+    return None
+
+
 class CheckpointSpec(Spec):
     every: PositiveInt = 20
     keep_last: PositiveInt = 3
@@ -243,9 +251,9 @@ class CheckpointSpec(Spec):
 
     @model_validator(mode="after")
     def _samples_need_temperature(self) -> "CheckpointSpec":
-        if self.eval_samples > 1 and self.eval_temperature == 0.0:
-            raise ValueError(f"eval_samples: {self.eval_samples} greedy samples would all be the same; set "
-                             "eval_temperature above 0 (e.g. 1.0) or eval_samples: 1")
+        problem = greedy_samples_problem(self.eval_temperature, self.eval_samples)
+        if problem:
+            raise ValueError(f"eval_samples: {problem}; set eval_temperature above 0 (e.g. 1.0) or eval_samples: 1")
         return self
 
 

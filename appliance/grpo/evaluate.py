@@ -15,7 +15,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
-from appliance.config.schema import CheckpointSpec
+from appliance.config.schema import CheckpointSpec, greedy_samples_problem
 from appliance.engines.base import GenerationEngine, Sampling
 from appliance.grpo.rollout import generate_groups, score_groups
 from appliance.grpo.step_record import EvalResult
@@ -36,8 +36,9 @@ class EvalSampling:
         if self.samples < 1 or self.temperature < 0.0:
             raise ValueError(f"evaluation needs samples >= 1 and temperature >= 0 (got {self.samples}, "
                              f"{self.temperature})")
-        if self.samples > 1 and self.temperature == 0.0:
-            raise ValueError(f"{self.samples} greedy samples would all be the same; sample at a temperature above 0")
+        problem = greedy_samples_problem(self.temperature, self.samples)
+        if problem:
+            raise ValueError(f"{problem}; sample at a temperature above 0")
 
     @classmethod
     def of(cls, checkpoint: CheckpointSpec, seed: int) -> "EvalSampling":
