@@ -46,6 +46,16 @@ def tiny_model_dir(demo_model_dir: Path, tmp_path_factory) -> Path:
     return make_tiny_model(demo_model_dir, tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir):
+    """A transformers engine over the tiny random Llama, on the CPU."""
+    from appliance.engines.hf import HFEngine
+
+    engine = HFEngine.load(tiny_model_dir, device="cpu")
+    yield engine
+    engine.close()
+
+
 @pytest.fixture
 def fresh_data_dir(tmp_path: Path, store_data_dir: Path) -> Path:
     """An empty data dir (no jobs) that sees the bundled model."""
