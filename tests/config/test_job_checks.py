@@ -162,8 +162,15 @@ def test_unreadable_job_file_is_one_error_naming_it(tmp_path, store_data_dir):
      "checkpoint.best_metric: unknown metric 'rewards.corectness.mean'; did you mean 'rewards.correctness.mean'?"),
     ("{best_metric: eval.accuracy}", "checkpoint.best_metric: 'eval.accuracy' is measured only with checkpoint.eval_every"),
     ("{best_metric: loss, best_mode: lowest}", "checkpoint.best_mode: Input should be 'max' or 'min'"),
+    ("{eval_samples: 4}", "checkpoint: eval_samples: 4 greedy samples would all be the same; set eval_temperature "
+                          "above 0 (e.g. 1.0) or eval_samples: 1"),
+    ("{eval_temperature: -0.5}", "checkpoint.eval_temperature: Input should be greater than or equal to 0"),
+    ("{eval_temperature: 3}", "checkpoint.eval_temperature: Input should be less than or equal to 2"),
+    ("{eval_temperature: 1.0, eval_samples: 0}", "checkpoint.eval_samples: Input should be greater than or equal to 1"),
+    ("{eval_temperature: 1.0, eval_sample: 4}", "checkpoint.eval_sample"),
 ])
-def test_best_metric_and_its_direction_are_validated_at_their_key(job_folder, store_data_dir, checkpoint, expected):
+def test_checkpoint_keys_are_validated_at_their_key(job_folder, store_data_dir, checkpoint, expected):
+    """best_metric and best_mode, and the sampled-evaluation keys eval_temperature and eval_samples."""
     job = job_folder / "job.yaml"
     job.write_text(GOOD_JOB + f"checkpoint: {checkpoint}\n")
     _, errors = check_job_file(job, store_data_dir)
@@ -178,22 +185,6 @@ def test_a_per_reward_or_held_out_best_metric_is_accepted(job_folder, store_data
     job.write_text(GOOD_JOB + "checkpoint: {eval_every: 5, eval_limit: 50, best_metric: eval.accuracy}\n")
     spec, errors = check_job_file(job, store_data_dir)
     assert errors == [] and (spec.checkpoint.eval_every, spec.checkpoint.eval_limit) == (5, 50)
-
-
-@pytest.mark.parametrize("checkpoint, expected", [
-    ("{eval_samples: 4}", "checkpoint: eval_samples: 4 greedy samples would all be the same; set eval_temperature "
-                          "above 0 (e.g. 1.0) or eval_samples: 1"),
-    ("{eval_temperature: -0.5}", "checkpoint.eval_temperature: Input should be greater than or equal to 0"),
-    ("{eval_temperature: 3}", "checkpoint.eval_temperature: Input should be less than or equal to 2"),
-    ("{eval_temperature: 1.0, eval_samples: 0}", "checkpoint.eval_samples: Input should be greater than or equal to 1"),
-    ("{eval_temperature: 1.0, eval_sample: 4}", "checkpoint.eval_sample"),
-])
-def test_sampled_evaluation_keys_are_validated_at_their_key(job_folder, store_data_dir, checkpoint, expected):
-    job = job_folder / "job.yaml"
-    job.write_text(GOOD_JOB + f"checkpoint: {checkpoint}\n")
-    _, errors = check_job_file(job, store_data_dir)
-    assert any(expected in str(error) for error in errors), [str(e) for e in errors]
-    assert all(error.line == 10 for error in errors), [e.line for e in errors]
 
 
 def test_evaluation_is_greedy_unless_the_job_asks_for_samples(job_folder, store_data_dir):
