@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 import yaml
 
+from appliance.budget.host_allocator import pin_mmap_threshold
 from appliance.config.schema import JobSpec
 from appliance.engines.hf import HFEngine
 from appliance.grpo.student import Student
@@ -129,6 +130,7 @@ def rollout_engine_kind(spec: JobSpec, device: str) -> str:
 def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Path,
                   stop_requested: Callable[[], str | None] | None = None) -> Trainer:
     device = default_device()
+    pin_mmap_threshold()
     torch.manual_seed(spec.grpo.seed)
     student_dir = resolve_model(spec.student.model, data_dir)
     judge_dir = (resolve_model(spec.judge.model, data_dir)
