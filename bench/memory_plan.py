@@ -87,6 +87,9 @@ def keep_4bit_weights_trainable(model) -> None:
 
 
 def run(data_dir: Path, judge: bool, checkpointing: bool, sequences: int = 32) -> dict:
+    from appliance.budget.host_allocator import pin_mmap_threshold
+
+    pin_mmap_threshold()  # as the trainer does (grpo.job.build_trainer)
     job = parse_job_text(job_text(judge, checkpointing, sequences), "<bench>")
     measured: dict[str, int] = {}
     started = time.monotonic()
@@ -200,12 +203,35 @@ def plan_of_trained_batch(spec, data_dir: Path, job_file: Path, trained: int, ch
 NOISE_REWARD = Path(__file__).resolve().parent / "noise_reward.py"
 
 
-def run_job_file(job_file: Path, data_dir: Path, steps: int, every_group_trains: bool = False) -> dict:
+def with_longest_prompts(spec, data_dir: Path, job_file: Path, scratch: Path, count: int):
+    """`spec` training on only its `count` longest training prompts (chat template included), held_out 0.
+
+    The plan budgets the longest prompt of the whole dataset; a step's batch is only as wide as the prompts
+    it drew. gsm8k's prompts run from about 90 to 270 tokens, so a step on random prompts measures a batch
+    far narrower than the one planned. The problems go to a scratch JSONL dataset in the same order.
+    """
+    from appliance.grpo.prompt_lengths import prompt_tokens
+    from appliance.models.loading import load_tokenizer
+    from appliance.models.store import resolve_model
+    from appliance.tasks.load import load_task
+
+    task = load_task(spec.task, job_file.resolve().parent)
+    tokenizer = load_tokenizer(resolve_model(spec.student.model, data_dir, verify=False))
+    longest = sorted(task.train, key=lambda problem: prompt_tokens(task, problem, tokenizer), reverse=True)[:count]
+    dataset = scratch / "longest-prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer}) + "\n"
+                               for p in longest))
+    return spec.model_copy(update={"task": spec.task.model_copy(update={"dataset": str(dataset), "held_out": 0})})
+
+
+def run_job_file(job_file: Path, data_dir: Path, steps: int, every_group_trains: bool = False,
+                 longest_prompts: bool = False) -> dict:
     """The first `steps` steps of a real job: planned peak (from its measured prompts) vs peak RSS.
 
     every_group_trains: a hash of each completion (bench/noise_reward.py) added to the job's rewards, so that
     every group has a reward spread and every sequence trains, as the plan budgets. Memory does not depend on
     what the rewards are, only on how many sequences train (and on the judge, which still runs).
+    longest_prompts: train on the job's longest prompts only (with_longest_prompts), the widest batch planned.
     """
     import tempfile
 
@@ -234,18 +260,22 @@ def run_job_file(job_file: Path, data_dir: Path, steps: int, every_group_trains:
 
     with tempfile.TemporaryDirectory() as scratch:
         run_data = Path(scratch)
+        if longest_prompts:
+            spec = with_longest_prompts(spec, data_dir, job_file, run_data,
+                                        spec.grpo.prompts_per_step * spec.grpo.steps)
         (run_data / "models").mkdir()
         for model in (data_dir / "models").iterdir():
             if not model.name.startswith("."):
                 (run_data / "models" / model.name).symlink_to(model.resolve())
         run_job(spec, run_data, run_data / "jobs" / spec.name, job_file_dir=job_file.resolve().parent,
                 on_step=records.append, on_event=on_event)
-    last = records[-1]
-    planned, measured = last.memory.planned_peak_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    trained = max(r.trained_sequences for r in records)
-    longest = max((r.completion_length_max for r in records if r.trained_sequences), default=None)
-    at_trained = plan_of_trained_batch(spec, data_dir, job_file, trained, choices, longest) if trained else None
+        last = records[-1]
+        planned, measured = last.memory.planned_peak_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        trained = max(r.trained_sequences for r in records)
+        longest = max((r.completion_length_max for r in records if r.trained_sequences), default=None)
+        at_trained = plan_of_trained_batch(spec, data_dir, job_file, trained, choices, longest) if trained else None
     return {"job": str(job_file), "steps": steps, "every_group_trains": every_group_trains,
+            "longest_prompts": longest_prompts, "choices": choices,
             "planned_peak_bytes": planned, "measured_peak_bytes": measured,
             "ratio": measured / planned if planned else None, "planned_components": planned_components,
             "trained_sequences": [r.trained_sequences for r in records],
@@ -263,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2, help="with --job: steps to run (default 2)")
     parser.add_argument("--every-group-trains", action="store_true",
                         help="with --job: add a per-completion hash reward, so that every sequence trains")
+    parser.add_argument("--longest-prompts", action="store_true",
+                        help="with --job: train on the job's longest prompts only (the widest batch the plan budgets)")
     parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".test-cache" / "data")
     parser.add_argument("--judge", action="store_true", help="also judge every completion with the unquantized model")
     parser.add_argument("--gradient-checkpointing", action="store_true")
@@ -270,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.job is not None:
-        result = run_job_file(args.job, args.data_dir, args.steps, args.every_group_trains)
+        result = run_job_file(args.job, args.data_dir, args.steps, args.every_group_trains, args.longest_prompts)
         print(json.dumps(result, indent=2) if args.json else
               f"{args.job}: planned {format_bytes(result['planned_peak_bytes'])}, measured peak RSS "
               f"{format_bytes(result['measured_peak_bytes'])}, measured/planned {result['ratio']:.2f} "

@@ -47,14 +47,15 @@ OPTIMIZER_BYTES_PER_PARAM = {"adamw_32bit": 2 * 4, "paged_adamw_8bit": 2 * 1}
 # At the loss the logits, their fp32 log-softmax, the gradient of the
 # log-probs and the gradient of the logits are alive at once.
 LOGITS_COPIES_IN_TRAINING = 4
-# On the CPU, RSS grows past the live tensors: glibc keeps freed blocks in its
-# arenas, bitsandbytes' CPU path dequantizes each weight into temporaries in
-# forward and again in backward, oneDNN keeps scratch buffers. Fitted to two
-# runs of bench/memory_plan.py (SmolLM2-135M nf4 + LoRA, 32 x 72 tokens, with
-# and without checkpointing): RSS = 1.15 x the tensor arithmetic + 3.1 x
-# layers x (hidden + intermediate) elements per token.
-CPU_ACTIVATION_OVERHEAD = 1.15
-CPU_RETAINED_PER_TOKEN_LAYER_WIDTHS = 3.1
+# On the CPU a step's tensors cost more than autograd keeps: bitsandbytes' CPU
+# path dequantizes each weight into temporaries in forward and again in backward,
+# oneDNN keeps scratch buffers, and tensors under glibc's mmap threshold (pinned
+# at 4 MiB by the trainer, budget/host_allocator.py) stay in its heap. Fitted with
+# bench/train_memory_probe.py (the real Student and GrpoUpdater, SmolLM2-135M nf4
+# + LoRA r16 on q/k/v/o, fp32) at ten shapes, 8 x 64 to 8 x 522 tokens, with and
+# without checkpointing: RSS = 1.10 x the tensor arithmetic + 200 MiB.
+CPU_ACTIVATION_OVERHEAD = 1.10
+CPU_STEP_WORKING_BYTES = 200 * 2**20
 
 
 def weights_bytes(shape: ModelShape, quantization: str, dtype_bytes: int, double_quant: bool = False) -> int:
@@ -166,12 +167,11 @@ def activation_bytes(
     logits = LOGITS_COPIES_IN_TRAINING * micro_batch * logit_tokens * shape.vocab * FP32
     if device_kind != "cpu":
         return layers + logits
-    retained = CPU_RETAINED_PER_TOKEN_LAYER_WIDTHS * shape.layers * (shape.hidden + shape.intermediate)
-    return int((layers + logits) * CPU_ACTIVATION_OVERHEAD + retained * dtype_bytes * tokens)
+    return int((layers + logits) * CPU_ACTIVATION_OVERHEAD) + CPU_STEP_WORKING_BYTES
 
 
 def generation_working_bytes(shape: ModelShape, batch: int, prompt_tokens: int, dtype_bytes: int,
-                             engine: str = "hf") -> int:
+                             engine: str = "hf", new_tokens: int = 0) -> int:
     """Transient memory of generation besides the KV cache.
 
     Both engines compute logits for the last position only (transformers sets
@@ -179,13 +179,17 @@ def generation_working_bytes(shape: ModelShape, batch: int, prompt_tokens: int, 
     sequence. Prefill runs one layer at a time: its hidden states, q/k/v and
     SwiGLU intermediates are the largest temporaries. transformers prefills the
     whole batch at once; vLLM at most `VLLM_MAX_BATCHED_TOKENS` per forward.
+    The transformers engine also keeps every step's processed scores (fp32,
+    batch x vocab) until generation ends, to read the sampled tokens' logprobs
+    (engines/hf.py); vLLM returns only the sampled tokens' logprobs.
     """
     sampling = 2 * batch * shape.vocab * FP32
     tokens = batch * prompt_tokens
     if engine == "vllm":
         tokens = min(tokens, VLLM_MAX_BATCHED_TOKENS)
     prefill = tokens * (3 * shape.hidden + 3 * shape.intermediate) * dtype_bytes
-    return sampling + prefill
+    kept_scores = new_tokens * batch * shape.vocab * FP32 if engine == "hf" else 0
+    return sampling + prefill + kept_scores
 
 
 def kv_cache_bytes(shape: ModelShape, sequences: int, tokens_per_sequence: int, dtype_bytes: int) -> int:

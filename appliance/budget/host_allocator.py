@@ -8,7 +8,14 @@ the CPU peak RSS above the plan goes"), a trainer of the GRPO benchmark's
 workload V peaked at 4.46 GiB with the default and 4.10 GiB with the threshold
 pinned at 4 MiB, at the same seconds per step; pinning it at 1 MiB cut the
 peak to 3.45 GiB but cost 20% of step time. Setting the threshold also turns
-glibc's dynamic adjustment off. No-op where the C library is not glibc.
+glibc's dynamic adjustment off.
+
+It also makes the peak predictable, which the memory plan needs: with the
+dynamic threshold the same gsm8k-cpu step peaked at 7.96 GiB on a quiet box
+and 11.15 GiB beside another busy process (not pinned down; likely how much
+freed memory glibc keeps in its per-thread arenas, which depends on timing). The plan's CPU
+constants (budget/components.py) are fitted with the threshold pinned.
+No-op where the C library is not glibc.
 """
 
 from __future__ import annotations

@@ -102,9 +102,9 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
     judge_persistent = work.judge_engine == "vllm" and not s.time_share
     working = {
         "generate": c.generation_working_bytes(work.student, s.rollout_batch, work.prompt_tokens, work.dtype_bytes,
-                                               work.rollout_engine),
+                                               work.rollout_engine, work.new_tokens),
         "judge": c.generation_working_bytes(work.judge or work.student, s.judge_batch, work.judge_prompt_tokens,
-                                            work.dtype_bytes, work.judge_engine),
+                                            work.dtype_bytes, work.judge_engine, work.judge_new_tokens),
         "train": sizes["activations"],
     }
     names = ["generate", "judge", "train"] if work.judge is not None else ["generate", "train"]

@@ -43,6 +43,22 @@ POLICY_SAMPLING = {
 }
 
 
+def sampled_logprobs(scores: tuple[torch.Tensor, ...], generated: torch.Tensor) -> torch.Tensor:
+    """log p of each sampled token [batch, steps], from generate's per-step scores.
+
+    The scores are the processed logits the sampler drew from (temperature and
+    top-p applied). One step at a time, so that generation's peak holds the
+    scores transformers keeps plus one step, not two more copies of all of them
+    (a stack and its log-softmax: 1.6 GB for 32 sequences of 128 tokens over a
+    49k vocabulary).
+    """
+    steps = [torch.gather(torch.log_softmax(step.float(), dim=-1), 1, generated[:, index, None])
+             for index, step in enumerate(scores)]
+    if not steps:
+        return generated.new_zeros((generated.shape[0], 0), dtype=torch.float32)
+    return torch.cat(steps, dim=1)
+
+
 class HFEngine:
     """Generates with any transformers causal LM (plain, bitsandbytes-quantized or peft-wrapped)."""
 
@@ -126,9 +142,7 @@ class HFEngine:
         )
         prompt_width = encoded["input_ids"].shape[1]
         generated = output.sequences[:, prompt_width:]
-        # scores are the processed logits the sampler drew from (temperature / top-p applied).
-        scores = torch.stack(output.scores, dim=1).float()
-        chosen = torch.gather(torch.log_softmax(scores, dim=-1), 2, generated[:, :scores.shape[1]].unsqueeze(-1)).squeeze(-1)
+        chosen = sampled_logprobs(output.scores, generated)
         completions = []
         for row, (prompt_index, _) in enumerate(batch):
             tokens = generated[row].tolist()

@@ -19,19 +19,21 @@ MAX_MEASURED = 4096
 OPENINGS_MEASURED = 64
 
 
+def prompt_tokens(task, problem, tokenizer) -> int:
+    """Tokens of one problem's prompt as the student sees it (chat template and generation prompt included)."""
+    ids = tokenizer.apply_chat_template(task.messages(problem), tokenize=True, add_generation_prompt=True)
+    if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding (a UserDict, not a dict)
+        ids = ids["input_ids"]
+    return len(ids)
+
+
 def longest_prompt_tokens(task, tokenizer, limit: int = MAX_MEASURED) -> int:
     """Tokens of the longest training prompt (chat template and generation prompt included)."""
     problems = list(task.train)
     if len(problems) > limit:
         stride = len(problems) / limit
         problems = [problems[int(i * stride)] for i in range(limit)]
-    longest = 0
-    for problem in problems:
-        ids = tokenizer.apply_chat_template(task.messages(problem), tokenize=True, add_generation_prompt=True)
-        if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding (a UserDict, not a dict)
-            ids = ids["input_ids"]
-        longest = max(longest, len(ids))
-    return longest
+    return max((prompt_tokens(task, problem, tokenizer) for problem in problems), default=0)
 
 
 def longest_opening_tokens(environment, tokenizer, scenarios: int = OPENINGS_MEASURED) -> int | None:

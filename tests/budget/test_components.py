@@ -123,3 +123,12 @@ def test_nf4_weights_match_what_bitsandbytes_allocates_for_the_bundled_model(dem
             allocated += state.absmax.numel() * state.absmax.element_size()
     planned = c.weights_bytes(shape_from_config(config), "nf4", 4)
     assert allocated == pytest.approx(planned, rel=0.02)
+
+
+def test_transformers_generation_keeps_every_steps_scores_and_vllm_does_not():
+    llama = shape("Llama-3.1-8B")
+    without = c.generation_working_bytes(llama, 32, 100, 4, "hf")
+    kept = c.generation_working_bytes(llama, 32, 100, 4, "hf", new_tokens=128)
+    assert kept - without == 128 * 32 * llama.vocab * 4
+    assert c.generation_working_bytes(llama, 32, 100, 4, "vllm", new_tokens=128) == c.generation_working_bytes(
+        llama, 32, 100, 4, "vllm")
