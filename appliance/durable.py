@@ -1,11 +1,14 @@
-"""Making a rename or a new file durable: the one fsync of a folder the checkpoints and job files share.
+"""Durable files: a file written whole or not at all, and the fsync of a folder after a rename.
 
-Standard library only, so that the daemon's modules can use it without torch.
+The checkpoints, the model store's manifests, the daemon's job files and the
+external-rollout job files all write through here. Standard library only, so
+that the daemon's modules can use it without torch.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -16,3 +19,28 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write `text` to `path` whole or not at all, durably: a temporary file in the same folder (created with
+    `mode`), fsynced, renamed over `path`, then the folder fsynced. A crash leaves the old file or the new one,
+    and at worst a temporary file that `is_temporary` recognises."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def is_temporary(path: Path) -> bool:
+    """A file `write_atomically` left behind when the process died before its rename (never a finished file)."""
+    return path.name.startswith(".") and path.name.endswith(".tmp")

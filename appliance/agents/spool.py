@@ -36,9 +36,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from appliance.agents.job_files import is_temporary, private_dir, write_private
+from appliance.agents.job_files import private_dir, write_private
 from appliance.agents.trajectory import TrajectoryGroup
-from appliance.durable import fsync_dir
+from appliance.durable import fsync_dir, is_temporary
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 from appliance.export.errors import ExportError
-from appliance.models.store import atomic_write_text, file_table, sha256_file
+from appliance.durable import write_atomically
+from appliance.models.store import file_table, sha256_file
 
 EXPORT_MANIFEST = "export.json"
 EXPORT_SCHEMA = 1
@@ -29,7 +30,7 @@ def tree_digest(files: dict[str, dict]) -> str:
 def write_export_manifest(folder: Path, description: dict) -> dict:
     """Hash every file in `folder` (the manifest itself excepted) and write export.json atomically."""
     manifest = {"schema": EXPORT_SCHEMA, **description, "files": file_table(folder, skip=(EXPORT_MANIFEST,))}
-    atomic_write_text(Path(folder) / EXPORT_MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    write_atomically(Path(folder) / EXPORT_MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

@@ -24,7 +24,8 @@ from appliance.engines.hf import HFEngine
 from appliance.grpo.student import Student
 from appliance.grpo.trainer import RuntimeChoices, Trainer
 from appliance.models.loading import default_device
-from appliance.models.store import atomic_write_text, resolve_model
+from appliance.durable import write_atomically
+from appliance.models.store import resolve_model
 from appliance.paths import jobs_dir
 from appliance.rewards.registry import WeightedReward, build_rewards
 from appliance.tasks.load import load_task
@@ -58,7 +59,7 @@ def prepare_job_dir(data_dir: Path, spec: JobSpec, resume: bool, restart: bool) 
             )
     job_dir.mkdir(parents=True, exist_ok=True)
     if not frozen.is_file():
-        atomic_write_text(frozen, frozen_spec_text(spec))
+        write_atomically(frozen, frozen_spec_text(spec))
     return job_dir
 
 

@@ -115,7 +115,7 @@ def _drive(trainer, spec: JobSpec, resume: bool, evaluate: bool, eval_limit: int
         trackers.close()
     after = held_out_eval(adapter=True, when="after") if evaluate else None
     if evaluations:
-        from appliance.models.store import atomic_write_text
+        from appliance.durable import write_atomically
 
-        atomic_write_text(trainer.job_dir / "eval.json", json.dumps(evaluations, indent=2))
+        write_atomically(trainer.job_dir / "eval.json", json.dumps(evaluations, indent=2))
     return RunResult("completed", trainer.step, None, trainer.checkpoints.best_state(), before, after)

@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 from appliance.paths import models_dir
 
@@ -91,24 +92,8 @@ def write_manifest(folder: Path, source: str) -> dict:
         "source": source,
         "files": files,
     }
-    atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    write_atomically(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary name, fsync, rename: the file is whole or absent."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 class ModelStore:

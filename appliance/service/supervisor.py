@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 from appliance.paths import jobs_dir
 from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
@@ -219,7 +220,7 @@ class Supervisor:
             raise
         job_dir = self.job_dir(job.id)
         job_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(job_dir / "job.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        write_atomically(job_dir / "job.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), mode=0o644)
         self._publish_counts()
         self.wake()
         return job
@@ -466,12 +467,3 @@ def _wait_gone(pgid: int, timeout: float) -> None:
     deadline = time.time() + timeout
     while _is_worker_group(pgid) and time.time() < deadline:
         time.sleep(0.05)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
