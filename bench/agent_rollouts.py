@@ -35,6 +35,7 @@ from appliance.engines.base import Sampling
 from appliance.engines.hf import HFEngine
 from appliance.models.provision import DEMO_MODEL_NAME, provision_demo
 from appliance.models.store import ModelStore
+from scratch_data import link_model_store
 
 ENVIRONMENTS = {"builtin:calculator": {}, "builtin:email_search": {}, "builtin:game2048": {"max_turns": 4}}
 
@@ -88,10 +89,7 @@ def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, to
         job_file.write_text(TRAIN_JOB.format(short=short, steps=steps, scenarios=scenarios, group=group,
                                              tokens=tokens, turns=turns, options=json.dumps(options)))
         run_data = folder / "data"  # a fresh data dir that sees the provisioned models
-        (run_data / "models").mkdir(parents=True)
-        for model in (data_dir / "models").iterdir():
-            if not model.name.startswith("."):
-                (run_data / "models" / model.name).symlink_to(model.resolve())
+        link_model_store(data_dir, run_data)
         job_dir = run_data / "jobs" / f"bench-{short}"
         load_before = os.getloadavg()[0]
         started = time.monotonic()

@@ -34,6 +34,7 @@ from appliance.budget.device import process_rss_bytes, probe_device
 from appliance.budget.plan import plan_job
 from appliance.config.load import parse_job_text
 from appliance.config.sizes import format_bytes
+from scratch_data import link_model_store
 
 PROMPT_TOKENS, NEW_TOKENS, JUDGE_NEW_TOKENS, GROUP_SIZE = 48, 24, 8, 8
 VmHWM = "VmHWM"
@@ -263,10 +264,7 @@ def run_job_file(job_file: Path, data_dir: Path, steps: int, every_group_trains:
         if longest_prompts:
             spec = with_longest_prompts(spec, data_dir, job_file, run_data,
                                         spec.grpo.prompts_per_step * spec.grpo.steps)
-        (run_data / "models").mkdir()
-        for model in (data_dir / "models").iterdir():
-            if not model.name.startswith("."):
-                (run_data / "models" / model.name).symlink_to(model.resolve())
+        link_model_store(data_dir, run_data)
         run_job(spec, run_data, run_data / "jobs" / spec.name, job_file_dir=job_file.resolve().parent,
                 on_step=records.append, on_event=on_event)
         last = records[-1]

@@ -15,7 +15,6 @@ import appliance.offline  # noqa: F401  (must precede every ML import)
 
 import argparse
 import json
-import os
 import resource
 import tempfile
 import time
@@ -23,16 +22,10 @@ from pathlib import Path
 
 import torch
 
+from scratch_data import link_model_store
 from workload import TORCH_THREADS, WORKLOADS, job_spec
 
 DEFAULT_STORE = Path(__file__).resolve().parent.parent / ".test-cache" / "data"
-
-
-def link_model_store(store: Path, data_dir: Path) -> None:
-    (data_dir / "models").mkdir(parents=True)
-    for model in (store / "models").iterdir():
-        if not model.name.startswith("."):
-            os.symlink(model, data_dir / "models" / model.name)
 
 
 def run(rollout_weights: str, warmup: int, measured: int, store: Path, workload: str = "P") -> dict:
