@@ -13,9 +13,9 @@ glibc's dynamic adjustment off.
 It also makes the peak predictable, which the memory plan needs: with the
 dynamic threshold the same gsm8k-cpu step peaked at 7.96 GiB on a quiet box
 and 11.15 GiB beside another busy process (not pinned down; likely how much
-freed memory glibc keeps in its per-thread arenas, which depends on timing). The plan's CPU
-constants (budget/components.py) are fitted with the threshold pinned.
-No-op where the C library is not glibc.
+freed memory glibc keeps in its per-thread arenas, which depends on timing);
+pinned, at 7.96 and 8.07 GiB. The plan's CPU constants (budget/components.py)
+are fitted with the threshold pinned. No-op where the C library is not glibc.
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ import yaml
 
 from appliance.budget.host_allocator import pin_mmap_threshold
 from appliance.config.schema import JobSpec
+from appliance.durable import write_atomically
 from appliance.engines.hf import HFEngine
 from appliance.grpo.student import Student
 from appliance.grpo.trainer import RuntimeChoices, Trainer
 from appliance.models.loading import default_device
-from appliance.durable import write_atomically
 from appliance.models.store import resolve_model
 from appliance.paths import jobs_dir
 from appliance.rewards.registry import WeightedReward, build_rewards
