@@ -208,7 +208,7 @@ def with_longest_prompts(spec, data_dir: Path, job_file: Path, scratch: Path, co
     """`spec` training on only its `count` longest training prompts (chat template included), held_out 0.
 
     The plan budgets the longest prompt of the whole dataset; a step's batch is only as wide as the prompts
-    it drew. gsm8k's prompts run from about 90 to 270 tokens, so a step on random prompts measures a batch
+    it drew. gsm8k's training prompts run from 55 to 266 tokens (median 99), so a step on random prompts measures a batch
     far narrower than the one planned. The problems go to a scratch JSONL dataset in the same order.
     """
     from appliance.grpo.prompt_lengths import prompt_tokens

@@ -10,8 +10,8 @@ a fresh interpreter so that no earlier shape's heap is counted:
 
 A shape is SEQUENCESxPROMPT+COMPLETION tokens, all in one micro-batch. Each line
 gives the RSS after loading, the update's peak (VmHWM, reset before it), the
-planner's train-phase activations for that shape and what the plan implies for
-the peak (RSS after loading + activations).
+measured activations (peak - RSS after loading) and the planner's train-phase
+activations for that shape, with their ratio.
 """
 
 from __future__ import annotations
