@@ -29,8 +29,9 @@ demo: venv
 	$(BIN)/appliance models provision-demo
 	$(BIN)/appliance train examples/multiply.yaml --restart --eval
 
-# The linter and the import contracts (DESIGN.md "Who may import whom") run before the tests.
+# The formatter, the linter and the import contracts (DESIGN.md "Who may import whom") run before the tests.
 lint: venv
+	$(BIN)/ruff format --check appliance tui tests bench
 	$(BIN)/ruff check appliance tui tests bench
 	$(BIN)/lint-imports
 

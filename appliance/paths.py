@@ -52,6 +52,7 @@ def exports_dir(data_dir: Path) -> Path:
 
 # ----- inside one job's folder (<data-dir>/jobs/<id>/, or the folder `appliance train` was given) -----
 
+
 def submitted_groups_dir(job_dir: Path) -> Path:
     """Trajectory groups an external-rollout job accepted and has not yet trained into a checkpoint."""
     return Path(job_dir) / "submitted"

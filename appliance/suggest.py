@@ -16,6 +16,6 @@ def closest(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | 
 
 
 def did_you_mean(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str:
-    """"; did you mean 'x'?" or "" — ready to append to an error message."""
+    """ "; did you mean 'x'?" or "" — ready to append to an error message."""
     match = closest(word, candidates, cutoff)
     return f"; did you mean '{match}'?" if match else ""

@@ -51,9 +51,12 @@ def measure(engine, name: str, options: dict, scenarios: int, group: int, max_ne
     tokenized = [tokenize_trajectory(engine.tokenizer, t) for g in groups for t in g.trajectories]
     trajectories = [t for g in groups for t in g.trajectories]
     return {
-        "environment": name, "rollouts": len(trajectories), "seconds": round(seconds, 1),
+        "environment": name,
+        "rollouts": len(trajectories),
+        "seconds": round(seconds, 1),
         "rollouts_per_second": round(len(trajectories) / seconds, 3),
-        "engine_calls": len(client.batch_sizes), "batch_sizes": client.batch_sizes,
+        "engine_calls": len(client.batch_sizes),
+        "batch_sizes": client.batch_sizes,
         "turns_mean": statistics.mean(t.metrics["turns"] for t in trajectories),
         "trained_tokens": [t.trained_tokens for t in tokenized],
         "context_tokens": [t.context_tokens for t in tokenized],
@@ -76,18 +79,29 @@ checkpoint: {{every: {steps}}}
 """
 
 
-def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, tokens: int, turns: int,
-          options: dict) -> None:
+def train(
+    data_dir: Path, short: str, steps: int, scenarios: int, group: int, tokens: int, turns: int, options: dict
+) -> None:
     import tempfile
 
     from appliance.config.checks import load_checked_job
     from appliance.grpo.records import read_jsonl
     from appliance.grpo.run import run_job
+
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         job_file = folder / "job.yaml"
-        job_file.write_text(TRAIN_JOB.format(short=short, steps=steps, scenarios=scenarios, group=group,
-                                             tokens=tokens, turns=turns, options=json.dumps(options)))
+        job_file.write_text(
+            TRAIN_JOB.format(
+                short=short,
+                steps=steps,
+                scenarios=scenarios,
+                group=group,
+                tokens=tokens,
+                turns=turns,
+                options=json.dumps(options),
+            )
+        )
         run_data = folder / "data"  # a fresh data dir that sees the provisioned models
         link_model_store(data_dir, run_data)
         job_dir = run_data / "jobs" / f"bench-{short}"
@@ -99,27 +113,44 @@ def train(data_dir: Path, short: str, steps: int, scenarios: int, group: int, to
         records = read_jsonl(job_dir / "metrics.jsonl")
         for record in records:
             mine = [s for s in samples if s["step"] == record["step"]]
-            print(json.dumps({
-                "environment": short, "step": record["step"], "reward_mean": round(record["reward_mean"], 3),
-                "groups_informative": f"{record['groups_informative']}/{record['groups_total']}",
-                "seconds": round(record["seconds"]["step"], 1), "trained_tokens_step": record["trained_tokens"],
-                "trajectory_trained_tokens": [s["trained_tokens"] for s in mine],
-                "trajectory_context_tokens": [s["context_tokens"] for s in mine],
-                "tool_calls": sum(s["metrics"].get("tool_calls", 0) for s in mine),
-                "invalid_or_malformed_calls": sum(s["metrics"].get("invalid_calls", 0)
-                                                  + s["metrics"].get("malformed_calls", 0) for s in mine),
-                "successes": sum(s["metrics"].get("success", 0) >= 1 for s in mine),
-            }), flush=True)
-        print(json.dumps({
-            "environment": short, "options": options, "steps": len(records), "minutes": round(minutes, 2),
-            "steps_per_minute": round(len(records) / minutes, 3),
-            "reward_per_step": [round(r["reward_mean"], 3) for r in records],
-            "groups_informative": sum(r["groups_informative"] for r in records),
-            "groups_total": sum(r["groups_total"] for r in records),
-            "trained_tokens_per_trajectory": round(statistics.mean(s["trained_tokens"] for s in samples), 1),
-            "context_tokens_per_trajectory": round(statistics.mean(s["context_tokens"] for s in samples), 1),
-            "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "environment": short,
+                        "step": record["step"],
+                        "reward_mean": round(record["reward_mean"], 3),
+                        "groups_informative": f"{record['groups_informative']}/{record['groups_total']}",
+                        "seconds": round(record["seconds"]["step"], 1),
+                        "trained_tokens_step": record["trained_tokens"],
+                        "trajectory_trained_tokens": [s["trained_tokens"] for s in mine],
+                        "trajectory_context_tokens": [s["context_tokens"] for s in mine],
+                        "tool_calls": sum(s["metrics"].get("tool_calls", 0) for s in mine),
+                        "invalid_or_malformed_calls": sum(
+                            s["metrics"].get("invalid_calls", 0) + s["metrics"].get("malformed_calls", 0) for s in mine
+                        ),
+                        "successes": sum(s["metrics"].get("success", 0) >= 1 for s in mine),
+                    }
+                ),
+                flush=True,
+            )
+        print(
+            json.dumps(
+                {
+                    "environment": short,
+                    "options": options,
+                    "steps": len(records),
+                    "minutes": round(minutes, 2),
+                    "steps_per_minute": round(len(records) / minutes, 3),
+                    "reward_per_step": [round(r["reward_mean"], 3) for r in records],
+                    "groups_informative": sum(r["groups_informative"] for r in records),
+                    "groups_total": sum(r["groups_total"] for r in records),
+                    "trained_tokens_per_trajectory": round(statistics.mean(s["trained_tokens"] for s in samples), 1),
+                    "context_tokens_per_trajectory": round(statistics.mean(s["context_tokens"] for s in samples), 1),
+                    "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                }
+            ),
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -129,12 +160,22 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-turns", type=int, default=None, help="override every environment's turn limit")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--train", type=int, default=0, metavar="STEPS",
-                        help="train STEPS steps of an agent job per environment instead of timing rollouts")
-    parser.add_argument("--environments", default=",".join(ENVIRONMENTS),
-                        help="comma-separated built-in environments (default: all)")
-    parser.add_argument("--options", type=json.loads, default={},
-                        help='with --train: task.environment_options for each, as JSON (e.g. \'{"worked_examples": 1}\')')
+    parser.add_argument(
+        "--train",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="train STEPS steps of an agent job per environment instead of timing rollouts",
+    )
+    parser.add_argument(
+        "--environments", default=",".join(ENVIRONMENTS), help="comma-separated built-in environments (default: all)"
+    )
+    parser.add_argument(
+        "--options",
+        type=json.loads,
+        default={},
+        help="with --train: task.environment_options for each, as JSON (e.g. '{\"worked_examples\": 1}')",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data_dir = Path(os.environ.get("APPLIANCE_TEST_DATA_DIR", ".test-cache/data"))
@@ -145,14 +186,24 @@ def main() -> None:
         parser.error(f"--environments: unknown {', '.join(unknown)} (built-ins: {', '.join(ENVIRONMENTS)})")
     if args.train:
         for name in chosen:
-            train(data_dir, name.removeprefix("builtin:"), args.train, args.scenarios, args.group,
-                  args.max_new_tokens, args.max_turns or 3, args.options)
+            train(
+                data_dir,
+                name.removeprefix("builtin:"),
+                args.train,
+                args.scenarios,
+                args.group,
+                args.max_new_tokens,
+                args.max_turns or 3,
+                args.options,
+            )
         return
     engine = HFEngine.load(ModelStore(data_dir).verify(DEMO_MODEL_NAME).path)
     for name in chosen:
         options = ENVIRONMENTS[name]
-        print(json.dumps(measure(engine, name, options, args.scenarios, args.group, args.max_new_tokens,
-                                 args.max_turns)), flush=True)
+        print(
+            json.dumps(measure(engine, name, options, args.scenarios, args.group, args.max_new_tokens, args.max_turns)),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,11 @@ SIDES = ("train", "daemon")
 
 
 def job_text(steps: int, group_size: int = 4, max_new_tokens: int = 16) -> str:
-    return tiny_job("bench", steps=steps).replace("group_size: 2", f"group_size: {group_size}").replace(
-        "max_new_tokens: 8", f"max_new_tokens: {max_new_tokens}")
+    return (
+        tiny_job("bench", steps=steps)
+        .replace("group_size: 2", f"group_size: {group_size}")
+        .replace("max_new_tokens: 8", f"max_new_tokens: {max_new_tokens}")
+    )
 
 
 def step_measures(job_dir: Path, warmup: int) -> dict[str, list[float]]:
@@ -54,7 +57,9 @@ def step_measures(job_dir: Path, warmup: int) -> dict[str, list[float]]:
     steps = [row["step"] for row in rows]
     if steps != list(range(1, len(rows) + 1)) or len(rows) <= warmup + 1:
         raise SystemExit(f"{job_dir}/metrics.jsonl: steps {steps}; expected 1..N with N > warmup + 1")
-    intervals = [later["time"] - earlier["time"] for earlier, later in zip(rows, rows[1:]) if later["step"] > warmup + 1]
+    intervals = [
+        later["time"] - earlier["time"] for earlier, later in zip(rows, rows[1:]) if later["step"] > warmup + 1
+    ]
     return {"step": [row["seconds"]["step"] for row in rows if row["step"] > warmup], "interval": intervals}
 
 
@@ -63,8 +68,13 @@ def foreground(work: Path, job_yaml: str, warmup: int) -> dict:
     job = work / "bench.yaml"
     job.write_text(job_yaml)
     began = time.monotonic()
-    subprocess.run([sys.executable, "-m", "appliance", "train", str(job), "--data-dir", str(data)], check=True,
-                   env=daemon_env(), cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "appliance", "train", str(job), "--data-dir", str(data)],
+        check=True,
+        env=daemon_env(),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     return {"wall_seconds": time.monotonic() - began, **step_measures(data / "jobs" / "bench", warmup)}
 
 
@@ -97,8 +107,10 @@ def ratio_of_medians(runs: dict[str, list[dict]], measure: str) -> tuple[dict[st
 def pair_ratios(runs: dict[str, list[dict]], measure: str) -> list[float]:
     """daemon / train of each round (adjacent runs): a load that drifts over the whole benchmark shows up
     here as ratios that disagree with each other."""
-    return [statistics.median(daemon[measure]) / statistics.median(train[measure])
-            for train, daemon in zip(runs["train"], runs["daemon"])]
+    return [
+        statistics.median(daemon[measure]) / statistics.median(train[measure])
+        for train, daemon in zip(runs["train"], runs["daemon"])
+    ]
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
@@ -106,9 +118,11 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     for measure in ("step", "interval"):
         medians, ratio = ratio_of_medians(runs, measure)
         summary[measure] = {"median_seconds": medians, "ratio": ratio, "round_ratios": pair_ratios(runs, measure)}
-        print(f"{measure:>8}: median of run medians: train {medians['train']:.3f} s, daemon {medians['daemon']:.3f} s, "
-              f"ratio {ratio:.3f} (goal <= 1.05); per round: "
-              + ", ".join(f"{r:.3f}" for r in summary[measure]["round_ratios"]))
+        print(
+            f"{measure:>8}: median of run medians: train {medians['train']:.3f} s, daemon {medians['daemon']:.3f} s, "
+            f"ratio {ratio:.3f} (goal <= 1.05); per round: "
+            + ", ".join(f"{r:.3f}" for r in summary[measure]["round_ratios"])
+        )
     return summary
 
 
@@ -124,8 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 2 or args.steps < args.warmup + 2:
         parser.error("--rounds must be at least 2 and --steps at least --warmup + 2")
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    print(f"{'run':>3}  {'side':>6}  {'s/step med':>10}  {'interval med':>12}  {'wall s':>7}  {'load before':>11}  "
-          f"{'load after':>10}", flush=True)
+    print(
+        f"{'run':>3}  {'side':>6}  {'s/step med':>10}  {'interval med':>12}  {'wall s':>7}  {'load before':>11}  "
+        f"{'load after':>10}",
+        flush=True,
+    )
     for _ in range(args.rounds):
         for side, run in (("train", foreground), ("daemon", under_daemon)):
             load_before = os.getloadavg()[0]
@@ -133,14 +150,20 @@ def main(argv: list[str] | None = None) -> int:
                 result = run(Path(work), job_yaml, args.warmup)
             result.update(load_before=load_before, load_after=os.getloadavg()[0])
             runs[side].append(result)
-            print(f"{len(runs['train']) + len(runs['daemon']):>3}  {side:>6}  "
-                  f"{statistics.median(result['step']):>10.2f}  {statistics.median(result['interval']):>12.2f}  "
-                  f"{result['wall_seconds']:>7.1f}  {load_before:>11.2f}  {result['load_after']:>10.2f}", flush=True)
+            print(
+                f"{len(runs['train']) + len(runs['daemon']):>3}  {side:>6}  "
+                f"{statistics.median(result['step']):>10.2f}  {statistics.median(result['interval']):>12.2f}  "
+                f"{result['wall_seconds']:>7.1f}  {load_before:>11.2f}  {result['load_after']:>10.2f}",
+                flush=True,
+            )
     summary = summarize(runs)
     out = ROOT / "bench" / "results" / "daemon_overhead.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"job": job_yaml, "warmup": args.warmup, "cpus": os.cpu_count(),
-                               "runs": runs, "summary": summary}, indent=2))
+    out.write_text(
+        json.dumps(
+            {"job": job_yaml, "warmup": args.warmup, "cpus": os.cpu_count(), "runs": runs, "summary": summary}, indent=2
+        )
+    )
     print(f"results: {out}")
     return 0
 

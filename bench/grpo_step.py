@@ -39,6 +39,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
 from workload import WORKLOADS  # noqa: E402
+
 DEFAULT_TRL_PYTHON = Path("/work/.venv-trl/bin/python")
 SIDES = ("ours", "ours-shared", "trl")
 
@@ -69,16 +70,22 @@ def run_side(side: str, trl_python: Path, warmup: int, measured: int, workload: 
         print(f"--- {workload} {side}: starting", flush=True)
         sampler.start()
         try:
-            subprocess.run(worker_command(side, trl_python, out, warmup, measured, workload), env=env,
-                           cwd=PROJECT_DIR, check=True)
+            subprocess.run(
+                worker_command(side, trl_python, out, warmup, measured, workload), env=env, cwd=PROJECT_DIR, check=True
+            )
         finally:
             done.set()
             sampler.join()
         result = json.loads(out.read_text())
     result["wall_seconds"] = time.monotonic() - started
     result["started"] = time.strftime("%H:%M:%S", time.gmtime(time.time() - result["wall_seconds"]))
-    result["load_average"] = {"start": samples[0], "mean": statistics.fmean(samples), "max": max(samples),
-                              "end": os.getloadavg()[0], "samples": len(samples)}
+    result["load_average"] = {
+        "start": samples[0],
+        "mean": statistics.fmean(samples),
+        "max": max(samples),
+        "end": os.getloadavg()[0],
+        "samples": len(samples),
+    }
     return summarise(result)
 
 
@@ -102,19 +109,25 @@ def ratios(ours: dict, trl: dict) -> dict:
 
 
 def table(results: dict[str, dict]) -> str:
-    lines = [f"{'side':<14}{'s/step':>10}{'sd':>7}{'compl/s':>10}{'peak RSS GiB':>14}{'load s':>9}"
-             f"{'load avg mean/max':>19}  rollout weights"]
+    lines = [
+        f"{'side':<14}{'s/step':>10}{'sd':>7}{'compl/s':>10}{'peak RSS GiB':>14}{'load s':>9}"
+        f"{'load avg mean/max':>19}  rollout weights"
+    ]
     for side, r in results.items():
         weights = r.get("choices", {}).get("rollout_weights", "-")
         load = r["load_average"]
-        lines.append(f"{side:<14}{r['seconds_per_step']:>10.1f}{r['seconds_per_step_stdev']:>7.1f}"
-                     f"{r['completions_per_second']:>10.3f}{r['peak_rss_bytes'] / 2**30:>14.2f}"
-                     f"{r['load_seconds']:>9.1f}{load['mean']:>12.1f} / {load['max']:<4.1f}  {weights}")
+        lines.append(
+            f"{side:<14}{r['seconds_per_step']:>10.1f}{r['seconds_per_step_stdev']:>7.1f}"
+            f"{r['completions_per_second']:>10.3f}{r['peak_rss_bytes'] / 2**30:>14.2f}"
+            f"{r['load_seconds']:>9.1f}{load['mean']:>12.1f} / {load['max']:<4.1f}  {weights}"
+        )
     if "trl" in results:
         for side in (s for s in results if s != "trl"):
             q = ratios(results[side], results["trl"])
-            lines.append(f"{side} / trl: s/step x{q['seconds_per_step']:.2f}, completions/s "
-                         f"x{q['completions_per_second']:.2f}, peak RSS x{q['peak_rss']:.2f}")
+            lines.append(
+                f"{side} / trl: s/step x{q['seconds_per_step']:.2f}, completions/s "
+                f"x{q['completions_per_second']:.2f}, peak RSS x{q['peak_rss']:.2f}"
+            )
     return "\n".join(lines)
 
 
@@ -141,8 +154,13 @@ def main() -> None:
         parser.error(f"--workloads: choose from {', '.join(WORKLOADS)}")
 
     load_before = os.getloadavg()
-    report = {"warmup_steps": args.warmup, "measured_steps": args.measured, "load_average_before": load_before,
-              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workloads": {}}
+    report = {
+        "warmup_steps": args.warmup,
+        "measured_steps": args.measured,
+        "load_average_before": load_before,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "workloads": {},
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for index, workload in enumerate(workloads):
         order = sides if index % 2 == 0 else sides[::-1]
@@ -150,7 +168,8 @@ def main() -> None:
         report["workloads"][workload] = {
             "sides": results,
             "ratios_vs_trl": {side: ratios(r, results["trl"]) for side, r in results.items() if side != "trl"}
-            if "trl" in results else {},
+            if "trl" in results
+            else {},
         }
         print(f"workload {workload}:\n{table(results)}", flush=True)
         args.out.write_text(json.dumps(report, indent=2))  # after each workload, so a cut-off run keeps the first

@@ -55,8 +55,14 @@ def main() -> int:
     reports = []
     for mode in args.modes.split(","):
         for scoring in args.scorings.split(","):
-            spec = JudgeSpec(model=args.model, mode=mode, scoring=scoring, max_new_tokens=args.max_new_tokens,
-                             timeout_seconds=3600, cache=False)
+            spec = JudgeSpec(
+                model=args.model,
+                mode=mode,
+                scoring=scoring,
+                max_new_tokens=args.max_new_tokens,
+                timeout_seconds=3600,
+                cache=False,
+            )
             report = evaluate_judge(rows, lambda log_path, spec=spec: Judge(spec, engine, log_path))
             reports.append(report)
             print(format_table([report]).splitlines()[1], flush=True)
@@ -67,12 +73,24 @@ def main() -> int:
         probabilities, generate = by_key.get((mode, "probabilities")), by_key.get((mode, "generate"))
         if probabilities and generate:
             ratios[mode] = generate.seconds_per_completion / probabilities.seconds_per_completion
-            print(f"{mode}: reasoned {generate.seconds_per_completion:.3f} s / probabilities "
-                  f"{probabilities.seconds_per_completion:.3f} s per judged completion = {ratios[mode]:.1f}x")
+            print(
+                f"{mode}: reasoned {generate.seconds_per_completion:.3f} s / probabilities "
+                f"{probabilities.seconds_per_completion:.3f} s per judged completion = {ratios[mode]:.1f}x"
+            )
     if args.out:
-        args.out.write_text(json.dumps({"device": device, "model_dir": str(model_dir), "rows": len(rows),
-                                        "torch": torch.__version__, "reports": [r.to_dict() for r in reports],
-                                        "reasoned_over_probabilities": ratios}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "device": device,
+                    "model_dir": str(model_dir),
+                    "rows": len(rows),
+                    "torch": torch.__version__,
+                    "reports": [r.to_dict() for r in reports],
+                    "reasoned_over_probabilities": ratios,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

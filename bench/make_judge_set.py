@@ -31,16 +31,22 @@ from appliance.tasks.load import load_task  # noqa: E402
 
 # (job file whose task section and prompt are used, problems, new tokens). Each problem is answered
 # twice: greedily and at temperature 1.0 (seeded), so right and wrong answers to a question both occur.
-SOURCES = [("multiply", REPO / "examples" / "multiply.yaml", 70, 24),
-           ("gsm8k", REPO / "examples" / "gsm8k-cpu.yaml", 30, 160)]
+SOURCES = [
+    ("multiply", REPO / "examples" / "multiply.yaml", 70, 24),
+    ("gsm8k", REPO / "examples" / "gsm8k-cpu.yaml", 30, 160),
+]
 TEMPERATURES = (0.0, 1.0)
 SEED = 20261122
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=None, help="data dir whose model store holds the bundled model")
-    parser.add_argument("--model-dir", type=Path, default=None, help="the bundled model's HF folder instead of the store")
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="data dir whose model store holds the bundled model"
+    )
+    parser.add_argument(
+        "--model-dir", type=Path, default=None, help="the bundled model's HF folder instead of the store"
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (float32 either way)")
     parser.add_argument("--out", type=Path, default=REPO / "appliance" / "judge" / "data" / "judge_set.jsonl")
     args = parser.parse_args()
@@ -54,16 +60,28 @@ def main() -> int:
         task = load_task(spec.task, job_file.parent)
         problems = random.Random(SEED).sample(task.held_out + task.train, count)
         prompts = [engine.render_chat(task.messages(problem)) for problem in problems]
-        outputs = [engine.generate(prompts, Sampling(max_new_tokens=new_tokens, temperature=t, seed=SEED))
-                   for t in TEMPERATURES]
+        outputs = [
+            engine.generate(prompts, Sampling(max_new_tokens=new_tokens, temperature=t, seed=SEED))
+            for t in TEMPERATURES
+        ]
         for problem, *answers in zip(problems, *outputs):
             completions = [answer[0] for answer in answers]
             for index, completion in enumerate(completions):
                 label = correctness(problem.question, completion.text, problem.answer, problem.metadata)
-                rows.append({"id": f"{problem.id}-{index}", "task": name, "question": problem.question,
-                             "reference": problem.answer, "response": completion.text, "label": int(label)})
-        print(f"{name}: {len(problems) * len(TEMPERATURES)} rows, {sum(r['label'] for r in rows if r['task'] == name)} correct",
-              file=sys.stderr)
+                rows.append(
+                    {
+                        "id": f"{problem.id}-{index}",
+                        "task": name,
+                        "question": problem.question,
+                        "reference": problem.answer,
+                        "response": completion.text,
+                        "label": int(label),
+                    }
+                )
+        print(
+            f"{name}: {len(problems) * len(TEMPERATURES)} rows, {sum(r['label'] for r in rows if r['task'] == name)} correct",
+            file=sys.stderr,
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     print(f"wrote {len(rows)} rows to {args.out}", file=sys.stderr)

@@ -43,7 +43,9 @@ VmHWM = "VmHWM"
 def job_text(judge: bool, checkpointing: bool, sequences: int) -> str:
     judge_section = (
         "judge: {model: smollm2-135m-instruct, quantization: none, mode: pointwise, "
-        f"max_new_tokens: {JUDGE_NEW_TOKENS}}}\n" if judge else ""
+        f"max_new_tokens: {JUDGE_NEW_TOKENS}}}\n"
+        if judge
+        else ""
     )
     rewards = "[{name: correctness}, {name: judge}]" if judge else "[{name: correctness}]"
     return (
@@ -110,13 +112,17 @@ def run(data_dir: Path, judge: bool, checkpointing: bool, sequences: int = 32) -
     plan = plan_job(job, config, config if judge else None, probe_device("cpu"))
 
     torch.manual_seed(0)
-    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                      bnb_4bit_compute_dtype=torch.float32)
-    student = AutoModelForCausalLM.from_pretrained(str(model_dir), quantization_config=quantization,
-                                                   dtype=torch.float32, device_map="cpu")
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+    )
+    student = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), quantization_config=quantization, dtype=torch.float32, device_map="cpu"
+    )
     keep_4bit_weights_trainable(student)
-    student = get_peft_model(student, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
-                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    student = get_peft_model(
+        student,
+        LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    )
     judge_model = None
     if judge:
         judge_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, device_map="cpu")
@@ -125,15 +131,27 @@ def run(data_dir: Path, judge: bool, checkpointing: bool, sequences: int = 32) -
     prompts = torch.randint(100, 40000, (sequences, PROMPT_TOKENS))
     reset_high_water()
     with torch.no_grad():
-        completed = student.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
-                                     max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=2)
+        completed = student.generate(
+            input_ids=prompts,
+            attention_mask=torch.ones_like(prompts),
+            do_sample=True,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            pad_token_id=2,
+        )
     measured["generate"] = high_water_bytes()
 
     if judge_model is not None:
         reset_high_water()
         with torch.no_grad():
-            judge_model.generate(input_ids=completed, attention_mask=torch.ones_like(completed), do_sample=False,
-                                 max_new_tokens=JUDGE_NEW_TOKENS, min_new_tokens=JUDGE_NEW_TOKENS, pad_token_id=2)
+            judge_model.generate(
+                input_ids=completed,
+                attention_mask=torch.ones_like(completed),
+                do_sample=False,
+                max_new_tokens=JUDGE_NEW_TOKENS,
+                min_new_tokens=JUDGE_NEW_TOKENS,
+                pad_token_id=2,
+            )
         measured["judge"] = high_water_bytes()
 
     reset_high_water()
@@ -153,11 +171,18 @@ def run(data_dir: Path, judge: bool, checkpointing: bool, sequences: int = 32) -
     measured["train"] = high_water_bytes()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
-    phases = {name: {"planned_bytes": phase.peak_bytes, "measured_bytes": measured.get(name)}
-              for name, phase in plan.phases.items()}
+    phases = {
+        name: {"planned_bytes": phase.peak_bytes, "measured_bytes": measured.get(name)}
+        for name, phase in plan.phases.items()
+    }
     return {
-        "workload": {"sequences": sequences, "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS,
-                     "judge": judge, "gradient_checkpointing": checkpointing},
+        "workload": {
+            "sequences": sequences,
+            "prompt_tokens": PROMPT_TOKENS,
+            "new_tokens": NEW_TOKENS,
+            "judge": judge,
+            "gradient_checkpointing": checkpointing,
+        },
         "plan": plan.to_dict(),
         "measured_bytes": measured,
         "phases": phases,
@@ -168,8 +193,9 @@ def run(data_dir: Path, judge: bool, checkpointing: bool, sequences: int = 32) -
     }
 
 
-def plan_of_trained_batch(spec, data_dir: Path, job_file: Path, trained: int, choices: dict,
-                          completion_tokens: int | None = None) -> int:
+def plan_of_trained_batch(
+    spec, data_dir: Path, job_file: Path, trained: int, choices: dict, completion_tokens: int | None = None
+) -> int:
     """The plan's peak for the batch that really trained: `trained` sequences in one micro-batch.
 
     The trainer drops groups whose rewards are all equal, so a step trains from
@@ -187,17 +213,30 @@ def plan_of_trained_batch(spec, data_dir: Path, job_file: Path, trained: int, ch
 
     group = spec.grpo.group_size
     prompts = max(1, -(-trained // group))
-    replanned = spec.model_copy(update={
-        "grpo": spec.grpo.model_copy(update={"prompts_per_step": prompts, "micro_batch_size": prompts * group,
-                                             "max_new_tokens": completion_tokens or spec.grpo.max_new_tokens}),
-        "student": spec.student.model_copy(update={"gradient_checkpointing": choices["gradient_checkpointing"]}),
-        "engine": spec.engine.model_copy(update={"rollout_weights": choices["rollout_weights"]}),
-    })
+    replanned = spec.model_copy(
+        update={
+            "grpo": spec.grpo.model_copy(
+                update={
+                    "prompts_per_step": prompts,
+                    "micro_batch_size": prompts * group,
+                    "max_new_tokens": completion_tokens or spec.grpo.max_new_tokens,
+                }
+            ),
+            "student": spec.student.model_copy(update={"gradient_checkpointing": choices["gradient_checkpointing"]}),
+            "engine": spec.engine.model_copy(update={"rollout_weights": choices["rollout_weights"]}),
+        }
+    )
     student_dir = resolve_model(spec.student.model, data_dir, verify=False)
-    judge_dir = resolve_model(spec.judge.model, data_dir, verify=False) if spec.judge and not spec.judge.endpoint else None
-    plan = plan_job(replanned, load_config(student_dir / "config.json"),
-                    load_config(judge_dir / "config.json") if judge_dir else None, probe_device("cpu"),
-                    prompt_tokens=measure_prompt_tokens(spec, student_dir, job_file.resolve().parent))
+    judge_dir = (
+        resolve_model(spec.judge.model, data_dir, verify=False) if spec.judge and not spec.judge.endpoint else None
+    )
+    plan = plan_job(
+        replanned,
+        load_config(student_dir / "config.json"),
+        load_config(judge_dir / "config.json") if judge_dir else None,
+        probe_device("cpu"),
+        prompt_tokens=measure_prompt_tokens(spec, student_dir, job_file.resolve().parent),
+    )
     return plan.peak_bytes
 
 
@@ -220,13 +259,15 @@ def with_longest_prompts(spec, data_dir: Path, job_file: Path, scratch: Path, co
     tokenizer = load_tokenizer(resolve_model(spec.student.model, data_dir, verify=False))
     longest = sorted(task.train, key=lambda problem: prompt_tokens(task, problem, tokenizer), reverse=True)[:count]
     dataset = scratch / "longest-prompts.jsonl"
-    dataset.write_text("".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer}) + "\n"
-                               for p in longest))
+    dataset.write_text(
+        "".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer}) + "\n" for p in longest)
+    )
     return spec.model_copy(update={"task": spec.task.model_copy(update={"dataset": str(dataset), "held_out": 0})})
 
 
-def run_job_file(job_file: Path, data_dir: Path, steps: int, every_group_trains: bool = False,
-                 longest_prompts: bool = False) -> dict:
+def run_job_file(
+    job_file: Path, data_dir: Path, steps: int, every_group_trains: bool = False, longest_prompts: bool = False
+) -> dict:
     """The first `steps` steps of a real job: planned peak (from its measured prompts) vs peak RSS.
 
     every_group_trains: a hash of each completion (bench/noise_reward.py) added to the job's rewards, so that
@@ -243,10 +284,15 @@ def run_job_file(job_file: Path, data_dir: Path, steps: int, every_group_trains:
     started = time.monotonic()
     spec = load_checked_job(job_file, data_dir)
     if every_group_trains:
-        spec = spec.model_copy(update={"rewards": [*spec.rewards, RewardSpec(name=f"{NOISE_REWARD}:noise", weight=1.0)]})
-    spec = spec.model_copy(update={"grpo": spec.grpo.model_copy(update={"steps": steps}),
-                                   "checkpoint": spec.checkpoint.model_copy(update={"every": 10**6,
-                                                                                    "eval_every": None})})
+        spec = spec.model_copy(
+            update={"rewards": [*spec.rewards, RewardSpec(name=f"{NOISE_REWARD}:noise", weight=1.0)]}
+        )
+    spec = spec.model_copy(
+        update={
+            "grpo": spec.grpo.model_copy(update={"steps": steps}),
+            "checkpoint": spec.checkpoint.model_copy(update={"every": 10**6, "eval_every": None}),
+        }
+    )
     records, planned_components, loaded, choices = [], {}, {}, {}
 
     def on_event(event) -> None:
@@ -262,38 +308,60 @@ def run_job_file(job_file: Path, data_dir: Path, steps: int, every_group_trains:
     with tempfile.TemporaryDirectory() as scratch:
         run_data = Path(scratch)
         if longest_prompts:
-            spec = with_longest_prompts(spec, data_dir, job_file, run_data,
-                                        spec.grpo.prompts_per_step * spec.grpo.steps)
+            spec = with_longest_prompts(
+                spec, data_dir, job_file, run_data, spec.grpo.prompts_per_step * spec.grpo.steps
+            )
         link_model_store(data_dir, run_data)
-        run_job(spec, run_data, run_data / "jobs" / spec.name, job_file_dir=job_file.resolve().parent,
-                on_step=records.append, on_event=on_event)
+        run_job(
+            spec,
+            run_data,
+            run_data / "jobs" / spec.name,
+            job_file_dir=job_file.resolve().parent,
+            on_step=records.append,
+            on_event=on_event,
+        )
         last = records[-1]
         planned, measured = last.memory.planned_peak_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         trained = max(r.trained_sequences for r in records)
         longest = max((r.completion_length_max for r in records if r.trained_sequences), default=None)
         at_trained = plan_of_trained_batch(spec, data_dir, job_file, trained, choices, longest) if trained else None
-    return {"job": str(job_file), "steps": steps, "every_group_trains": every_group_trains,
-            "longest_prompts": longest_prompts, "choices": choices,
-            "planned_peak_bytes": planned, "measured_peak_bytes": measured,
-            "ratio": measured / planned if planned else None, "planned_components": planned_components,
-            "trained_sequences": [r.trained_sequences for r in records],
-            "longest_trained_completion_tokens": longest,
-            "planned_peak_of_trained_batch_bytes": at_trained,
-            "ratio_to_trained_batch_plan": measured / at_trained if at_trained else None,
-            "rss_after_load_bytes": loaded.get("rss_bytes"),
-            "step_peak_rss_bytes": [r.memory.peak_rss_bytes for r in records],
-            "seconds": time.monotonic() - started}
+    return {
+        "job": str(job_file),
+        "steps": steps,
+        "every_group_trains": every_group_trains,
+        "longest_prompts": longest_prompts,
+        "choices": choices,
+        "planned_peak_bytes": planned,
+        "measured_peak_bytes": measured,
+        "ratio": measured / planned if planned else None,
+        "planned_components": planned_components,
+        "trained_sequences": [r.trained_sequences for r in records],
+        "longest_trained_completion_tokens": longest,
+        "planned_peak_of_trained_batch_bytes": at_trained,
+        "ratio_to_trained_batch_plan": measured / at_trained if at_trained else None,
+        "rss_after_load_bytes": loaded.get("rss_bytes"),
+        "step_peak_rss_bytes": [r.memory.peak_rss_bytes for r in records],
+        "seconds": time.monotonic() - started,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", type=Path, default=None, help="run this job file's first steps with the trainer")
     parser.add_argument("--steps", type=int, default=2, help="with --job: steps to run (default 2)")
-    parser.add_argument("--every-group-trains", action="store_true",
-                        help="with --job: add a per-completion hash reward, so that every sequence trains")
-    parser.add_argument("--longest-prompts", action="store_true",
-                        help="with --job: train on the job's longest prompts only (the widest batch the plan budgets)")
-    parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".test-cache" / "data")
+    parser.add_argument(
+        "--every-group-trains",
+        action="store_true",
+        help="with --job: add a per-completion hash reward, so that every sequence trains",
+    )
+    parser.add_argument(
+        "--longest-prompts",
+        action="store_true",
+        help="with --job: train on the job's longest prompts only (the widest batch the plan budgets)",
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".test-cache" / "data"
+    )
     parser.add_argument("--judge", action="store_true", help="also judge every completion with the unquantized model")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--sequences", type=int, default=32, help="sequences per step, a multiple of 8 (default 32)")
@@ -301,19 +369,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.job is not None:
         result = run_job_file(args.job, args.data_dir, args.steps, args.every_group_trains, args.longest_prompts)
-        print(json.dumps(result, indent=2) if args.json else
-              f"{args.job}: planned {format_bytes(result['planned_peak_bytes'])}, measured peak RSS "
-              f"{format_bytes(result['measured_peak_bytes'])}, measured/planned {result['ratio']:.2f} "
-              f"({result['seconds']:.0f} s)")
+        print(
+            json.dumps(result, indent=2)
+            if args.json
+            else f"{args.job}: planned {format_bytes(result['planned_peak_bytes'])}, measured peak RSS "
+            f"{format_bytes(result['measured_peak_bytes'])}, measured/planned {result['ratio']:.2f} "
+            f"({result['seconds']:.0f} s)"
+        )
         if not args.json:
-            print("  planned: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in result["planned_components"].items()
-                                            if v))
+            print(
+                "  planned: "
+                + ", ".join(f"{k} {format_bytes(v)}" for k, v in result["planned_components"].items() if v)
+            )
             print(f"  RSS after loading {format_bytes(result['rss_after_load_bytes'] or 0)}")
             if result["planned_peak_of_trained_batch_bytes"]:
-                print(f"  sequences trained per step {result['trained_sequences']}, longest completion "
-                      f"{result['longest_trained_completion_tokens']} tokens: the plan for that batch "
-                      f"{format_bytes(result['planned_peak_of_trained_batch_bytes'])}, measured/planned "
-                      f"{result['ratio_to_trained_batch_plan']:.2f}")
+                print(
+                    f"  sequences trained per step {result['trained_sequences']}, longest completion "
+                    f"{result['longest_trained_completion_tokens']} tokens: the plan for that batch "
+                    f"{format_bytes(result['planned_peak_of_trained_batch_bytes'])}, measured/planned "
+                    f"{result['ratio_to_trained_batch_plan']:.2f}"
+                )
         return 0
     result = run(args.data_dir, args.judge, args.gradient_checkpointing, args.sequences)
     if args.json:
@@ -322,10 +397,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':<12}{'planned':>14}{'measured':>14}{'measured/planned':>18}")
     for name, row in result["phases"].items():
         m = row["measured_bytes"]
-        print(f"{name:<12}{format_bytes(row['planned_bytes']):>14}{format_bytes(m) if m else '-':>14}"
-              f"{m / row['planned_bytes'] if m else float('nan'):>18.2f}")
-    print(f"{'peak':<12}{format_bytes(result['planned_peak_bytes']):>14}"
-          f"{format_bytes(result['measured_peak_bytes']):>14}{result['ratio']:>18.2f}")
+        print(
+            f"{name:<12}{format_bytes(row['planned_bytes']):>14}{format_bytes(m) if m else '-':>14}"
+            f"{m / row['planned_bytes'] if m else float('nan'):>18.2f}"
+        )
+    print(
+        f"{'peak':<12}{format_bytes(result['planned_peak_bytes']):>14}"
+        f"{format_bytes(result['measured_peak_bytes']):>14}{result['ratio']:>18.2f}"
+    )
     for key, value in result["measured_bytes"].items():
         print(f"  RSS after {key}: {format_bytes(value)}")
     print(f"  ({result['seconds']:.0f} s)")

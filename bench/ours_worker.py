@@ -45,17 +45,26 @@ def run(rollout_weights: str, warmup: int, measured: int, store: Path, workload:
             for index in range(warmup + measured):
                 started = time.monotonic()
                 record = trainer.train_step()
-                steps.append({
-                    "step": record.step, "warmup": index < warmup, "seconds": time.monotonic() - started,
-                    "phases": {k: v for k, v in record.seconds.items() if k != "step"},
-                    "completions": record.completions, "generated_tokens": record.generated_tokens["student"],
-                    "reward_mean": record.reward_mean, "loss": record.loss,
-                    "trained_sequences": record.trained_sequences,
-                    "groups_informative": record.groups_informative, "groups_total": record.groups_total,
-                    "completion_length_mean": record.completion_length_mean,
-                })
-                print(f"ours step {record.step}: {steps[-1]['seconds']:.1f} s, reward {record.reward_mean:.3f}",
-                      flush=True)
+                steps.append(
+                    {
+                        "step": record.step,
+                        "warmup": index < warmup,
+                        "seconds": time.monotonic() - started,
+                        "phases": {k: v for k, v in record.seconds.items() if k != "step"},
+                        "completions": record.completions,
+                        "generated_tokens": record.generated_tokens["student"],
+                        "reward_mean": record.reward_mean,
+                        "loss": record.loss,
+                        "trained_sequences": record.trained_sequences,
+                        "groups_informative": record.groups_informative,
+                        "groups_total": record.groups_total,
+                        "completion_length_mean": record.completion_length_mean,
+                    }
+                )
+                print(
+                    f"ours step {record.step}: {steps[-1]['seconds']:.1f} s, reward {record.reward_mean:.3f}",
+                    flush=True,
+                )
         finally:
             trainer.close()
         choices = trainer.choices
@@ -63,8 +72,12 @@ def run(rollout_weights: str, warmup: int, measured: int, store: Path, workload:
         "side": f"ours ({rollout_weights})",
         "workload": workload,
         "requested_rollout_weights": rollout_weights,
-        "choices": {"rollout_weights": choices.rollout_weights, "micro_batch_size": choices.micro_batch_size,
-                    "gradient_checkpointing": choices.gradient_checkpointing, "reasons": choices.reasons},
+        "choices": {
+            "rollout_weights": choices.rollout_weights,
+            "micro_batch_size": choices.micro_batch_size,
+            "gradient_checkpointing": choices.gradient_checkpointing,
+            "reasons": choices.reasons,
+        },
         "load_seconds": load_seconds,
         "torch_threads": torch.get_num_threads(),
         "steps": steps,

@@ -39,8 +39,9 @@ def planned_activations(model_dir: Path, sequences: int, prompt: int, completion
     from appliance.budget.shapes import load_config, shape_from_config
 
     shape = shape_from_config(load_config(model_dir / "config.json"))
-    return components.activation_bytes(shape, sequences, prompt + completion, completion + 1, 4, checkpointing,
-                                       LORA_TARGETS, device_kind="cpu")
+    return components.activation_bytes(
+        shape, sequences, prompt + completion, completion + 1, 4, checkpointing, LORA_TARGETS, device_kind="cpu"
+    )
 
 
 def measure(data_dir: Path, sequences: int, prompt: int, completion: int, checkpointing: bool) -> dict:
@@ -59,26 +60,41 @@ def measure(data_dir: Path, sequences: int, prompt: int, completion: int, checkp
     pin_mmap_threshold()  # as build_trainer does
     torch.set_num_threads(2)
     model_dir = resolve_model("smollm2-135m-instruct", data_dir, verify=False)
-    spec = StudentSpec(model="smollm2-135m-instruct", quantization="nf4", compute_dtype="float32",
-                       lora=LoraSpec(rank=16, alpha=32, dropout=0.0, target_modules=LORA_TARGETS))
+    spec = StudentSpec(
+        model="smollm2-135m-instruct",
+        quantization="nf4",
+        compute_dtype="float32",
+        lora=LoraSpec(rank=16, alpha=32, dropout=0.0, target_modules=LORA_TARGETS),
+    )
     student = Student(spec, model_dir, "cpu", gradient_checkpointing=checkpointing)
     grpo = GrpoSpec(max_new_tokens=completion, group_size=8, prompts_per_step=max(1, sequences // 8))
     optimizer = make_optimizer(student.trainable_parameters(), grpo, "cpu")
     updater = GrpoUpdater(student, optimizer, make_scheduler(optimizer, grpo), grpo)
     generator = torch.Generator().manual_seed(0)
-    samples = [TrainSample(prompt_ids=torch.randint(100, 40000, (prompt,), generator=generator).tolist(),
-                           completion_ids=torch.randint(100, 40000, (completion,), generator=generator).tolist(),
-                           advantage=1.0 if index % 2 else -1.0)
-               for index in range(sequences)]
+    samples = [
+        TrainSample(
+            prompt_ids=torch.randint(100, 40000, (prompt,), generator=generator).tolist(),
+            completion_ids=torch.randint(100, 40000, (completion,), generator=generator).tolist(),
+            advantage=1.0 if index % 2 else -1.0,
+        )
+        for index in range(sequences)
+    ]
     loaded = process_rss_bytes()
     reset_high_water()
     updater.step(samples, micro_batch_size=sequences)
     peak = high_water_bytes()
     planned = planned_activations(model_dir, sequences, prompt, completion, checkpointing)
-    return {"sequences": sequences, "prompt_tokens": prompt, "completion_tokens": completion,
-            "gradient_checkpointing": checkpointing, "rss_after_load_bytes": loaded, "update_peak_bytes": peak,
-            "measured_activation_bytes": peak - loaded, "planned_activation_bytes": planned,
-            "measured_over_planned": (peak - loaded) / planned}
+    return {
+        "sequences": sequences,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "gradient_checkpointing": checkpointing,
+        "rss_after_load_bytes": loaded,
+        "update_peak_bytes": peak,
+        "measured_activation_bytes": peak - loaded,
+        "planned_activation_bytes": planned,
+        "measured_over_planned": (peak - loaded) / planned,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,18 +113,28 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, __file__, "--in-process", "--shape", shape, "--data-dir", str(args.data_dir)]
         if args.checkpointing:
             command.append("--checkpointing")
-        done = subprocess.run(command, capture_output=True, text=True, check=True,
-                              env={"PYTHONPATH": f"{PROJECT_DIR}:{PROJECT_DIR / 'bench'}", "OMP_NUM_THREADS": "2",
-                                   "PATH": "/usr/bin:/bin"})
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={
+                "PYTHONPATH": f"{PROJECT_DIR}:{PROJECT_DIR / 'bench'}",
+                "OMP_NUM_THREADS": "2",
+                "PATH": "/usr/bin:/bin",
+            },
+        )
         result = json.loads(done.stdout.strip().splitlines()[-1])
         results.append(result)
         if not args.json:
             gib = 2**30
-            print(f"{shape:>12}: after load {result['rss_after_load_bytes'] / gib:.2f} GiB, update peak "
-                  f"{result['update_peak_bytes'] / gib:.2f} GiB, activations measured "
-                  f"{result['measured_activation_bytes'] / gib:.2f} GiB, planned "
-                  f"{result['planned_activation_bytes'] / gib:.2f} GiB ({result['measured_over_planned']:.2f})",
-                  flush=True)
+            print(
+                f"{shape:>12}: after load {result['rss_after_load_bytes'] / gib:.2f} GiB, update peak "
+                f"{result['update_peak_bytes'] / gib:.2f} GiB, activations measured "
+                f"{result['measured_activation_bytes'] / gib:.2f} GiB, planned "
+                f"{result['planned_activation_bytes'] / gib:.2f} GiB ({result['measured_over_planned']:.2f})",
+                flush=True,
+            )
     if args.json:
         print(json.dumps(results, indent=2))
     return 0

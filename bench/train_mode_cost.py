@@ -44,20 +44,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sequences", type=int, default=32)
-    parser.add_argument("--data-dir", type=Path,
-                        default=Path(__file__).resolve().parent.parent / ".test-cache" / "data")
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(__file__).resolve().parent.parent / ".test-cache" / "data"
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     model_dir = resolve_model("smollm2-135m-instruct", args.data_dir, verify=False)
-    spec = StudentSpec.model_validate({"model": "smollm2-135m-instruct", "quantization": "nf4",
-                                       "lora": {"rank": 16, "alpha": 32, "dropout": 0.0,
-                                                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}})
+    spec = StudentSpec.model_validate(
+        {
+            "model": "smollm2-135m-instruct",
+            "quantization": "nf4",
+            "lora": {
+                "rank": 16,
+                "alpha": 32,
+                "dropout": 0.0,
+                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+            },
+        }
+    )
     torch.manual_seed(0)
     ids = torch.randint(100, 40000, (args.sequences, PROMPT + COMPLETION))
-    batch = TokenBatch(ids, torch.ones_like(ids), ids[:, PROMPT:],
-                       torch.ones(args.sequences, COMPLETION, dtype=torch.long))
-    students = {"plain": Student(spec, model_dir, "cpu"),
-                "checkpointed": Student(spec, model_dir, "cpu", gradient_checkpointing=True)}
+    batch = TokenBatch(
+        ids, torch.ones_like(ids), ids[:, PROMPT:], torch.ones(args.sequences, COMPLETION, dtype=torch.long)
+    )
+    students = {
+        "plain": Student(spec, model_dir, "cpu"),
+        "checkpointed": Student(spec, model_dir, "cpu", gradient_checkpointing=True),
+    }
     timed_pass(students["plain"], batch, train=True)  # warm-up: first-use allocations, oneDNN primitives
     seconds: dict[str, list[float]] = {"eval mode": [], "train mode": [], "train mode + checkpointing": []}
     for _ in range(args.rounds):

@@ -39,8 +39,10 @@ def as_trl_reward(rule, params: dict):
     def reward(prompts, completions, answer, question, completion_ids=None, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         counts = [len(ids) for ids in completion_ids] if completion_ids is not None else [None] * len(texts)
-        return [rule(q, text, ref, {} if n is None else {"completion_tokens": n}, **params)
-                for q, text, ref, n in zip(question, texts, answer, counts)]
+        return [
+            rule(q, text, ref, {} if n is None else {"completion_tokens": n}, **params)
+            for q, text, ref, n in zip(question, texts, answer, counts)
+        ]
 
     reward.__name__ = rule.__name__
     return reward
@@ -87,37 +89,76 @@ def run(warmup: int, measured: int, model_dir: Path, workload: str = "P") -> dic
 
     load_started = time.monotonic()
     model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32,
-        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                               bnb_4bit_compute_dtype=torch.float32))
+        str(model_dir),
+        dtype=torch.float32,
+        quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+        ),
+    )
     keep_trainable_4bit_layout(model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), padding_side="left")
     clock = StepClock()
     with tempfile.TemporaryDirectory(prefix="bench-trl-") as output_dir:
         config = GRPOConfig(
-            output_dir=output_dir, max_steps=total, seed=0,
-            per_device_train_batch_size=16, gradient_accumulation_steps=1, num_generations=8,
-            max_completion_length=32, temperature=1.0, shuffle_dataset=False,
-            learning_rate=2.0e-4, lr_scheduler_type="constant", max_grad_norm=1.0,
-            beta=0.0, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, scale_rewards="group",
+            output_dir=output_dir,
+            max_steps=total,
+            seed=0,
+            per_device_train_batch_size=16,
+            gradient_accumulation_steps=1,
+            num_generations=8,
+            max_completion_length=32,
+            temperature=1.0,
+            shuffle_dataset=False,
+            learning_rate=2.0e-4,
+            lr_scheduler_type="constant",
+            max_grad_norm=1.0,
+            beta=0.0,
+            loss_type="dapo",
+            epsilon=0.2,
+            epsilon_high=0.28,
+            scale_rewards="group",
             reward_weights=[weight for weight, _ in WORKLOADS[workload].values()],
-            use_vllm=False, bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False,
-            logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
+            use_vllm=False,
+            bf16=False,
+            fp16=False,
+            use_cpu=True,
+            gradient_checkpointing=False,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
         )
         trainer = GRPOTrainer(
             model=model,
-            reward_funcs=[as_trl_reward(rules.RULES[name], params) for name, (_, params) in WORKLOADS[workload].items()],
-            args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-            peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
-                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+            reward_funcs=[
+                as_trl_reward(rules.RULES[name], params) for name, (_, params) in WORKLOADS[workload].items()
+            ],
+            args=config,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            peft_config=LoraConfig(
+                r=16,
+                lora_alpha=32,
+                lora_dropout=0.0,
+                task_type="CAUSAL_LM",
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            ),
             callbacks=[clock],
         )
         load_seconds = time.monotonic() - load_started
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         trainer.train()
-    steps = [{"step": index + 1, "warmup": index < warmup, "seconds": seconds, "completions": 16,
-              "log": clock.logs[index] if index < len(clock.logs) else {}}
-             for index, seconds in enumerate(clock.seconds)]
+    steps = [
+        {
+            "step": index + 1,
+            "warmup": index < warmup,
+            "seconds": seconds,
+            "completions": 16,
+            "log": clock.logs[index] if index < len(clock.logs) else {},
+        }
+        for index, seconds in enumerate(clock.seconds)
+    ]
     import trl
     import transformers
 

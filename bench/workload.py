@@ -38,16 +38,32 @@ def job_dict(rollout_weights: str = "auto", steps: int = 4, workload: str = "P")
     """Our job file for a workload; `rollout_weights` is the only knob the bench varies on our side."""
     return {
         "name": "bench-grpo-step",
-        "student": {"model": MODEL_NAME, "quantization": "nf4", "compute_dtype": "float32",
-                    "lora": {"rank": 16, "alpha": 32, "dropout": 0.0,
-                             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}},
+        "student": {
+            "model": MODEL_NAME,
+            "quantization": "nf4",
+            "compute_dtype": "float32",
+            "lora": {
+                "rank": 16,
+                "alpha": 32,
+                "dropout": 0.0,
+                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+            },
+        },
         "task": {"dataset": "builtin:multiply", "system_prompt": SYSTEM_PROMPT},
-        "rewards": [{"name": name, "weight": weight, "params": params}
-                    for name, (weight, params) in WORKLOADS[workload].items()],
-        "grpo": {"group_size": 8, "prompts_per_step": 2, "max_new_tokens": 32, "temperature": 1.0,
-                 "learning_rate": 2.0e-4, "loss": "dapo", "beta": 0.0,
-                 # Far past the measured steps, so that no end-of-run checkpoint lands inside a timed step.
-                 "steps": steps + 1000},
+        "rewards": [
+            {"name": name, "weight": weight, "params": params} for name, (weight, params) in WORKLOADS[workload].items()
+        ],
+        "grpo": {
+            "group_size": 8,
+            "prompts_per_step": 2,
+            "max_new_tokens": 32,
+            "temperature": 1.0,
+            "learning_rate": 2.0e-4,
+            "loss": "dapo",
+            "beta": 0.0,
+            # Far past the measured steps, so that no end-of-run checkpoint lands inside a timed step.
+            "steps": steps + 1000,
+        },
         "engine": {"rollout": "hf", "rollout_weights": rollout_weights},
         "checkpoint": {"every": 100000},
     }
@@ -67,5 +83,7 @@ def prompts_in_step_order(steps: int) -> list[dict]:
     task = load_task(spec.task, Path.cwd())
     stream = ProblemStream(task.train, seed=spec.task.seed)
     problems = stream.next_batch(steps * spec.grpo.prompts_per_step)
-    return [{"prompt": task.messages(problem), "answer": problem.answer, "question": problem.question}
-            for problem in problems]
+    return [
+        {"prompt": task.messages(problem), "answer": problem.answer, "question": problem.question}
+        for problem in problems
+    ]

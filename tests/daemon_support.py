@@ -96,7 +96,7 @@ def group_alive(pgid: int) -> bool:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             if int(fields[2]) == pgid and fields[0] != "Z":
                 return True
     return False
@@ -140,8 +140,19 @@ class Daemon:
     clients: list = field(default_factory=list)
 
     def start(self, wait: bool = True) -> "Daemon":
-        command = [sys.executable, "-m", "appliance", "serve", "--data-dir", str(self.data_dir),
-                   "--socket", str(self.socket_path), "--metrics-addr", f"127.0.0.1:{self.metrics_port}", *self.args]
+        command = [
+            sys.executable,
+            "-m",
+            "appliance",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--socket",
+            str(self.socket_path),
+            "--metrics-addr",
+            f"127.0.0.1:{self.metrics_port}",
+            *self.args,
+        ]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO_ROOT)
         log.close()
@@ -160,6 +171,7 @@ class Daemon:
                     return client.status()
             except Exception:
                 return False
+
         wait_for(answers, timeout, f"the daemon on {self.socket_path}")
 
     def client(self, timeout: float = 30.0) -> Client:
@@ -168,8 +180,14 @@ class Daemon:
         return client
 
     def cli(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "appliance", "jobs", *args, "--socket", str(self.socket_path)],
-                              capture_output=True, text=True, env=self.env, cwd=REPO_ROOT, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "appliance", "jobs", *args, "--socket", str(self.socket_path)],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=REPO_ROOT,
+            timeout=timeout,
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -194,12 +212,17 @@ class Daemon:
             if job.state in {"failed"} - states:
                 raise AssertionError(f"job {job_id} failed: {job.reason}\n{self.log()}")
             return job if job.state in states else None
+
         return wait_for(reached, timeout, f"job {job_id} to become {'/'.join(sorted(states))}", interval=0.3)
 
     def wait_step(self, job_id: str, step: int, timeout: float = 900.0):
         client = self.client()
-        return wait_for(lambda: (job := client.job(job_id)).step >= step and job, timeout,
-                        f"job {job_id} to finish step {step}", interval=0.2)
+        return wait_for(
+            lambda: (job := client.job(job_id)).step >= step and job,
+            timeout,
+            f"job {job_id} to finish step {step}",
+            interval=0.2,
+        )
 
     def close(self) -> None:
         for client in self.clients:
@@ -220,16 +243,29 @@ def run_prometheus(targets: list[str], scrape_interval: str = "1s"):
         pytest.fail("the 'prometheus' program is missing; install Debian's package: apt-get install -y prometheus")
     folder = Path(tempfile.mkdtemp(prefix="apl-prom-"))
     config = folder / "prometheus.yml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-        "scrape_configs": [{"job_name": "appliance", "static_configs": [{"targets": targets}]}],
-    }))
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+                "scrape_configs": [{"job_name": "appliance", "static_configs": [{"targets": targets}]}],
+            }
+        )
+    )
     port = free_port()
     log = open(folder / "prometheus.log", "wb")
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={folder / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
+
         def ready():
             if proc.poll() is not None:
                 raise AssertionError(f"prometheus exited: {(folder / 'prometheus.log').read_text()[-2000:]}")
@@ -238,6 +274,7 @@ def run_prometheus(targets: list[str], scrape_interval: str = "1s"):
                     return response.status == 200
             except OSError:
                 return False
+
         wait_for(ready, 60, "prometheus to be ready")
         yield base
     finally:
@@ -258,5 +295,3 @@ def prometheus_query(base: str, query: str) -> list[dict]:
         body = json.loads(response.read())
     assert body["status"] == "success", body
     return body["data"]["result"]
-
-

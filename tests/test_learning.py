@@ -26,20 +26,34 @@ MIN_FORMAT_GAIN = 0.20
 def test_multiply_demo_improves_held_out_accuracy(fresh_data_dir):
     data_dir = fresh_data_dir
     result = subprocess.run(
-        [sys.executable, "-m", "appliance", "train", str(REPO_ROOT / "examples" / "multiply.yaml"),
-         "--data-dir", str(data_dir), "--eval"],
-        capture_output=True, text=True, timeout=20 * 60,
+        [
+            sys.executable,
+            "-m",
+            "appliance",
+            "train",
+            str(REPO_ROOT / "examples" / "multiply.yaml"),
+            "--data-dir",
+            str(data_dir),
+            "--eval",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20 * 60,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((data_dir / "jobs" / "multiply-demo" / "eval.json").read_text())
     before, after = summary["before"], summary["after"]
-    print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}, "
-          f"format {before['format_compliance']:.3f} -> {after['format_compliance']:.3f}")
+    print(
+        f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}, "
+        f"format {before['format_compliance']:.3f} -> {after['format_compliance']:.3f}"
+    )
     assert before["problems"] >= 100 and after["problems"] == before["problems"]
     assert after["accuracy"] - before["accuracy"] >= MIN_ACCURACY_GAIN
     assert after["format_compliance"] >= MIN_FORMAT_COMPLIANCE
     assert after["format_compliance"] - before["format_compliance"] >= MIN_FORMAT_GAIN
     assert after["reward_means"]["total"] > before["reward_means"]["total"]
-    metrics = [json.loads(line) for line in (data_dir / "jobs" / "multiply-demo" / "metrics.jsonl").read_text().splitlines()]
-    first, last = metrics[: len(metrics) // 3], metrics[-(len(metrics) // 3):]
+    metrics = [
+        json.loads(line) for line in (data_dir / "jobs" / "multiply-demo" / "metrics.jsonl").read_text().splitlines()
+    ]
+    first, last = metrics[: len(metrics) // 3], metrics[-(len(metrics) // 3) :]
     assert sum(m["reward_mean"] for m in last) / len(last) > sum(m["reward_mean"] for m in first) / len(first)

@@ -38,10 +38,13 @@ def test_provision_load_and_generate_without_network(no_network, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(model.path, local_files_only=True)
     language_model = AutoModelForCausalLM.from_pretrained(model.path, local_files_only=True)
     inputs = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is 6 * 7?"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        [{"role": "user", "content": "What is 6 * 7?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     output = language_model.generate(**inputs, max_new_tokens=6, do_sample=False)
-    new_tokens = output[0, inputs["input_ids"].shape[1]:]
+    new_tokens = output[0, inputs["input_ids"].shape[1] :]
 
     assert len(new_tokens) >= 1
     assert tokenizer.decode(new_tokens, skip_special_tokens=True).strip() != ""

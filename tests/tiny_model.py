@@ -15,10 +15,10 @@ from pathlib import Path
 import yaml
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-REWARD_PLUGIN = '''
+REWARD_PLUGIN = """
 def text_length(prompt, completion, reference, metadata):
     return len(completion) / 100.0
-'''
+"""
 
 
 def make_tiny_model(source: Path, target: Path, generation: dict | None = None) -> Path:
@@ -28,16 +28,28 @@ def make_tiny_model(source: Path, target: Path, generation: dict | None = None) 
 
     torch.manual_seed(0)
     base = json.loads((source / "config.json").read_text())
-    config = LlamaConfig(vocab_size=base["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         bos_token_id=base["bos_token_id"], eos_token_id=base["eos_token_id"],
-                         pad_token_id=base["pad_token_id"], tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=base["vocab_size"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=base["bos_token_id"],
+        eos_token_id=base["eos_token_id"],
+        pad_token_id=base["pad_token_id"],
+        tie_word_embeddings=True,
+    )
     LlamaForCausalLM(config).save_pretrained(target)
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy(source / name, target / name)
-    generation_config = {"bos_token_id": base["bos_token_id"], "eos_token_id": base["eos_token_id"],
-                         **(generation or {})}
+    generation_config = {
+        "bos_token_id": base["bos_token_id"],
+        "eos_token_id": base["eos_token_id"],
+        **(generation or {}),
+    }
     (target / "generation_config.json").write_text(json.dumps(generation_config))
     return target
 
@@ -48,11 +60,23 @@ def tiny_job(model_dir: Path, folder: Path, **sections) -> Path:
     job = {
         "name": "tiny",
         "student": {"model": str(model_dir), "quantization": "none", "lora": {"rank": 4, "alpha": 8}},
-        "task": {"dataset": "builtin:multiply", "operand_min": 2, "operand_max": 12, "held_out": 8,
-                 "system_prompt": "Reply with the answer in the form <answer>N</answer>."},
+        "task": {
+            "dataset": "builtin:multiply",
+            "operand_min": 2,
+            "operand_max": 12,
+            "held_out": 8,
+            "system_prompt": "Reply with the answer in the form <answer>N</answer>.",
+        },
         "rewards": [{"name": "rewards.py:text_length", "weight": 1.0}],
-        "grpo": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 12, "learning_rate": 1.0e-3,
-                 "steps": 3, "micro_batch_size": 8, "temperature": 1.0},
+        "grpo": {
+            "group_size": 4,
+            "prompts_per_step": 2,
+            "max_new_tokens": 12,
+            "learning_rate": 1.0e-3,
+            "steps": 3,
+            "micro_batch_size": 8,
+            "temperature": 1.0,
+        },
         "engine": {"rollout": "hf", "rollout_weights": "shared"},
         "checkpoint": {"every": 2, "keep_last": 2},
     }

@@ -91,8 +91,11 @@ class ApplianceApp(App):
             self.show_banner()
 
     def show_banner(self) -> None:
-        text = ("" if self.reachable is not False else
-                f"Daemon unreachable, retrying every {feeds.RETRY_SECONDS:.0f}s: {self.unreachable_reason}")
+        text = (
+            ""
+            if self.reachable is not False
+            else f"Daemon unreachable, retrying every {feeds.RETRY_SECONDS:.0f}s: {self.unreachable_reason}"
+        )
         for screen in self.screen_stack:
             for banner in screen.query("#banner"):
                 banner.update(text)
@@ -143,8 +146,11 @@ class ApplianceApp(App):
         if job is not None:
             job_id, name = job
             for action in ACTIONS:
-                yield SystemCommand(f"{action.capitalize()} {name}", f"{action} job {job_id}",
-                                    lambda a=action: self.confirm_action(a, job_id, name))
+                yield SystemCommand(
+                    f"{action.capitalize()} {name}",
+                    f"{action} job {job_id}",
+                    lambda a=action: self.confirm_action(a, job_id, name),
+                )
         yield SystemCommand("Device", "memory per component against the budget", self.action_device)
         yield SystemCommand("New job", "edit, validate and submit a job file", self.action_new_job)
         yield SystemCommand("Keys", "every key of this screen", self.action_help)
@@ -152,8 +158,11 @@ class ApplianceApp(App):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="appliance-tui", description="Operator client for the appliance daemon.")
-    parser.add_argument("--socket", default=None,
-                        help="the daemon's control socket (default: $APPLIANCE_SOCKET, else /run/appliance/control.sock)")
+    parser.add_argument(
+        "--socket",
+        default=None,
+        help="the daemon's control socket (default: $APPLIANCE_SOCKET, else /run/appliance/control.sock)",
+    )
     args = parser.parse_args(argv)
     ApplianceApp(args.socket).run()
     return 0

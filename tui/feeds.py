@@ -53,8 +53,11 @@ class JobsFeed:
         jobs = self.client.jobs()
         for job in jobs:
             self._catch_up(job)
-        return m.JobsLoaded(jobs, {job.id: list(self.records.get(job.id, [])) for job in jobs},
-                            {job.id: self.budgets.get(job.id) for job in jobs})
+        return m.JobsLoaded(
+            jobs,
+            {job.id: list(self.records.get(job.id, [])) for job in jobs},
+            {job.id: self.budgets.get(job.id) for job in jobs},
+        )
 
     def _catch_up(self, job: JobSummary) -> None:
         if job.id not in self.budgets:
@@ -162,8 +165,14 @@ class EventsFeed:
                 continue
             if event.job_id not in self.names:
                 self.names[event.job_id] = self.client.job(event.job_id).name
-            changes.append(m.JobChanged(event.job_id, self.names[event.job_id], str(event.data.get("to", "")),
-                                        event.data.get("reason") or None))
+            changes.append(
+                m.JobChanged(
+                    event.job_id,
+                    self.names[event.job_id],
+                    str(event.data.get("to", "")),
+                    event.data.get("reason") or None,
+                )
+            )
         return changes
 
 

@@ -20,12 +20,17 @@ TREND_STEPS = 16
 def job_row(job: JobSummary, records: Sequence[StepRecord], budget_bytes: int | None, marked: bool) -> JobRow:
     last = records[-1] if records else None
     return JobRow(
-        id=job.id, name=job.name, state=job.state, step=job.step, steps_total=job.steps_total,
+        id=job.id,
+        name=job.name,
+        state=job.state,
+        step=job.step,
+        steps_total=job.steps_total,
         rewards=tuple(record.reward_mean for record in records[-TREND_STEPS:]),
         tokens_per_second=last.student_tokens_per_second if last else None,
         memory_used_bytes=memory_used(last) if last else None,
         memory_budget_bytes=budget_bytes,
-        created=job.created, marked=marked,
+        created=job.created,
+        marked=marked,
     )
 
 
@@ -36,16 +41,23 @@ def memory_used(record: StepRecord) -> int:
 
 
 def memory_view(slot: SlotStatus) -> MemoryView:
-    return MemoryView(planned_bytes=dict(slot.planned_bytes), used_bytes=dict(slot.measured_bytes),
-                      budget_bytes=slot.budget_bytes, device_total_bytes=slot.total_bytes or None,
-                      device_used_bytes=slot.used_bytes if slot.total_bytes else None)
+    return MemoryView(
+        planned_bytes=dict(slot.planned_bytes),
+        used_bytes=dict(slot.measured_bytes),
+        budget_bytes=slot.budget_bytes,
+        device_total_bytes=slot.total_bytes or None,
+        device_used_bytes=slot.used_bytes if slot.total_bytes else None,
+    )
 
 
 def plan_memory_view(plan: dict) -> MemoryView:
     device = plan.get("device") or {}
-    return MemoryView(planned_bytes=dict(plan.get("components") or {}), budget_bytes=plan.get("budget_bytes"),
-                      device_total_bytes=device.get("total_bytes") or None,
-                      device_used_bytes=device.get("used_bytes") if device.get("total_bytes") else None)
+    return MemoryView(
+        planned_bytes=dict(plan.get("components") or {}),
+        budget_bytes=plan.get("budget_bytes"),
+        device_total_bytes=device.get("total_bytes") or None,
+        device_used_bytes=device.get("used_bytes") if device.get("total_bytes") else None,
+    )
 
 
 def series(records: Sequence[StepRecord], value) -> Points:

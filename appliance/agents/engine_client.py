@@ -46,14 +46,18 @@ class EngineChatClient:
             text=completion.text,
             tool_calls=parsed.calls,
             tool_call_errors=parsed.errors,
-            sampled=Sampled(token_ids=completion.token_ids, logprobs=completion.logprobs,
-                            prompt_token_ids=completion.prompt_token_ids, finish_reason=completion.finish_reason),
+            sampled=Sampled(
+                token_ids=completion.token_ids,
+                logprobs=completion.logprobs,
+                prompt_token_ids=completion.prompt_token_ids,
+                finish_reason=completion.finish_reason,
+            ),
         )
 
     async def _drain(self) -> None:
         await asyncio.sleep(0)  # let every rollout that is ready queue its prompt first
         while self._pending:
-            batch, self._pending = self._pending[:self.max_batch_size], self._pending[self.max_batch_size:]
+            batch, self._pending = self._pending[: self.max_batch_size], self._pending[self.max_batch_size :]
             sampling = self.sampling
             if sampling.seed is not None:  # a fresh, reproducible seed per call, not the same draw every time
                 sampling = replace(sampling, seed=sampling.seed + next(self._calls))

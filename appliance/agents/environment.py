@@ -20,8 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from appliance.agents.toolcalls import check_arguments
-from appliance.agents.trajectory import (AssistantMessage, Message, Sampled, SystemMessage, ToolCall, ToolMessage,
-                                         Trajectory, TrajectoryGroup, UserMessage)
+from appliance.agents.trajectory import (
+    AssistantMessage,
+    Message,
+    Sampled,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    Trajectory,
+    TrajectoryGroup,
+    UserMessage,
+)
 from appliance.errors import ApplianceError
 
 Split = Literal["train", "held_out"]
@@ -117,8 +126,11 @@ class ToolEnvironment(ABC):
             messages.append(turn.message())
             for number, error in enumerate(turn.tool_call_errors, start=1):
                 episode.malformed_calls += 1
-                messages.append(ToolMessage(tool_call_id=f"malformed_{episode.turns}_{number}",
-                                            content=f"error: {error}", error=True))
+                messages.append(
+                    ToolMessage(
+                        tool_call_id=f"malformed_{episode.turns}_{number}", content=f"error: {error}", error=True
+                    )
+                )
             if not turn.tool_calls and not turn.tool_call_errors:
                 episode.final_text = turn.text
                 break
@@ -127,11 +139,22 @@ class ToolEnvironment(ABC):
                 if episode.done:
                     break
         reward, metrics = self.score(state, episode)
-        metrics = {"turns": float(episode.turns), "tool_calls": float(episode.tool_calls),
-                   "malformed_calls": float(episode.malformed_calls), "invalid_calls": float(episode.invalid_calls),
-                   **metrics}
-        return Trajectory(scenario_id=scenario.id, messages=messages, tools=tools, reward=reward, metrics=metrics,
-                          metadata={"environment": self.name}, context_messages=1 + len(examples))
+        metrics = {
+            "turns": float(episode.turns),
+            "tool_calls": float(episode.tool_calls),
+            "malformed_calls": float(episode.malformed_calls),
+            "invalid_calls": float(episode.invalid_calls),
+            **metrics,
+        }
+        return Trajectory(
+            scenario_id=scenario.id,
+            messages=messages,
+            tools=tools,
+            reward=reward,
+            metrics=metrics,
+            metadata={"environment": self.name},
+            context_messages=1 + len(examples),
+        )
 
     def _answer(self, state: Any, tools: list[dict], call: ToolCall, episode: "Episode") -> ToolMessage:
         episode.tool_calls += 1
@@ -157,15 +180,16 @@ class Episode:
     final_text: str | None = None
 
 
-async def rollout_group(environment: Environment, client: ChatClient, scenario: Scenario,
-                        size: int) -> TrajectoryGroup:
+async def rollout_group(environment: Environment, client: ChatClient, scenario: Scenario, size: int) -> TrajectoryGroup:
     """`size` concurrent rollouts of one scenario: one GRPO group."""
     trajectories = await asyncio.gather(*(environment.rollout(client, scenario) for _ in range(size)))
     return TrajectoryGroup(scenario_id=scenario.id, trajectories=list(trajectories))
 
 
-async def rollout_groups(environment: Environment, client: ChatClient, scenarios: list[Scenario],
-                         group_size: int) -> list[TrajectoryGroup]:
+async def rollout_groups(
+    environment: Environment, client: ChatClient, scenarios: list[Scenario], group_size: int
+) -> list[TrajectoryGroup]:
     """One group per scenario, every rollout of the step running concurrently."""
-    return list(await asyncio.gather(*(rollout_group(environment, client, scenario, group_size)
-                                       for scenario in scenarios)))
+    return list(
+        await asyncio.gather(*(rollout_group(environment, client, scenario, group_size) for scenario in scenarios))
+    )

@@ -64,8 +64,12 @@ from appliance.paths import served_ledger_file, submitted_groups_dir
 log = logging.getLogger(__name__)
 
 _MESSAGE = TypeAdapter(Message)
-_MESSAGE_FIELDS = {"system": ("role", "content"), "user": ("role", "content"),
-                   "assistant": ("role", "content", "tool_calls"), "tool": ("role", "content", "tool_call_id")}
+_MESSAGE_FIELDS = {
+    "system": ("role", "content"),
+    "user": ("role", "content"),
+    "assistant": ("role", "content", "tool_calls"),
+    "tool": ("role", "content", "tool_call_id"),
+}
 
 
 class CollectStopped(StopBeforeStep):
@@ -98,8 +102,9 @@ class EndpointHooks:
         return template_messages(request_messages(messages), tools)
 
     def reply(self, prompt_ids: list[int], completion, call_id_prefix: str) -> dict[str, Any]:
-        self.source.ledger.record(prompt_ids, completion.token_ids, completion.text, completion.logprobs,
-                                  self.source.step)
+        self.source.ledger.record(
+            prompt_ids, completion.token_ids, completion.text, completion.logprobs, self.source.step
+        )
         calls = parse_tool_calls(completion.text, call_id_prefix=call_id_prefix).calls
         if not calls:
             return {}
@@ -124,8 +129,9 @@ class EndpointHooks:
                 return _error(error.status, str(error))
 
         def _error(status: int, message: str) -> JSONResponse:
-            return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": status}},
-                                status_code=status)
+            return JSONResponse(
+                {"error": {"message": message, "type": "invalid_request_error", "code": status}}, status_code=status
+            )
 
 
 class SourceBusy(ApplianceError):
@@ -137,9 +143,18 @@ class SourceBusy(ApplianceError):
 class ExternalSource:
     """A TrajectorySource fed by agents outside the job, through the student endpoint it serves."""
 
-    def __init__(self, engine: LocalEngine, job_dir: Path, group_size: int, *, served_name: str,
-                 max_queued_groups: int = 64, ledger_capacity: int = DEFAULT_CAPACITY,
-                 stop_requested: Callable[[], str | None] | None = None, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        engine: LocalEngine,
+        job_dir: Path,
+        group_size: int,
+        *,
+        served_name: str,
+        max_queued_groups: int = 64,
+        ledger_capacity: int = DEFAULT_CAPACITY,
+        stop_requested: Callable[[], str | None] | None = None,
+        host: str = "127.0.0.1",
+    ):
         job_dir = Path(job_dir)
         self.group_size, self.max_queued_groups = group_size, max_queued_groups
         self.stop_requested = stop_requested or (lambda: None)
@@ -149,8 +164,9 @@ class ExternalSource:
         # A crash can fall between writing a group and recording its turns as used: the spool is the truth.
         self.ledger.mark_used_at_least(trained_turn_keys([entry.group for entry in self._queue]))
         if self._queue:
-            log.warning("%s: %d submitted trajectory groups from before the restart are queued again",
-                        job_dir, len(self._queue))
+            log.warning(
+                "%s: %d submitted trajectory groups from before the restart are queued again", job_dir, len(self._queue)
+            )
         self.step = 0
         self.accepted_total = 0
         self._arrived = threading.Condition()
@@ -168,8 +184,9 @@ class ExternalSource:
         self.server = _serve(build_app(self.service, self.token), host, previous.port)
         self.url = self.server.url
         self.endpoint_file = job_dir / ENDPOINT_FILE
-        write_endpoint(job_dir, {"url": self.url, "token": self.token, "model": self.service.served_name,
-                                 "pid": os.getpid()})
+        write_endpoint(
+            job_dir, {"url": self.url, "token": self.token, "model": self.service.served_name, "pid": os.getpid()}
+        )
 
     # ----- the trainer's side ----------------------------------------------------------------------
 
@@ -185,8 +202,10 @@ class ExternalSource:
                 while len(self._queue) < scenarios:
                     reason = "the source was closed" if self._closed else self.stop_requested()
                     if reason:
-                        raise CollectStopped(f"stopped ({reason}) while waiting for {scenarios} trajectory groups"
-                                             f" ({len(self._queue)} submitted)")
+                        raise CollectStopped(
+                            f"stopped ({reason}) while waiting for {scenarios} trajectory groups"
+                            f" ({len(self._queue)} submitted)"
+                        )
                     self._arrived.wait(0.5)
                 taken = [self._queue.popleft() for _ in range(scenarios)]
                 self.spool.take(taken, step)
@@ -207,8 +226,9 @@ class ExternalSource:
 
     def close(self) -> None:
         # The token and the last address stay (no url: not serving), for the next worker of this job.
-        write_endpoint(self.endpoint_file.parent, {"token": self.token, "model": self.service.served_name,
-                                                   "last_url": self.url})
+        write_endpoint(
+            self.endpoint_file.parent, {"token": self.token, "model": self.service.served_name, "last_url": self.url}
+        )
         with self._submit_lock:
             self._open_for_submissions = False
         with self._arrived:
@@ -229,8 +249,11 @@ class ExternalSource:
             with self._arrived:
                 room = self.max_queued_groups - len(self._queue)
             if len(raw_groups) > room:
-                raise SourceBusy(f"{len(raw_groups)} groups do not fit: {room} of {self.max_queued_groups} queue"
-                                 " places are free; submit again after the next step", 429)
+                raise SourceBusy(
+                    f"{len(raw_groups)} groups do not fit: {room} of {self.max_queued_groups} queue"
+                    " places are free; submit again after the next step",
+                    429,
+                )
             groups, keys = self.ledger.check(raw_groups, self.group_size, self._tokenizer)
             with self._arrived:
                 entries = self.spool.add(groups)

@@ -81,8 +81,7 @@ class ServedLedger:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def record(self, prompt_ids: list[int], token_ids: list[int], text: str, logprobs: list[float],
-               step: int) -> None:
+    def record(self, prompt_ids: list[int], token_ids: list[int], text: str, logprobs: list[float], step: int) -> None:
         key = served_key(prompt_ids, token_ids)
         with self._lock:
             self._add(key, text, tuple(logprobs), step)
@@ -97,8 +96,9 @@ class ServedLedger:
         self.mark_used(keys)
         return groups
 
-    def check(self, raw_groups: list[Any], group_size: int,
-              tokenizer=None) -> tuple[list[TrajectoryGroup], list[bytes]]:
+    def check(
+        self, raw_groups: list[Any], group_size: int, tokenizer=None
+    ) -> tuple[list[TrajectoryGroup], list[bytes]]:
         """The submitted groups, typed, and the keys of their turns; marks nothing (see `mark_used`)."""
         groups = [_parse_group(index, raw, group_size) for index, raw in enumerate(raw_groups)]
         with self._lock:
@@ -130,8 +130,12 @@ class ServedLedger:
         needed: dict[bytes, int] = {}
         for key in keys:
             needed[key] = needed.get(key, 0) + 1
-        missing = [key for key, count in needed.items() if key in self._entries
-                   for _ in range(max(0, count - self._entries[key].used))]
+        missing = [
+            key
+            for key, count in needed.items()
+            if key in self._entries
+            for _ in range(max(0, count - self._entries[key].used))
+        ]
         self.mark_used(missing)
 
     def _use(self, key: bytes) -> bool:
@@ -166,8 +170,9 @@ class ServedLedger:
             key = bytes.fromhex(line["key"])
             logprobs = tuple(float(v) for v in line["logprobs"])
             if "served" in line:  # a rewritten entry carries its counts (served_line writes both or neither)
-                self._insert(key, Served(line["text"], logprobs, line["step"], line.get("used", 0),
-                                         line.get("served", 1)))
+                self._insert(
+                    key, Served(line["text"], logprobs, line["step"], line.get("used", 0), line.get("served", 1))
+                )
             else:  # an appended serve
                 self._add(key, line["text"], logprobs, line["step"])
             return
@@ -177,18 +182,20 @@ class ServedLedger:
     def _lines(self) -> list[dict[str, Any]]:
         return [served_line(key, s.text, s.logprobs, s.step, s.used, s.served) for key, s in self._entries.items()]
 
-
     def _check_turn(self, where: str, message: AssistantMessage, taken: list[bytes]) -> bytes:
         sampled = message.sampled
         if sampled is None or sampled.prompt_token_ids is None:
             raise TrajectoryRefused(
                 f"{where} carries no sampled token ids; submit the prompt_token_ids, token_ids and logprobs"
-                " the endpoint returned with it")
+                " the endpoint returned with it"
+            )
         key = served_key(sampled.prompt_token_ids, sampled.token_ids)
         served = self._entries.get(key)
         if served is None:
-            raise TrajectoryRefused(f"{where} was not served by this job's endpoint: no completion it served has"
-                                    " these prompt and completion token ids (edited, forged, or too old)")
+            raise TrajectoryRefused(
+                f"{where} was not served by this job's endpoint: no completion it served has"
+                " these prompt and completion token ids (edited, forged, or too old)"
+            )
         if served.used + taken.count(key) >= served.served:
             raise TrajectoryRefused(f"{where} was already submitted: each served completion trains once")
         if message.content != served.text:
@@ -200,10 +207,13 @@ class ServedLedger:
 
 def trained_turn_keys(groups: list[TrajectoryGroup]) -> list[bytes]:
     """The ledger keys of every trained assistant turn in `groups` (groups that were accepted)."""
-    return [served_key(message.sampled.prompt_token_ids, message.sampled.token_ids)
-            for group in groups for trajectory in group.trajectories
-            for _, message in trajectory.trained_turns()
-            if message.sampled is not None and message.sampled.prompt_token_ids is not None]
+    return [
+        served_key(message.sampled.prompt_token_ids, message.sampled.token_ids)
+        for group in groups
+        for trajectory in group.trajectories
+        for _, message in trajectory.trained_turns()
+        if message.sampled is not None and message.sampled.prompt_token_ids is not None
+    ]
 
 
 def _close(a, b) -> bool:
@@ -218,8 +228,10 @@ def _parse_group(index: int, raw: Any, group_size: int) -> TrajectoryGroup:
         at = ".".join(str(part) for part in first.get("loc", ()))
         raise TrajectoryRefused(f"group {index} is malformed: {at + ': ' if at else ''}{first.get('msg')}") from None
     if len(group.trajectories) != group_size:
-        raise TrajectoryRefused(f"group {index} (scenario {group.scenario_id!r}) has {len(group.trajectories)}"
-                                f" trajectories; this job's groups hold grpo.group_size = {group_size}")
+        raise TrajectoryRefused(
+            f"group {index} (scenario {group.scenario_id!r}) has {len(group.trajectories)}"
+            f" trajectories; this job's groups hold grpo.group_size = {group_size}"
+        )
     return group
 
 
@@ -232,10 +244,12 @@ def _check_context(where: str, trajectory, tokenizer) -> None:
     rendered = template_messages(trajectory.messages, trajectory.tools)
     shift = len(rendered) - len(trajectory.messages)  # 1 when a system message was added for the tools
     for number, (m, message) in enumerate(trajectory.trained_turns()):
-        expected = tokenizer.apply_chat_template(rendered[:m + shift], tokenize=False, add_generation_prompt=True)
-        served = tokenizer.decode(message.sampled.prompt_token_ids, skip_special_tokens=False,
-                                  clean_up_tokenization_spaces=False)
+        expected = tokenizer.apply_chat_template(rendered[: m + shift], tokenize=False, add_generation_prompt=True)
+        served = tokenizer.decode(
+            message.sampled.prompt_token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
         if served != expected:
             raise TrajectoryRefused(
                 f"{where}, assistant turn {number} (message {m}): the conversation before it differs from the prompt"
-                " the endpoint served (edited messages or tools); submit the messages exactly as sent")
+                " the endpoint served (edited messages or tools); submit the messages exactly as sent"
+            )

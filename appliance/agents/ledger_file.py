@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 KEY_HEX_LENGTH = 64
 
 
-def served_line(key: bytes, text: str, logprobs: Iterable[float], step: int, used: int = 0,
-                served: int | None = None) -> dict[str, Any]:
+def served_line(
+    key: bytes, text: str, logprobs: Iterable[float], step: int, used: int = 0, served: int | None = None
+) -> dict[str, Any]:
     """A served completion; a rewrite adds how often it was served and used (an append: one serve, unused)."""
     line = {"key": key.hex(), "text": text, "logprobs": list(logprobs), "step": step}
     if served is not None:
@@ -55,11 +56,14 @@ def _valid(record: Any) -> bool:
         return False
     if "used" in record and "key" not in record:
         return isinstance(record["used"], list) and all(_is_key(key) for key in record["used"])
-    return (_is_key(record.get("key")) and isinstance(record.get("text"), str)
-            and isinstance(record.get("logprobs"), list)
-            and all(isinstance(value, (int, float)) for value in record["logprobs"])
-            and isinstance(record.get("step"), int)
-            and all(isinstance(record.get(count, 0), int) and record.get(count, 0) >= 0 for count in ("used", "served")))
+    return (
+        _is_key(record.get("key"))
+        and isinstance(record.get("text"), str)
+        and isinstance(record.get("logprobs"), list)
+        and all(isinstance(value, (int, float)) for value in record["logprobs"])
+        and isinstance(record.get("step"), int)
+        and all(isinstance(record.get(count, 0), int) and record.get(count, 0) >= 0 for count in ("used", "served"))
+    )
 
 
 class LedgerFile:
@@ -86,8 +90,14 @@ class LedgerFile:
                 record = None
             if not _valid(record):
                 why = " (a write cut short by a crash)" if number == len(lines) else ""
-                log.warning("served ledger %s: line %d of %d is damaged%s and was ignored; a completion it named"
-                            " can no longer be submitted", self.path, number, len(lines), why)
+                log.warning(
+                    "served ledger %s: line %d of %d is damaged%s and was ignored; a completion it named"
+                    " can no longer be submitted",
+                    self.path,
+                    number,
+                    len(lines),
+                    why,
+                )
                 continue
             yield record
 
@@ -103,7 +113,7 @@ class LedgerFile:
             self._descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         data = (json.dumps(record) + "\n").encode("utf-8")
         while data:
-            data = data[os.write(self._descriptor, data):]
+            data = data[os.write(self._descriptor, data) :]
         self.lines += 1
         if durable:
             os.fsync(self._descriptor)

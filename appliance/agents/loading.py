@@ -53,7 +53,8 @@ def _plugin_class(name: str, folder: Path) -> Callable[..., Environment]:
     if Path(file_part).expanduser().is_absolute() or not resolved.is_relative_to(folder.resolve()):
         raise AgentEnvironmentError(
             f"environment plugin {name!r}: plugins are files inside {folder}, named relative to it"
-            f" (an administrator installs them there); copy the file into that folder and name it by its file name")
+            f" (an administrator installs them there); copy the file into that folder and name it by its file name"
+        )
     return load_from_file(name, folder, "environment plugin", AgentEnvironmentError, f"relative to {folder}")
 
 
@@ -62,7 +63,8 @@ def _check_interface(name: str, environment: Any) -> None:
     if missing:
         raise AgentEnvironmentError(
             f"environment {name!r} lacks {', '.join(missing)}; an environment has a name, "
-            "scenarios(split, count, seed) and async rollout(client, scenario)")
+            "scenarios(split, count, seed) and async rollout(client, scenario)"
+        )
     if not inspect.iscoroutinefunction(environment.rollout):
         raise AgentEnvironmentError(f"environment {name!r}: rollout must be 'async def rollout(client, scenario)'")
 
@@ -74,15 +76,20 @@ def _name_problem(name: str, data_dir: Path) -> str | None:
         if short in BUILTIN:
             return None
         close = closest(short, BUILTIN)
-        hint = f"did you mean 'builtin:{close}'?" if close else "built in: " + ", ".join(
-            f"builtin:{known}" for known in BUILTIN)
+        hint = (
+            f"did you mean 'builtin:{close}'?"
+            if close
+            else "built in: " + ", ".join(f"builtin:{known}" for known in BUILTIN)
+        )
         return f"unknown environment {name!r}; {hint}"
     if is_plugin_reward(name):
         return None
     close = closest(name, [f"builtin:{known}" for known in BUILTIN] + list(extra_names()))
     hint = f"; did you mean {close!r}?" if close else ""
-    return (f"environment {name!r} is neither 'builtin:NAME' ({', '.join(BUILTIN)}) nor 'file.py:Class'"
-            f" with file.py in {plugins_dir(data_dir)}{hint}")
+    return (
+        f"environment {name!r} is neither 'builtin:NAME' ({', '.join(BUILTIN)}) nor 'file.py:Class'"
+        f" with file.py in {plugins_dir(data_dir)}{hint}"
+    )
 
 
 def extra_names() -> tuple[str, ...]:
@@ -105,8 +112,10 @@ def environment_problem(name: str, data_dir: Path) -> str | None:
     file_part, _, class_name = name.rpartition(":")
     resolved = (folder / file_part).resolve()
     if Path(file_part).expanduser().is_absolute() or not resolved.is_relative_to(folder.resolve()):
-        return (f"environment plugin {name!r}: plugins are files inside {folder}, named relative to it"
-                " (an administrator installs them there)")
+        return (
+            f"environment plugin {name!r}: plugins are files inside {folder}, named relative to it"
+            " (an administrator installs them there)"
+        )
     if not resolved.is_file():
         return f"environment plugin {name!r}: {resolved} does not exist; an administrator installs plugins in {folder}"
     try:

@@ -34,8 +34,18 @@ def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
 class OpenAIChatClient:
     """`chat(messages, tools)` against an OpenAI-compatible server that returns token ids and logprobs."""
 
-    def __init__(self, base_url: str, api_key: str, model: str, *, max_tokens: int = 128, temperature: float = 1.0,
-                 top_p: float = 1.0, timeout: float = 600.0, client: Any = None):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        model: str,
+        *,
+        max_tokens: int = 128,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        timeout: float = 600.0,
+        client: Any = None,
+    ):
         if client is None:
             from openai import AsyncOpenAI
 
@@ -50,26 +60,41 @@ class OpenAIChatClient:
 
         started = time.monotonic()
         response = await self.client.chat.completions.create(
-            model=self.model, messages=openai_messages(messages), tools=tools or None, max_tokens=self.max_tokens,
-            temperature=self.temperature, top_p=self.top_p, logprobs=True,
-            extra_body={"return_token_ids": True})
+            model=self.model,
+            messages=openai_messages(messages),
+            tools=tools or None,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            logprobs=True,
+            extra_body={"return_token_ids": True},
+        )
         self.latencies.append(time.monotonic() - started)
         choice = response.choices[0]
         extra = choice.model_extra or {}
         token_ids = extra.get("token_ids")
         prompt_ids = (response.model_extra or {}).get("prompt_token_ids")
         if token_ids is None or prompt_ids is None or choice.logprobs is None:
-            raise RuntimeError(f"{self.client.base_url} returned no token ids or logprobs; the trajectory could not"
-                               " be trained (use an endpoint with vLLM's return_token_ids, e.g. a job's endpoint)")
+            raise RuntimeError(
+                f"{self.client.base_url} returned no token ids or logprobs; the trajectory could not"
+                " be trained (use an endpoint with vLLM's return_token_ids, e.g. a job's endpoint)"
+            )
         self.completion_tokens += len(token_ids)
         text = choice.message.content or ""
-        calls = [ToolCall(id=call.id, function=FunctionCall(name=call.function.name, arguments=call.function.arguments))
-                 for call in choice.message.tool_calls or []]
+        calls = [
+            ToolCall(id=call.id, function=FunctionCall(name=call.function.name, arguments=call.function.arguments))
+            for call in choice.message.tool_calls or []
+        ]
         return AssistantTurn(
-            text=text, tool_calls=calls, tool_call_errors=parse_tool_calls(text).errors,
-            sampled=Sampled(token_ids=list(token_ids), logprobs=[entry.logprob for entry in choice.logprobs.content],
-                            prompt_token_ids=list(prompt_ids),
-                            finish_reason="length" if choice.finish_reason == "length" else "stop"),
+            text=text,
+            tool_calls=calls,
+            tool_call_errors=parse_tool_calls(text).errors,
+            sampled=Sampled(
+                token_ids=list(token_ids),
+                logprobs=[entry.logprob for entry in choice.logprobs.content],
+                prompt_token_ids=list(prompt_ids),
+                finish_reason="length" if choice.finish_reason == "length" else "stop",
+            ),
         )
 
     async def close(self) -> None:

@@ -23,14 +23,15 @@ def opening_length(trajectory: Trajectory) -> int:
 
 def opening_text(trajectory: Trajectory) -> str:
     """The scenario as given to the model: system and user messages before the first assistant turn."""
-    return "\n\n".join(message.content for message in trajectory.messages[:opening_length(trajectory)]
-                       if message.content)
+    return "\n\n".join(
+        message.content for message in trajectory.messages[: opening_length(trajectory)] if message.content
+    )
 
 
 def transcript_text(trajectory: Trajectory) -> str:
     """What the agent did after the opening: its turns (tool calls included) and the tool results it got."""
     parts = []
-    for message in trajectory.messages[opening_length(trajectory):]:
+    for message in trajectory.messages[opening_length(trajectory) :]:
         if isinstance(message, AssistantMessage):
             parts.append(f"[assistant]\n{assistant_text(message).strip()}")
         elif isinstance(message, ToolMessage):

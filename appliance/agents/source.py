@@ -51,8 +51,15 @@ def step_seed(seed: int, step: int) -> int:
 class EnvironmentSource:
     """An Environment played in process against the rollout engine; one sampling seed per step."""
 
-    def __init__(self, environment: Environment, engine: GenerationEngine, sampling: Sampling, seed: int = 0,
-                 split: Split = "train", max_batch_size: int = 64):
+    def __init__(
+        self,
+        environment: Environment,
+        engine: GenerationEngine,
+        sampling: Sampling,
+        seed: int = 0,
+        split: Split = "train",
+        max_batch_size: int = 64,
+    ):
         self.environment = environment
         self.engine = engine
         self.sampling = replace(sampling, n=1)  # one reply per chat call; a group is group_size rollouts
@@ -89,12 +96,14 @@ def build_environment(spec: JobSpec, data_dir: Path) -> Environment:
         raise AgentEnvironmentError("this job has no task.environment; it trains on task.dataset")
     if name == EXTERNAL_ENVIRONMENT:
         raise AgentEnvironmentError(
-            "task.environment 'external' has no in-process environment: its trajectories are submitted from outside")
+            "task.environment 'external' has no in-process environment: its trajectories are submitted from outside"
+        )
     environment = load_environment(name, data_dir, dict(spec.task.environment_options))
     if spec.task.max_turns is not None:
         if not hasattr(environment, "max_turns"):
             raise AgentEnvironmentError(
-                f"task.max_turns: environment {name!r} has no max_turns attribute to override; drop task.max_turns")
+                f"task.max_turns: environment {name!r} has no max_turns attribute to override; drop task.max_turns"
+            )
         environment.max_turns = spec.task.max_turns
     return environment
 
@@ -102,12 +111,19 @@ def build_environment(spec: JobSpec, data_dir: Path) -> Environment:
 def rollout_sampling(spec: JobSpec) -> Sampling:
     """Per-turn sampling of an agent job: grpo.max_new_tokens is the budget of each assistant turn."""
     grpo = spec.grpo
-    return Sampling(max_new_tokens=grpo.max_new_tokens, n=1, temperature=grpo.temperature, top_p=grpo.top_p,
-                    seed=grpo.seed)
+    return Sampling(
+        max_new_tokens=grpo.max_new_tokens, n=1, temperature=grpo.temperature, top_p=grpo.top_p, seed=grpo.seed
+    )
 
 
-def make_source(spec: JobSpec, engine: LocalEngine, data_dir: Path, *, job_dir: Path | None = None,
-                stop_requested: Callable[[], str | None] | None = None) -> TrajectorySource:
+def make_source(
+    spec: JobSpec,
+    engine: LocalEngine,
+    data_dir: Path,
+    *,
+    job_dir: Path | None = None,
+    stop_requested: Callable[[], str | None] | None = None,
+) -> TrajectorySource:
     """The trajectory source of an agent job (`task.environment` set): the one place the key is read.
 
     "external" serves the student endpoint over `engine` (the rollout engine: transformers or vLLM) and writes
@@ -118,8 +134,16 @@ def make_source(spec: JobSpec, engine: LocalEngine, data_dir: Path, *, job_dir: 
         from appliance.agents.external import ExternalSource
 
         if job_dir is None:
-            raise AgentEnvironmentError("task.environment 'external' needs the job folder (make_source(job_dir=...)):"
-                                        " the endpoint's address and token are written there")
-        return ExternalSource(engine, job_dir, spec.grpo.group_size, served_name=spec.student.model,
-                              max_queued_groups=max(16, 4 * spec.grpo.prompts_per_step), stop_requested=stop_requested)
+            raise AgentEnvironmentError(
+                "task.environment 'external' needs the job folder (make_source(job_dir=...)):"
+                " the endpoint's address and token are written there"
+            )
+        return ExternalSource(
+            engine,
+            job_dir,
+            spec.grpo.group_size,
+            served_name=spec.student.model,
+            max_queued_groups=max(16, 4 * spec.grpo.prompts_per_step),
+            stop_requested=stop_requested,
+        )
     return EnvironmentSource(build_environment(spec, data_dir), engine, rollout_sampling(spec), seed=spec.grpo.seed)

@@ -82,8 +82,13 @@ class GroupSpool:
             try:
                 group = TrajectoryGroup.model_validate_json(path.read_bytes())
             except (OSError, ValidationError, ValueError) as error:
-                log.warning("submitted group %s cannot be read (%s: %s); renamed to %s.damaged and skipped",
-                            path, type(error).__name__, str(error).splitlines()[0], path.name)
+                log.warning(
+                    "submitted group %s cannot be read (%s: %s); renamed to %s.damaged and skipped",
+                    path,
+                    type(error).__name__,
+                    str(error).splitlines()[0],
+                    path.name,
+                )
                 os.replace(path, path.with_name(path.name + ".damaged"))
                 continue
             if taken_by is not None:

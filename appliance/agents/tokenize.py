@@ -67,7 +67,7 @@ def _after(longer: str, prefix: str, what: str) -> str:
             f"the chat template does not render {what} as an extension of the conversation before it,"
             " so the assistant tokens cannot be located; use a model whose template renders turns in order"
         )
-    return longer[len(prefix):]
+    return longer[len(prefix) :]
 
 
 def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajectory:
@@ -89,15 +89,21 @@ def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajector
         position = index + shift
         prompt = _render(tokenizer, rendered[:position], generation_prompt=True)
         add_context(_after(prompt, covered, f"message {index}'s generation prompt"))
-        turn_text = _after(_render(tokenizer, rendered[:position + 1], generation_prompt=False), prompt,
-                           f"assistant message {index}")
+        turn_text = _after(
+            _render(tokenizer, rendered[: position + 1], generation_prompt=False), prompt, f"assistant message {index}"
+        )
         content = rendered[position]["content"]
         if not turn_text.startswith(content):
-            raise TemplateError(f"the chat template changes the text of assistant message {index}; "
-                                "its tokens cannot be matched to what the model wrote")
-        rest = turn_text[len(content):]
-        if message.sampled is not None and message.sampled.prompt_token_ids is not None \
-                and out.input_ids != message.sampled.prompt_token_ids:
+            raise TemplateError(
+                f"the chat template changes the text of assistant message {index}; "
+                "its tokens cannot be matched to what the model wrote"
+            )
+        rest = turn_text[len(content) :]
+        if (
+            message.sampled is not None
+            and message.sampled.prompt_token_ids is not None
+            and out.input_ids != message.sampled.prompt_token_ids
+        ):
             out.context_mismatches += 1
         trained, glue = _trained_tokens(tokenizer, message, content, rest, eos, out)
         out.input_ids += trained
@@ -108,19 +114,20 @@ def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajector
     return out
 
 
-def _trained_tokens(tokenizer, message: AssistantMessage, content: str, rest: str, eos: str,
-                    out: TokenizedTrajectory) -> tuple[list[int], str]:
+def _trained_tokens(
+    tokenizer, message: AssistantMessage, content: str, rest: str, eos: str, out: TokenizedTrajectory
+) -> tuple[list[int], str]:
     """The ids of the turn the model produced (appending their logprobs to `out`) and the template glue after."""
     ends_with_eos = bool(eos) and rest.startswith(eos)
     if message.sampled is None:
         ids = _encode(tokenizer, content + (eos if ends_with_eos else ""))
         out.logprobs += [None] * len(ids)
-        return ids, rest[len(eos):] if ends_with_eos else rest
+        return ids, rest[len(eos) :] if ends_with_eos else rest
     sampled = message.sampled
     stopped = bool(sampled.token_ids) and sampled.token_ids[-1] == tokenizer.eos_token_id
     if _encode(tokenizer, content + (eos if stopped else "")) != sampled.token_ids:
         out.drifted_turns += 1
     out.logprobs += list(sampled.logprobs)
     # A turn cut off by the length limit has no end-of-turn token of its own: the template's is context.
-    glue = rest[len(eos):] if stopped and ends_with_eos else rest
+    glue = rest[len(eos) :] if stopped and ends_with_eos else rest
     return list(sampled.token_ids), glue

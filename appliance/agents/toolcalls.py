@@ -38,8 +38,12 @@ class ToolSchemaError(ApplianceError):
 
 def function_tool(name: str, description: str, properties: dict, required: list[str] | None = None) -> dict:
     """An OpenAI function tool; its `parameters` must be a valid JSON schema (checked here, once)."""
-    parameters = {"type": "object", "properties": properties, "required": list(required or properties),
-                  "additionalProperties": False}
+    parameters = {
+        "type": "object",
+        "properties": properties,
+        "required": list(required or properties),
+        "additionalProperties": False,
+    }
     try:
         jsonschema.Draft202012Validator.check_schema(parameters)
     except jsonschema.SchemaError as error:
@@ -105,8 +109,11 @@ def parse_tool_calls(text: str, call_id_prefix: str = "call") -> ParsedCalls:
         if error is not None:
             parsed.errors.append(error)
         else:
-            parsed.calls.append(ToolCall(id=f"{call_id_prefix}_{number}",
-                                         function=FunctionCall(name=call[0], arguments=json.dumps(call[1]))))
+            parsed.calls.append(
+                ToolCall(
+                    id=f"{call_id_prefix}_{number}", function=FunctionCall(name=call[0], arguments=json.dumps(call[1]))
+                )
+            )
     return parsed
 
 
@@ -149,4 +156,3 @@ def check_arguments(tools: list[dict], call: ToolCall) -> tuple[dict | None, str
         where = ".".join(str(part) for part in problems[0].path)
         return None, f"bad arguments for {call.function.name!r}{' at ' + where if where else ''}: {problems[0].message}"
     return arguments, None
-

@@ -99,8 +99,11 @@ class Trajectory(_Strict):
 
     def trained_turns(self) -> list[tuple[int, AssistantMessage]]:
         """(index, message) of the assistant turns that train: every one after the first `context_messages`."""
-        return [(index, message) for index, message in enumerate(self.messages)
-                if isinstance(message, AssistantMessage) and index >= self.context_messages]
+        return [
+            (index, message)
+            for index, message in enumerate(self.messages)
+            if isinstance(message, AssistantMessage) and index >= self.context_messages
+        ]
 
     def assistant_turns(self) -> list[AssistantMessage]:
         return [message for _, message in self.trained_turns()]

@@ -170,8 +170,9 @@ def activation_bytes(
     return int((layers + logits) * CPU_ACTIVATION_OVERHEAD) + CPU_STEP_WORKING_BYTES
 
 
-def generation_working_bytes(shape: ModelShape, batch: int, prompt_tokens: int, dtype_bytes: int,
-                             engine: str = "hf", new_tokens: int = 0) -> int:
+def generation_working_bytes(
+    shape: ModelShape, batch: int, prompt_tokens: int, dtype_bytes: int, engine: str = "hf", new_tokens: int = 0
+) -> int:
     """Transient memory of generation besides the KV cache.
 
     Both engines compute logits for the last position only (transformers sets

@@ -102,4 +102,3 @@ def peak_bytes(kind: str, status: Path = SELF_STATUS) -> int:
 
         return int(torch.cuda.max_memory_reserved())
     return _kib_field(status.read_text(), "VmHWM") or 0
-

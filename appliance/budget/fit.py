@@ -54,8 +54,9 @@ def _largest(values: list[int], fits) -> int | None:
     return None
 
 
-def candidates(work: Workload, budget_bytes: int, micro_batch: int | None, checkpointing: bool | None,
-               rollout_weights: str):
+def candidates(
+    work: Workload, budget_bytes: int, micro_batch: int | None, checkpointing: bool | None, rollout_weights: str
+):
     """For each setting of the yes/no choices, the largest batch sizes that fit, in order of importance.
 
     Peaks grow with every batch size, so maximizing the rollout batch (with the
@@ -67,6 +68,7 @@ def candidates(work: Workload, budget_bytes: int, micro_batch: int | None, check
     weights = [rollout_weights] if rollout_weights != "auto" else ["merged_copy", "shared"]
     judge_batches = halvings(work.judge_calls) if work.judge is not None else [0]
     for ts, w, gc in itertools.product((False, True), weights, checkpointings):
+
         def fits(rb: int, jb: int, mb: int) -> bool:
             return peak_of(phase_plans(work, Sizing(mb, gc, w, ts, rb, jb))) <= budget_bytes
 
@@ -80,11 +82,17 @@ def candidates(work: Workload, budget_bytes: int, micro_batch: int | None, check
         yield Sizing(mb, gc, w, ts, rb, jb)
 
 
-def auto_fit(work: Workload, budget_bytes: int, micro_batch: int | None = None, checkpointing: bool | None = None,
-             rollout_weights: str = "auto") -> tuple[FitChoices, dict[str, PhasePlan]]:
+def auto_fit(
+    work: Workload,
+    budget_bytes: int,
+    micro_batch: int | None = None,
+    checkpointing: bool | None = None,
+    rollout_weights: str = "auto",
+) -> tuple[FitChoices, dict[str, PhasePlan]]:
     """The best Sizing that fits, or the smallest one when none does; with phases and reasons."""
-    planned = [(s, phase_plans(work, s))
-               for s in candidates(work, budget_bytes, micro_batch, checkpointing, rollout_weights)]
+    planned = [
+        (s, phase_plans(work, s)) for s in candidates(work, budget_bytes, micro_batch, checkpointing, rollout_weights)
+    ]
     fitting = [(s, p) for s, p in planned if peak_of(p) <= budget_bytes]
     if fitting:
         sizing, phases = max(fitting, key=lambda item: _rank(item[0], work.sequence_tokens))
@@ -109,21 +117,44 @@ def auto_fit(work: Workload, budget_bytes: int, micro_batch: int | None = None, 
 
 def _with(work: Workload, s: Sizing, **change) -> int:
     """Peak of the same plan with one choice changed."""
-    fields = dict(micro_batch_size=s.micro_batch_size, gradient_checkpointing=s.gradient_checkpointing,
-                  rollout_weights=s.rollout_weights, time_share=s.time_share, rollout_batch=s.rollout_batch,
-                  judge_batch=s.judge_batch)
+    fields = dict(
+        micro_batch_size=s.micro_batch_size,
+        gradient_checkpointing=s.gradient_checkpointing,
+        rollout_weights=s.rollout_weights,
+        time_share=s.time_share,
+        rollout_batch=s.rollout_batch,
+        judge_batch=s.judge_batch,
+    )
     fields.update(change)
     return peak_of(phase_plans(work, Sizing(**fields)))
 
 
-def _reasons(work: Workload, s: Sizing, phases: dict[str, PhasePlan], budget: int, fits: bool,
-             micro_batch: int | None, checkpointing: bool | None, rollout_weights: str) -> dict[str, str]:
+def _reasons(
+    work: Workload,
+    s: Sizing,
+    phases: dict[str, PhasePlan],
+    budget: int,
+    fits: bool,
+    micro_batch: int | None,
+    checkpointing: bool | None,
+    rollout_weights: str,
+) -> dict[str, str]:
     gib = format_bytes
     budget_text = f"the {gib(budget)} budget"
     if not fits:
         note = f"nothing fits {budget_text}; the smallest configuration is shown"
-        return {key: note for key in ("micro_batch_size", "grad_accumulation", "gradient_checkpointing",
-                                      "rollout_weights", "time_share", "rollout_batch", "judge_batch")}
+        return {
+            key: note
+            for key in (
+                "micro_batch_size",
+                "grad_accumulation",
+                "gradient_checkpointing",
+                "rollout_weights",
+                "time_share",
+                "rollout_batch",
+                "judge_batch",
+            )
+        }
 
     def next_size_up(field: str, value: int, limit: int) -> str:
         """Why not the next larger candidate: it would not fit (or there is none)."""
@@ -136,15 +167,16 @@ def _reasons(work: Workload, s: Sizing, phases: dict[str, PhasePlan], budget: in
     if micro_batch:
         reasons["micro_batch_size"] = "set by grpo.micro_batch_size in the job"
     else:
-        reasons["micro_batch_size"] = f"sequences per forward/backward: {next_size_up('micro_batch_size', s.micro_batch_size, work.sequences)}"
+        reasons["micro_batch_size"] = (
+            f"sequences per forward/backward: {next_size_up('micro_batch_size', s.micro_batch_size, work.sequences)}"
+        )
     reasons["grad_accumulation"] = f"{work.sequences} sequences per step / micro-batch {s.micro_batch_size}, rounded up"
     if checkpointing is not None:
         reasons["gradient_checkpointing"] = "set by student.gradient_checkpointing in the job"
     elif s.gradient_checkpointing:
         without = _with(work, s, gradient_checkpointing=False)
-        reasons["gradient_checkpointing"] = (
-            f"on: without it micro-batch {s.micro_batch_size} needs {gib(without)}"
-            + (f" > {budget_text}" if without > budget else ", and a larger checkpointed micro-batch trains faster")
+        reasons["gradient_checkpointing"] = f"on: without it micro-batch {s.micro_batch_size} needs {gib(without)}" + (
+            f" > {budget_text}" if without > budget else ", and a larger checkpointed micro-batch trains faster"
         )
     else:
         reasons["gradient_checkpointing"] = "off: the activations of the micro-batch fit without recomputation"
@@ -168,7 +200,9 @@ def _reasons(work: Workload, s: Sizing, phases: dict[str, PhasePlan], budget: in
         )
     else:
         reasons["time_share"] = "off: every engine stays awake within the budget (no wake/sleep per step)"
-    reasons["rollout_batch"] = f"sequences generated at once: {next_size_up('rollout_batch', s.rollout_batch, work.sequences)}"
+    reasons["rollout_batch"] = (
+        f"sequences generated at once: {next_size_up('rollout_batch', s.rollout_batch, work.sequences)}"
+    )
     if work.judge is not None:
         reasons["judge_batch"] = f"judge calls at once: {next_size_up('judge_batch', s.judge_batch, work.judge_calls)}"
     return reasons

@@ -68,31 +68,39 @@ class Ledger:
         if measured > planned * (1 + OVER_PLAN_TOLERANCE):
             message = (
                 f"{what} uses {format_bytes(measured)}, {measured / planned - 1:.0%} over its plan of "
-                f"{format_bytes(planned)}" if planned else f"{what} uses {format_bytes(measured)} but was planned at 0 B"
+                f"{format_bytes(planned)}"
+                if planned
+                else f"{what} uses {format_bytes(measured)} but was planned at 0 B"
             )
             if message not in self.warnings:
                 self.warnings.append(message)
                 log.warning("memory: %s", message)
 
     def record_halving(self, from_size: int, to_size: int, error: BaseException) -> None:
-        self.halvings.append(Halving(from_size, to_size, str(error).splitlines()[0] if str(error) else
-                                     type(error).__name__, time.time()))
+        self.halvings.append(
+            Halving(from_size, to_size, str(error).splitlines()[0] if str(error) else type(error).__name__, time.time())
+        )
         log.warning("out of memory at micro-batch %d; retrying the step with %d", from_size, to_size)
 
     def gauges(self) -> dict[str, dict[str, int]]:
         """Per component: planned and used bytes, for appliance_memory_{planned,used}_bytes{component}."""
-        return {name: {"planned_bytes": planned, "used_bytes": self.used.get(name, 0)}
-                for name, planned in self.plan.components.items()}
+        return {
+            name: {"planned_bytes": planned, "used_bytes": self.used.get(name, 0)}
+            for name, planned in self.plan.components.items()
+        }
 
     def to_dict(self) -> dict:
         return {
             "budget_bytes": self.plan.budget_bytes,
             "components": self.gauges(),
-            "phases": {name: {"planned_bytes": phase.peak_bytes, "peak_bytes": self.phase_peaks.get(name, 0)}
-                       for name, phase in self.plan.phases.items()},
+            "phases": {
+                name: {"planned_bytes": phase.peak_bytes, "peak_bytes": self.phase_peaks.get(name, 0)}
+                for name, phase in self.plan.phases.items()
+            },
             "warnings": list(self.warnings),
-            "oom_halvings": [{"from": h.from_size, "to": h.to_size, "error": h.error, "time": h.time}
-                             for h in self.halvings],
+            "oom_halvings": [
+                {"from": h.from_size, "to": h.to_size, "error": h.error, "time": h.time} for h in self.halvings
+            ],
         }
 
 
@@ -100,8 +108,9 @@ class OutOfMemoryAtMinimum(ApplianceError, RuntimeError):
     """The step ran out of memory even at the smallest micro-batch."""
 
 
-def run_with_oom_backoff(step_fn: Callable[[int], T], micro_batch_size: int, min_size: int = 1,
-                         ledger: Ledger | None = None) -> tuple[T, int]:
+def run_with_oom_backoff(
+    step_fn: Callable[[int], T], micro_batch_size: int, min_size: int = 1, ledger: Ledger | None = None
+) -> tuple[T, int]:
     """Run `step_fn(micro_batch_size)`; on torch.OutOfMemoryError halve the micro-batch and retry.
 
     Returns the step's result and the micro-batch size that succeeded, which the

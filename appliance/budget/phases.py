@@ -16,8 +16,15 @@ from appliance.budget import components as c
 from appliance.budget.workload import Workload
 
 COMPONENTS = (
-    "student_weights", "rollout_weights", "student_lora", "optimizer", "activations",
-    "rollout_kv", "judge_weights", "judge_kv", "runtime",
+    "student_weights",
+    "rollout_weights",
+    "student_lora",
+    "optimizer",
+    "activations",
+    "rollout_kv",
+    "judge_weights",
+    "judge_kv",
+    "runtime",
 )
 
 
@@ -38,11 +45,16 @@ class FitChoices:
 
     def to_dict(self) -> dict:
         return {
-            "micro_batch_size": self.micro_batch_size, "grad_accumulation": self.grad_accumulation,
-            "gradient_checkpointing": self.gradient_checkpointing, "rollout_weights": self.rollout_weights,
-            "time_share": self.time_share, "rollout_batch": self.rollout_batch,
-            "rollout_kv_bytes": self.rollout_kv_bytes, "judge_batch": self.judge_batch,
-            "judge_kv_bytes": self.judge_kv_bytes, "reasons": dict(self.reasons),
+            "micro_batch_size": self.micro_batch_size,
+            "grad_accumulation": self.grad_accumulation,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "rollout_weights": self.rollout_weights,
+            "time_share": self.time_share,
+            "rollout_batch": self.rollout_batch,
+            "rollout_kv_bytes": self.rollout_kv_bytes,
+            "judge_batch": self.judge_batch,
+            "judge_kv_bytes": self.judge_kv_bytes,
+            "reasons": dict(self.reasons),
         }
 
 
@@ -82,13 +94,23 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
         "student_weights": c.weights_bytes(work.student, work.student_quantization, dtype, work.double_quant),
         # A merged copy: the model in the compute dtype, plus the dequantized (fp32) base weights of the
         # LoRA targets it keeps to re-merge the adapter after every step (engines/merged_copy.py).
-        "rollout_weights": (work.student.total_params * dtype
-                            + c.lora_target_params(work.student, list(work.lora_targets)) * 4)
-        if s.rollout_weights == "merged_copy" else 0,
+        "rollout_weights": (
+            work.student.total_params * dtype + c.lora_target_params(work.student, list(work.lora_targets)) * 4
+        )
+        if s.rollout_weights == "merged_copy"
+        else 0,
         "student_lora": c.student_lora_bytes(work.trainable_params),
         "optimizer": c.optimizer_bytes(work.trainable_params, work.optimizer),
-        "activations": c.activation_bytes(work.student, s.micro_batch_size, work.sequence_tokens, work.new_tokens + 1, dtype,
-                                          s.gradient_checkpointing, list(work.lora_targets), work.device_kind),
+        "activations": c.activation_bytes(
+            work.student,
+            s.micro_batch_size,
+            work.sequence_tokens,
+            work.new_tokens + 1,
+            dtype,
+            s.gradient_checkpointing,
+            list(work.lora_targets),
+            work.device_kind,
+        ),
         "rollout_kv": c.kv_cache_bytes(work.student, s.rollout_batch, work.sequence_tokens, dtype),
         "judge_weights": judge_weights,
         "judge_kv": c.kv_cache_bytes(judge_shape, s.judge_batch, work.judge_tokens, dtype) if work.judge else 0,
@@ -101,10 +123,17 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
     rollout_persistent = work.rollout_engine == "vllm" and not s.time_share
     judge_persistent = work.judge_engine == "vllm" and not s.time_share
     working = {
-        "generate": c.generation_working_bytes(work.student, s.rollout_batch, work.prompt_tokens, work.dtype_bytes,
-                                               work.rollout_engine, work.new_tokens),
-        "judge": c.generation_working_bytes(work.judge or work.student, s.judge_batch, work.judge_prompt_tokens,
-                                            work.dtype_bytes, work.judge_engine, work.judge_new_tokens),
+        "generate": c.generation_working_bytes(
+            work.student, s.rollout_batch, work.prompt_tokens, work.dtype_bytes, work.rollout_engine, work.new_tokens
+        ),
+        "judge": c.generation_working_bytes(
+            work.judge or work.student,
+            s.judge_batch,
+            work.judge_prompt_tokens,
+            work.dtype_bytes,
+            work.judge_engine,
+            work.judge_new_tokens,
+        ),
         "train": sizes["activations"],
     }
     names = ["generate", "judge", "train"] if work.judge is not None else ["generate", "train"]

@@ -57,10 +57,15 @@ class Plan:
         if self.fits:
             return ""
         worst = max(self.phases.values(), key=lambda p: p.peak_bytes)
-        change = ("change " + " or ".join(self.suggestions) if self.suggestions
-                  else "no change to the job fits; use a larger device or a smaller model")
-        return (f"the {worst.name} phase needs {format_bytes(worst.peak_bytes)}, more than the "
-                f"{format_bytes(self.budget_bytes)} budget (overflowing: {', '.join(self.overflow)}); {change}")
+        change = (
+            "change " + " or ".join(self.suggestions)
+            if self.suggestions
+            else "no change to the job fits; use a larger device or a smaller model"
+        )
+        return (
+            f"the {worst.name} phase needs {format_bytes(worst.peak_bytes)}, more than the "
+            f"{format_bytes(self.budget_bytes)} budget (overflowing: {', '.join(self.overflow)}); {change}"
+        )
 
     def render(self) -> str:
         """The plan for people: one column per phase, GiB on screen."""
@@ -86,8 +91,8 @@ class Plan:
             f"choices: micro_batch_size {c.micro_batch_size} x grad_accumulation {c.grad_accumulation}, "
             f"gradient_checkpointing {'on' if c.gradient_checkpointing else 'off'}, rollout_weights {c.rollout_weights}, "
             f"time_share {'on' if c.time_share else 'off'}, rollout batch {c.rollout_batch} "
-            f"(KV {gib(c.rollout_kv_bytes)})" + (f", judge batch {c.judge_batch} (KV {gib(c.judge_kv_bytes)})"
-                                                 if "judge" in self.phases else "")
+            f"(KV {gib(c.rollout_kv_bytes)})"
+            + (f", judge batch {c.judge_batch} (KV {gib(c.judge_kv_bytes)})" if "judge" in self.phases else "")
         )
         for key, reason in c.reasons.items():
             lines.append(f"  {key}: {reason}")
@@ -114,16 +119,24 @@ def budget_of(job: JobSpec, device: DeviceInfo) -> int:
 
 
 def _fit(job: JobSpec, work: Workload, budget: int):
-    return auto_fit(work, budget, job.grpo.micro_batch_size, job.student.gradient_checkpointing,
-                    job.engine.rollout_weights)
+    return auto_fit(
+        work, budget, job.grpo.micro_batch_size, job.student.gradient_checkpointing, job.engine.rollout_weights
+    )
 
 
 def _peak(phases: dict[str, PhasePlan]) -> int:
     return max(p.peak_bytes for p in phases.values())
 
 
-def plan_job(job: JobSpec, student_config: dict, judge_config: dict | None, device: DeviceInfo,
-             optimizer: str = "adamw_32bit", double_quant: bool = False, prompt_tokens: int | None = None) -> Plan:
+def plan_job(
+    job: JobSpec,
+    student_config: dict,
+    judge_config: dict | None,
+    device: DeviceInfo,
+    optimizer: str = "adamw_32bit",
+    double_quant: bool = False,
+    prompt_tokens: int | None = None,
+) -> Plan:
     """Plan `job` on `device`: auto-fit choices, per-phase peaks and, when it does not fit, what to change.
 
     prompt_tokens: the job's longest training prompt as measured with the chat template
@@ -141,10 +154,21 @@ def plan_job(job: JobSpec, student_config: dict, judge_config: dict | None, devi
     if not fits:
         overflow = _overflow(phases, budget)
         suggestions = suggest_changes(job, student_config, judge_config, device, optimizer, double_quant, prompt_tokens)
-    return Plan(device, budget, components, phases, peak, fits, choices, overflow, suggestions,
-                work.compute_dtype, work.rollout_engine,
-                ("remote" if job.judge.endpoint else work.judge_engine) if job.judge else "",
-                {"student": work.sequence_tokens, **({"judge": work.judge_tokens} if job.judge else {})})
+    return Plan(
+        device,
+        budget,
+        components,
+        phases,
+        peak,
+        fits,
+        choices,
+        overflow,
+        suggestions,
+        work.compute_dtype,
+        work.rollout_engine,
+        ("remote" if job.judge.endpoint else work.judge_engine) if job.judge else "",
+        {"student": work.sequence_tokens, **({"judge": work.judge_tokens} if job.judge else {})},
+    )
 
 
 def _overflow(phases: dict[str, PhasePlan], budget: int) -> list[str]:
@@ -207,9 +231,15 @@ def _format(key: str, value) -> str:
     return f"{key}: {str(value).lower() if isinstance(value, bool) else value}"
 
 
-def suggest_changes(job: JobSpec, student_config: dict, judge_config: dict | None, device: DeviceInfo,
-                    optimizer: str = "adamw_32bit", double_quant: bool = False,
-                    prompt_tokens: int | None = None) -> list[str]:
+def suggest_changes(
+    job: JobSpec,
+    student_config: dict,
+    judge_config: dict | None,
+    device: DeviceInfo,
+    optimizer: str = "adamw_32bit",
+    double_quant: bool = False,
+    prompt_tokens: int | None = None,
+) -> list[str]:
     """Single changes that fit (the mildest value of each key), else one combination found greedily."""
     budget = budget_of(job, device)
 

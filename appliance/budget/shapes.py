@@ -68,8 +68,9 @@ class ModelShape:
     def kv_bytes(self, sequences: int, tokens_per_sequence: int, dtype_bytes: int) -> int:
         """KV cache for `sequences` of `tokens_per_sequence`; sliding-window layers keep at most their window."""
         per_layer_token = 2 * self.kv_heads * self.head_dim * dtype_bytes
-        kept = sum(tokens_per_sequence if window is None else min(window, tokens_per_sequence)
-                   for window in self.layer_windows)
+        kept = sum(
+            tokens_per_sequence if window is None else min(window, tokens_per_sequence) for window in self.layer_windows
+        )
         return sequences * kept * per_layer_token
 
 
@@ -123,8 +124,13 @@ def shape_from_config(config: dict, name: str = "model") -> ModelShape:
 
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
     block_linears = (
-        ("q_proj", hidden, q_out), ("k_proj", hidden, kv_out), ("v_proj", hidden, kv_out), ("o_proj", q_out, hidden),
-        ("gate_proj", hidden, intermediate), ("up_proj", hidden, intermediate), ("down_proj", intermediate, hidden),
+        ("q_proj", hidden, q_out),
+        ("k_proj", hidden, kv_out),
+        ("v_proj", hidden, kv_out),
+        ("o_proj", q_out, hidden),
+        ("gate_proj", hidden, intermediate),
+        ("up_proj", hidden, intermediate),
+        ("down_proj", intermediate, hidden),
     )
     linear = layers * sum(i * o for _, i, o in block_linears)
 
@@ -142,10 +148,21 @@ def shape_from_config(config: dict, name: str = "model") -> ModelShape:
 
     embedding = vocab * hidden * (1 if tied else 2)
     return ModelShape(
-        name=name, model_type=model_type, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-        head_dim=head_dim, intermediate=intermediate, vocab=vocab, tied_embeddings=tied,
+        name=name,
+        model_type=model_type,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=intermediate,
+        vocab=vocab,
+        tied_embeddings=tied,
         layer_windows=_layer_windows(config, model_type, layers),
-        linear_params=linear, linear_bias_params=bias, embedding_params=embedding, norm_params=norm,
+        linear_params=linear,
+        linear_bias_params=bias,
+        embedding_params=embedding,
+        norm_params=norm,
         block_linears=block_linears,
     )
 

@@ -40,9 +40,12 @@ def assumptions(job: JobSpec) -> str:
     if job.task.environment is None:
         return ""
     source = "task.max_turns" if job.task.max_turns else "assumed; set task.max_turns to plan another limit"
-    return (f"agent trajectories: opening prompt + {agent_turns(job)} turns ({source}) x (grpo.max_new_tokens "
-            f"{job.grpo.max_new_tokens} + {TOOL_RESULT_TOKENS} tokens of tool result and template); longer "
-            "trajectories are cut there")
+    return (
+        f"agent trajectories: opening prompt + {agent_turns(job)} turns ({source}) x (grpo.max_new_tokens "
+        f"{job.grpo.max_new_tokens} + {TOOL_RESULT_TOKENS} tokens of tool result and template); longer "
+        "trajectories are cut there"
+    )
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -116,9 +119,15 @@ def judge_prompt_tokens(job: JobSpec, prompt_tokens: int) -> int:
     return prompt_tokens + scored + rubric
 
 
-def workload_of(job: JobSpec, student_config: dict, judge_config: dict | None, device_kind: str,
-                optimizer: str = "adamw_32bit", double_quant: bool = False,
-                prompt_tokens: int | None = None) -> Workload:
+def workload_of(
+    job: JobSpec,
+    student_config: dict,
+    judge_config: dict | None,
+    device_kind: str,
+    optimizer: str = "adamw_32bit",
+    double_quant: bool = False,
+    prompt_tokens: int | None = None,
+) -> Workload:
     """prompt_tokens: the longest training prompt as measured (job.prompt_lengths); else grpo.max_prompt_tokens."""
     student = shape_from_config(student_config, job.student.model)
     prompt_tokens = prompt_tokens or job.grpo.max_prompt_tokens

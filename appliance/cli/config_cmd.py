@@ -42,14 +42,23 @@ def _check(args) -> int:
         results.append((file, spec, errors))
     all_valid = all(not errors for _, _, errors in results)
     if args.json:
-        print(json.dumps({
-            "valid": all_valid,
-            "files": [
-                {"file": str(file), "valid": not errors, "name": spec.name if spec else None,
-                 "errors": [error.as_dict() for error in errors]}
-                for file, spec, errors in results
-            ],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "valid": all_valid,
+                    "files": [
+                        {
+                            "file": str(file),
+                            "valid": not errors,
+                            "name": spec.name if spec else None,
+                            "errors": [error.as_dict() for error in errors],
+                        }
+                        for file, spec, errors in results
+                    ],
+                },
+                indent=2,
+            )
+        )
     else:
         for file, spec, errors in results:
             if errors:

@@ -23,12 +23,21 @@ def register(subparsers) -> None:
     parser.add_argument("file", type=Path, help="job YAML file (model, task, rewards)")
     parser.add_argument("--adapter", type=Path, default=None, help="checkpoint, adapter or best/ folder")
     parser.add_argument("--data", type=Path, default=None, help="JSONL with question/answer rows (default: held-out)")
-    parser.add_argument("--limit", type=int, default=None,
-                        help="evaluate the first N problems (agent jobs: scenarios) only")
-    parser.add_argument("--temperature", type=float, default=None,
-                        help="sample at this temperature (default: the job's checkpoint.eval_temperature; 0 greedy)")
-    parser.add_argument("--samples", type=int, default=None,
-                        help="draws per problem or scenario (default: the job's checkpoint.eval_samples)")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="evaluate the first N problems (agent jobs: scenarios) only"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sample at this temperature (default: the job's checkpoint.eval_temperature; 0 greedy)",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="draws per problem or scenario (default: the job's checkpoint.eval_samples)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     add_data_dir(parser)
     parser.set_defaults(handler=_eval)
@@ -66,8 +75,11 @@ def _eval(args) -> int:
     try:
         how = EvalSampling(temperature, samples, spec.grpo.seed)
     except ValueError as error:
-        print(f"error: --temperature {temperature:g} with --samples {samples} (or the job's checkpoint.eval_temperature"
-              f" / eval_samples): {error}", file=sys.stderr)
+        print(
+            f"error: --temperature {temperature:g} with --samples {samples} (or the job's checkpoint.eval_temperature"
+            f" / eval_samples): {error}",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
     if spec.task.environment is not None:
         return _eval_agent(args, spec, data_dir, how)
@@ -83,8 +95,9 @@ def _eval(args) -> int:
         return EXIT_BAD_INPUT
     problems = [p for p in problems if p.answer is not None][: args.limit]  # no reference: no accuracy
     rewards = build_rewards([r for r in spec.rewards if r.name != JUDGE_REWARD], args.file.resolve().parent)
-    result = evaluate_student(student, task, problems, rewards, spec.grpo.max_new_tokens, use_adapter=adapter is not None,
-                              how=how)
+    result = evaluate_student(
+        student, task, problems, rewards, spec.grpo.max_new_tokens, use_adapter=adapter is not None, how=how
+    )
     return _report(args, spec, adapter, result, "problems", "accuracy")
 
 
@@ -98,8 +111,11 @@ def _eval_agent(args, spec, data_dir: Path, how) -> int:
     from appliance.models.store import ModelStoreError, resolve_model
 
     if args.data:
-        print(f"error: --data: {args.file} is an agent job (task.environment {spec.task.environment}); its held-out "
-              "scenarios come from the environment; drop --data", file=sys.stderr)
+        print(
+            f"error: --data: {args.file} is an agent job (task.environment {spec.task.environment}); its held-out "
+            "scenarios come from the environment; drop --data",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
     try:
         environment = build_environment(spec, data_dir)
@@ -111,8 +127,9 @@ def _eval_agent(args, spec, data_dir: Path, how) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     scenarios = args.limit or spec.checkpoint.eval_limit or AGENT_EVAL_SCENARIOS
-    result = evaluate_agent_student(student, environment, scenarios, spec.grpo.max_new_tokens,
-                                    use_adapter=adapter is not None, how=how)
+    result = evaluate_agent_student(
+        student, environment, scenarios, spec.grpo.max_new_tokens, use_adapter=adapter is not None, how=how
+    )
     return _report(args, spec, adapter, result, "scenarios", "success")
 
 
@@ -123,9 +140,11 @@ def _report(args, spec, adapter: Path | None, result, unit: str, measure: str) -
     if args.json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
-    print(f"{spec.name} ({'adapter ' + str(adapter) if adapter else 'base model'}) on {result.problems} {unit}"
-          f"{sampled_note(result.temperature, result.samples)}: {measure} {result.accuracy:.1%}, "
-          f"format compliance {result.format_compliance:.1%}, {result.seconds:.1f} s")
+    print(
+        f"{spec.name} ({'adapter ' + str(adapter) if adapter else 'base model'}) on {result.problems} {unit}"
+        f"{sampled_note(result.temperature, result.samples)}: {measure} {result.accuracy:.1%}, "
+        f"format compliance {result.format_compliance:.1%}, {result.seconds:.1f} s"
+    )
     for name, value in result.reward_means.items():
         print(f"  {name:<16} {value:.3f}")
     return EXIT_OK

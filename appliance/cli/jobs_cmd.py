@@ -35,13 +35,24 @@ def register(subparsers) -> None:
         if with_id:
             parser.add_argument("job_id", metavar="ID")
         parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
-        parser.add_argument("--socket", default=None,
-                            help="the daemon's socket (default: $APPLIANCE_SOCKET, else /run/appliance/control.sock)")
-        parser.add_argument("--control-addr", default=None,
-                            metavar="HOST:PORT", help="talk to the daemon's TCP control port instead of the socket "
-                            "(default: $APPLIANCE_CONTROL_ADDR); needs --token-file")
-        parser.add_argument("--token-file", default=None, metavar="FILE",
-                            help="file holding the daemon's control token, mode 0600 (default: $APPLIANCE_TOKEN_FILE)")
+        parser.add_argument(
+            "--socket",
+            default=None,
+            help="the daemon's socket (default: $APPLIANCE_SOCKET, else /run/appliance/control.sock)",
+        )
+        parser.add_argument(
+            "--control-addr",
+            default=None,
+            metavar="HOST:PORT",
+            help="talk to the daemon's TCP control port instead of the socket "
+            "(default: $APPLIANCE_CONTROL_ADDR); needs --token-file",
+        )
+        parser.add_argument(
+            "--token-file",
+            default=None,
+            metavar="FILE",
+            help="file holding the daemon's control token, mode 0600 (default: $APPLIANCE_TOKEN_FILE)",
+        )
         parser.set_defaults(handler=lambda args: _run(args, handler))
         return parser
 
@@ -56,19 +67,27 @@ def register(subparsers) -> None:
     logs = action("logs", "the job's log.txt", _logs)
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing lines as they are written")
     logs.add_argument("--bytes", type=int, default=16384, help="how much of the end to show first (default 16384)")
-    samples = action("samples", "the job's recorded samples: completions, or agent trajectories with their "
-                                "turns, tool calls and trained mask", _samples)
+    samples = action(
+        "samples",
+        "the job's recorded samples: completions, or agent trajectories with their turns, tool calls and trained mask",
+        _samples,
+    )
     samples.add_argument("--step", type=int, default=None, help="only this step (default: the newest recorded)")
     samples.add_argument("--all", action="store_true", help="every step still in the last --limit lines")
     samples.add_argument("--limit", type=int, default=400, help="how many of the newest lines to fetch (default 400)")
     action("metrics", "the job's per-step metrics", _metrics)
-    action("endpoint", "a running external-rollout job's student endpoint: URL, token and model for agent code",
-           _endpoint)
-    trajectories = action("submit-trajectories", "submit trajectory groups played against the job's endpoint",
-                          _submit_trajectories)
-    trajectories.add_argument("file", type=Path, metavar="FILE",
-                              help="JSON: a list of trajectory groups (or {\"groups\": [...]}), or JSON Lines,"
-                                   " one group per line")
+    action(
+        "endpoint", "a running external-rollout job's student endpoint: URL, token and model for agent code", _endpoint
+    )
+    trajectories = action(
+        "submit-trajectories", "submit trajectory groups played against the job's endpoint", _submit_trajectories
+    )
+    trajectories.add_argument(
+        "file",
+        type=Path,
+        metavar="FILE",
+        help='JSON: a list of trajectory groups (or {"groups": [...]}), or JSON Lines, one group per line',
+    )
 
 
 def _run(args, handler) -> int:
@@ -116,8 +135,10 @@ def _submit(client, args) -> int:
         _print_json(response)
     elif response.job is None:
         plan = response.plan
-        print(f"{args.file}: valid; fits: peak {plan['peak_bytes'] / 2**30:.2f} GiB of a "
-              f"{plan['budget_bytes'] / 2**30:.2f} GiB budget on {plan['device']['kind']} (dry run: nothing queued)")
+        print(
+            f"{args.file}: valid; fits: peak {plan['peak_bytes'] / 2**30:.2f} GiB of a "
+            f"{plan['budget_bytes'] / 2**30:.2f} GiB budget on {plan['device']['kind']} (dry run: nothing queued)"
+        )
     else:
         print(f"submitted {response.job.id} ({response.job.name}): {response.job.state}")
     return EXIT_OK
@@ -129,9 +150,18 @@ def _list(client, args) -> int:
         print(json.dumps([job.model_dump() for job in jobs], indent=2))
         return EXIT_OK
     rows = [("ID", "NAME", "STATE", "STEP", "USER", "SUBMITTED", "REASON")]
-    rows += [(job.id, job.name, job.state + (f" ({job.phase})" if job.phase else ""),
-              f"{job.step}/{job.steps_total}", job.user, _when(job.created), job.reason.splitlines()[0] if job.reason else "")
-             for job in jobs]
+    rows += [
+        (
+            job.id,
+            job.name,
+            job.state + (f" ({job.phase})" if job.phase else ""),
+            f"{job.step}/{job.steps_total}",
+            job.user,
+            _when(job.created),
+            job.reason.splitlines()[0] if job.reason else "",
+        )
+        for job in jobs
+    ]
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
@@ -143,8 +173,10 @@ def _show(client, args) -> int:
     if args.json:
         _print_json(job)
         return EXIT_OK
-    print(f"job {job.id} '{job.name}': {job.state}{' (' + job.phase + ')' if job.phase else ''}, "
-          f"step {job.step}/{job.steps_total}, submitted by {job.user} (uid {job.uid}) at {_when(job.created)}")
+    print(
+        f"job {job.id} '{job.name}': {job.state}{' (' + job.phase + ')' if job.phase else ''}, "
+        f"step {job.step}/{job.steps_total}, submitted by {job.user} (uid {job.uid}) at {_when(job.created)}"
+    )
     if job.reason:
         print(f"reason: {job.reason}")
     print(f"folder: {job.job_dir}")
@@ -153,7 +185,9 @@ def _show(client, args) -> int:
         print(f"  {_when(event.time)}  {data.get('from') or '-'} -> {data.get('to')}: {data.get('reason', '')}")
     if job.last_record:
         record = job.last_record
-        print(f"last step {record.get('step')}: reward {record.get('reward_mean', 0):+.3f}, loss {record.get('loss', 0):+.4f}")
+        print(
+            f"last step {record.get('step')}: reward {record.get('reward_mean', 0):+.3f}, loss {record.get('loss', 0):+.4f}"
+        )
     if job.checkpoints:
         print(f"checkpoints: {', '.join(str(c.step) for c in job.checkpoints)}")
     if job.best:
@@ -169,6 +203,7 @@ def _state_change(method):
         else:
             print(f"{job.id}: {job.state}{' (' + job.reason + ')' if job.reason else ''}")
         return EXIT_OK
+
     return handler
 
 
@@ -218,9 +253,11 @@ def _metrics(client, args) -> int:
     for record in records:
         rate = record.get("tokens_per_second") or {}
         rate = rate.get("student", 0.0) if isinstance(rate, dict) else rate
-        print(f"{record.get('step', 0):>5}  {record.get('reward_mean', 0):>+8.3f}  {record.get('reward_std', 0):>6.3f}  "
-              f"{record.get('loss', 0):>+9.4f}  {record.get('kl', 0):>8.4f}  {rate:>7.1f}  "
-              f"{(record.get('seconds') or {}).get('step', 0):>7.1f}")
+        print(
+            f"{record.get('step', 0):>5}  {record.get('reward_mean', 0):>+8.3f}  {record.get('reward_std', 0):>6.3f}  "
+            f"{record.get('loss', 0):>+9.4f}  {record.get('kl', 0):>8.4f}  {rate:>7.1f}  "
+            f"{(record.get('seconds') or {}).get('step', 0):>7.1f}"
+        )
     return EXIT_OK
 
 
@@ -253,8 +290,11 @@ def _read_groups(path: Path) -> list:
             try:
                 groups.append(json.loads(line))
             except json.JSONDecodeError as error:
-                raise ClientError(f"{path}:{number}: not JSON ({error.msg}); give a JSON list of trajectory groups"
-                                  " or JSON Lines, one group per line", status=400) from None
+                raise ClientError(
+                    f"{path}:{number}: not JSON ({error.msg}); give a JSON list of trajectory groups"
+                    " or JSON Lines, one group per line",
+                    status=400,
+                ) from None
         return groups
     if isinstance(document, dict) and "groups" in document:
         document = document["groups"]
@@ -270,6 +310,8 @@ def _submit_trajectories(client, args) -> int:
     if args.json:
         _print_json(accepted)
     else:
-        print(f"{accepted.job_id}: {accepted.accepted} groups accepted ({accepted.queued} queued for training;"
-              f" step {accepted.step})")
+        print(
+            f"{accepted.job_id}: {accepted.accepted} groups accepted ({accepted.queued} queued for training;"
+            f" step {accepted.step})"
+        )
     return EXIT_OK

@@ -69,16 +69,28 @@ def _eval(args) -> int:
         for mode in modes:
             for scoring in scorings:
                 variant = spec.model_copy(update={"mode": mode, "scoring": scoring})
-                reports.append(evaluate_judge(rows, lambda log_path, v=variant: Judge(v, engine, log_path),
-                                              threshold=args.threshold))
+                reports.append(
+                    evaluate_judge(
+                        rows, lambda log_path, v=variant: Judge(v, engine, log_path), threshold=args.threshold
+                    )
+                )
     except ApplianceError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     finally:
         engine.close()
     if args.json:
-        print(json.dumps({"file": args.file, "judge_model": spec.model, "rows": len(rows),
-                          "reports": [report.to_dict() for report in reports]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "file": args.file,
+                    "judge_model": spec.model,
+                    "rows": len(rows),
+                    "reports": [report.to_dict() for report in reports],
+                },
+                indent=2,
+            )
+        )
     else:
         print(f"judge {spec.model} on {len(rows)} rows of {args.file}")
         print(format_table(reports))
@@ -111,8 +123,9 @@ def _judge_engine(spec, job, data_dir: Path):
     if kind == "vllm" or (kind == "auto" and device.startswith("cuda")):
         from appliance.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_dir, model_name=f"{spec.model}-judge", kv_cache_bytes=1 << 30, device=device,
-                          enable_lora=False)
+        return VLLMEngine(
+            model_dir, model_name=f"{spec.model}-judge", kv_cache_bytes=1 << 30, device=device, enable_lora=False
+        )
     from appliance.engines.hf import HFEngine
 
     quantization = "none" if (job is not None and spec.share_student_base) else spec.quantization

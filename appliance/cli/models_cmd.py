@@ -37,15 +37,17 @@ def _list(args) -> int:
     rows = []
     for name in store.names():
         model = store.get(name)
-        rows.append({
-            "name": name,
-            "architecture": model.architecture,
-            "parameters": model.parameters,
-            "size_bytes": model.size_bytes,
-            "dtype": model.manifest.get("dtype"),
-            "status": store.check_status(name),
-            "path": str(model.path),
-        })
+        rows.append(
+            {
+                "name": name,
+                "architecture": model.architecture,
+                "parameters": model.parameters,
+                "size_bytes": model.size_bytes,
+                "dtype": model.manifest.get("dtype"),
+                "status": store.check_status(name),
+                "path": str(model.path),
+            }
+        )
     if args.json:
         print(json.dumps({"models": rows}, indent=2))
         return EXIT_OK
@@ -54,8 +56,10 @@ def _list(args) -> int:
         return EXIT_OK
     print(f"{'NAME':<28} {'ARCHITECTURE':<22} {'PARAMS':>10} {'SIZE':>11}  STATUS")
     for row in rows:
-        print(f"{row['name']:<28} {row['architecture']:<22} {row['parameters'] / 1e6:>9.1f}M "
-              f"{format_bytes(row['size_bytes']):>11}  {row['status']}")
+        print(
+            f"{row['name']:<28} {row['architecture']:<22} {row['parameters'] / 1e6:>9.1f}M "
+            f"{format_bytes(row['size_bytes']):>11}  {row['status']}"
+        )
     return EXIT_OK
 
 

@@ -26,16 +26,28 @@ def register(subparsers) -> None:
         "plan",
         help="itemized memory plan per phase against the device budget (exit 3 when it does not fit)",
         description="Plan a job's memory per phase (generate, judge, train) against the budget. "
-                    "Exit 0 when it fits, 3 when it does not, 2 on bad input.",
+        "Exit 0 when it fits, 3 when it does not, 2 on bad input.",
     )
     plan.add_argument("file", type=Path, metavar="FILE")
-    plan.add_argument("--device-memory", metavar="SIZE",
-                      help="plan for a device of this size (e.g. 80GiB) instead of probing this machine; "
-                           "the device is then taken to be CUDA unless --device says otherwise")
-    plan.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                      help="the device kind (default: CUDA when visible, else the CPU)")
-    plan.add_argument("--model-config", action="append", default=[], metavar="NAME=PATH",
-                      help="config.json to use for the model named NAME in the job (repeatable)")
+    plan.add_argument(
+        "--device-memory",
+        metavar="SIZE",
+        help="plan for a device of this size (e.g. 80GiB) instead of probing this machine; "
+        "the device is then taken to be CUDA unless --device says otherwise",
+    )
+    plan.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="the device kind (default: CUDA when visible, else the CPU)",
+    )
+    plan.add_argument(
+        "--model-config",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="config.json to use for the model named NAME in the job (repeatable)",
+    )
     plan.add_argument("--json", action="store_true", help="one JSON document on stdout")
     add_data_dir(plan)
     plan.set_defaults(handler=_plan)
@@ -126,8 +138,9 @@ def _plan(args) -> int:
         if job.judge is not None and not job.judge.share_student_base and job.judge.endpoint is None:
             judge_config, judge_source = resolve_config("judge.model", job.judge.model, data_dir, overrides)
         device = _device(args)
-        plan = plan_job(job, student_config, judge_config, device,
-                        prompt_tokens=_measured_prompt_tokens(job, args.file, data_dir))
+        plan = plan_job(
+            job, student_config, judge_config, device, prompt_tokens=_measured_prompt_tokens(job, args.file, data_dir)
+        )
     except (PlanInputError, ShapeError, ValueError) as exc:
         print(f"error: {args.file}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -138,8 +151,10 @@ def _plan(args) -> int:
         print(json.dumps(document, indent=2))
     else:
         print(f"{args.file}: job '{job.name}'")
-        print(f"student {job.student.model} ({student_source})"
-              + (f", judge {job.judge.model} ({judge_source or 'student base'})" if job.judge else ""))
+        print(
+            f"student {job.student.model} ({student_source})"
+            + (f", judge {job.judge.model} ({judge_source or 'student base'})" if job.judge else "")
+        )
         print(plan.render())
     if not plan.fits:
         if not args.json:

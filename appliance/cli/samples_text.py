@@ -23,9 +23,11 @@ def samples_text(records: list[dict]) -> str:
         for number, group in enumerate(groups, start=1):
             if is_trajectory(group[0]):
                 trajectories = [parse_trajectory(record) for record in group]
-                lines.append(f"== step {step} · group {number} · {trajectories[0].environment} · scenario "
-                             f"{trajectories[0].scenario} · {len(group)} "
-                             f"{'trajectory' if len(group) == 1 else 'trajectories'}")
+                lines.append(
+                    f"== step {step} · group {number} · {trajectories[0].environment} · scenario "
+                    f"{trajectories[0].scenario} · {len(group)} "
+                    f"{'trajectory' if len(group) == 1 else 'trajectories'}"
+                )
                 for index, trajectory in enumerate(trajectories, start=1):
                     lines += trajectory_lines(trajectory, index)
             else:
@@ -39,21 +41,26 @@ def completion_lines(step: int, number: int, group: list[dict]) -> list[str]:
     lines = [f"== step {step} · prompt {number}: {first.get('question', '')}  (answer {first.get('reference', '')})"]
     for index, sample in enumerate(group, start=1):
         rewards = "  ".join(f"{name} {_number(value)}" for name, value in sorted((sample.get("rewards") or {}).items()))
-        lines.append(f"  {index}. reward {_number(sample.get('reward'))}  {rewards}  advantage "
-                     f"{_signed(sample.get('advantage'))}")
+        lines.append(
+            f"  {index}. reward {_number(sample.get('reward'))}  {rewards}  advantage "
+            f"{_signed(sample.get('advantage'))}"
+        )
         lines += [f"     {line}" for line in str(sample.get("completion", "")).strip().splitlines() or [""]]
     return lines
 
 
 def trajectory_lines(trajectory: Trajectory, index: int) -> list[str]:
     rewards = "  ".join(f"{name} {_number(value)}" for name, value in sorted(trajectory.rewards.items()))
-    lines = [f"-- trajectory {index}: reward {_number(trajectory.reward)}  {rewards}  advantage "
-             f"{_signed(trajectory.advantage)}  tokens: {_count(trajectory.trained_tokens)} trained, "
-             f"{_count(trajectory.context_tokens)} context"
-             + (" (cut at the job's token bound)" if trajectory.truncated else "")]
+    lines = [
+        f"-- trajectory {index}: reward {_number(trajectory.reward)}  {rewards}  advantage "
+        f"{_signed(trajectory.advantage)}  tokens: {_count(trajectory.trained_tokens)} trained, "
+        f"{_count(trajectory.context_tokens)} context"
+        + (" (cut at the job's token bound)" if trajectory.truncated else "")
+    ]
     if trajectory.metrics:
-        lines.append("   metrics: " + "  ".join(f"{name} {_metric(value)}"
-                                                for name, value in sorted(trajectory.metrics.items())))
+        lines.append(
+            "   metrics: " + "  ".join(f"{name} {_metric(value)}" for name, value in sorted(trajectory.metrics.items()))
+        )
     for turn in trajectory.turns:
         label = f"{turn.role} ({trajectory.tool_name(turn)})" if turn.role == "tool" else turn.role
         body = elide(turn.text.strip(), TURN_CHARS).splitlines() + [f"call {call.label}" for call in turn.tool_calls]

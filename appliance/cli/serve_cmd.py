@@ -12,28 +12,59 @@ def register(subparsers) -> None:
     from appliance.service.api import DEFAULT_SOCKET
 
     parser = subparsers.add_parser(
-        "serve", help="run the daemon: job queue, workers, control API on a Unix socket, Prometheus metrics",
+        "serve",
+        help="run the daemon: job queue, workers, control API on a Unix socket, Prometheus metrics",
         description="Run the appliance daemon. The Unix socket is the only control surface (mode 0660, "
-                    "group --group); Prometheus metrics are served read-only on --metrics-addr.")
+        "group --group); Prometheus metrics are served read-only on --metrics-addr.",
+    )
     add_data_dir(parser)
-    parser.add_argument("--socket", type=Path, default=None,
-                        help=f"control socket (default: $APPLIANCE_SOCKET, else {DEFAULT_SOCKET})")
-    parser.add_argument("--group", default=None,
-                        help="group allowed to use the socket (default: 'appliance' when it exists, else the daemon's)")
-    parser.add_argument("--metrics-addr", default="127.0.0.1:9464", metavar="HOST:PORT",
-                        help="Prometheus endpoint (default 127.0.0.1:9464)")
-    parser.add_argument("--control-addr", default=None, metavar="HOST:PORT",
-                        help="also serve the control API on this TCP address (off by default); every request "
-                             "there needs the bearer token of --control-token-file")
-    parser.add_argument("--control-token-file", type=Path, default=None, metavar="FILE",
-                        help="file holding the TCP control port's token (mode 0600, at least 16 characters); "
-                             "required with --control-addr")
-    parser.add_argument("--dataset-root", action="append", type=Path, default=[], metavar="DIR",
-                        help="a folder the daemon may read datasets from (repeatable; default <data-dir>/datasets)")
-    parser.add_argument("--max-upload", default="64MiB", metavar="SIZE",
-                        help="largest dataset a submission may upload (default 64MiB)")
-    parser.add_argument("--stop-timeout", type=float, default=120.0, metavar="SECONDS",
-                        help="how long a pause or shutdown waits for a job to checkpoint before it is killed")
+    parser.add_argument(
+        "--socket", type=Path, default=None, help=f"control socket (default: $APPLIANCE_SOCKET, else {DEFAULT_SOCKET})"
+    )
+    parser.add_argument(
+        "--group",
+        default=None,
+        help="group allowed to use the socket (default: 'appliance' when it exists, else the daemon's)",
+    )
+    parser.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1:9464",
+        metavar="HOST:PORT",
+        help="Prometheus endpoint (default 127.0.0.1:9464)",
+    )
+    parser.add_argument(
+        "--control-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve the control API on this TCP address (off by default); every request "
+        "there needs the bearer token of --control-token-file",
+    )
+    parser.add_argument(
+        "--control-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="file holding the TCP control port's token (mode 0600, at least 16 characters); "
+        "required with --control-addr",
+    )
+    parser.add_argument(
+        "--dataset-root",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="a folder the daemon may read datasets from (repeatable; default <data-dir>/datasets)",
+    )
+    parser.add_argument(
+        "--max-upload", default="64MiB", metavar="SIZE", help="largest dataset a submission may upload (default 64MiB)"
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long a pause or shutdown waits for a job to checkpoint before it is killed",
+    )
     parser.set_defaults(handler=_serve)
 
 
@@ -49,10 +80,21 @@ def _serve(args) -> int:
         host, port = parse_metrics_addr(args.metrics_addr)
         control_addr = _control_addr(args.control_addr) if args.control_addr else None
         max_upload = parse_bytes(args.max_upload)
-        options = DaemonOptions(data_dir=data_dir_of(args), dataset_roots=tuple(args.dataset_root),
-                                max_upload_bytes=max_upload, stop_timeout=args.stop_timeout)
-        return run_daemon(options, args.socket or Path(default_socket()), args.group, host, port,
-                          control_addr=control_addr, control_token_file=args.control_token_file)
+        options = DaemonOptions(
+            data_dir=data_dir_of(args),
+            dataset_roots=tuple(args.dataset_root),
+            max_upload_bytes=max_upload,
+            stop_timeout=args.stop_timeout,
+        )
+        return run_daemon(
+            options,
+            args.socket or Path(default_socket()),
+            args.group,
+            host,
+            port,
+            control_addr=control_addr,
+            control_token_file=args.control_token_file,
+        )
     except (ApplianceError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

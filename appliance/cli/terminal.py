@@ -46,15 +46,30 @@ class Terminal:
             os.close(log_fd)
         console = Console(file=self._out, highlight=False)
         if console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            self._progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                      console=console, transient=True,
-                                      # a step takes minutes: estimate the speed over hours, not rich's 30 s
-                                      speed_estimate_period=6 * 3600,
-                                      # rich would route sys.stdout/stderr (the libraries) to the terminal
-                                      redirect_stdout=False, redirect_stderr=False)
+            self._progress = Progress(
+                TextColumn("[bold]training"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+                # a step takes minutes: estimate the speed over hours, not rich's 30 s
+                speed_estimate_period=6 * 3600,
+                # rich would route sys.stdout/stderr (the libraries) to the terminal
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
             self._progress.start()
             self._task = self._progress.add_task("train", total=self.steps)
         self._console = console

@@ -21,24 +21,40 @@ def register(subparsers) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     group.add_argument("--restart", action="store_true", help="archive an earlier run of this job and start over")
-    parser.add_argument("--eval", action="store_true",
-                        help="measure held-out accuracy of the base model before and of the trained adapter after")
-    parser.add_argument("--eval-limit", type=int, default=None,
-                        help="held-out problems (agent jobs: scenarios) to evaluate (default: checkpoint.eval_limit,"
-                             " else all; 32 scenarios for an agent job)")
-    parser.add_argument("--metrics-addr", default=None, metavar="HOST:PORT",
-                        help="serve Prometheus metrics of this run here (e.g. 127.0.0.1:9464)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="also show the libraries' own output (weight loading, warnings) in the terminal")
+    parser.add_argument(
+        "--eval",
+        action="store_true",
+        help="measure held-out accuracy of the base model before and of the trained adapter after",
+    )
+    parser.add_argument(
+        "--eval-limit",
+        type=int,
+        default=None,
+        help="held-out problems (agent jobs: scenarios) to evaluate (default: checkpoint.eval_limit,"
+        " else all; 32 scenarios for an agent job)",
+    )
+    parser.add_argument(
+        "--metrics-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics of this run here (e.g. 127.0.0.1:9464)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show the libraries' own output (weight loading, warnings) in the terminal",
+    )
     parser.set_defaults(handler=_train)
 
 
 def format_progress(record) -> str:
     """One terminal line for a StepRecord."""
     rewards = "  ".join(f"{name} {stats.mean:.2f}" for name, stats in record.rewards.items() if name != "total")
-    line = (f"step {record.step:>4}/{record.steps_total}  reward {record.reward_mean:+.3f} ±{record.reward_std:.2f}  "
-            f"[{rewards}]  loss {record.loss:+.4f}  groups {record.groups_informative}/{record.groups_total}  "
-            f"{record.student_tokens_per_second:.0f} tok/s  {record.seconds['step']:.1f} s")
+    line = (
+        f"step {record.step:>4}/{record.steps_total}  reward {record.reward_mean:+.3f} ±{record.reward_std:.2f}  "
+        f"[{rewards}]  loss {record.loss:+.4f}  groups {record.groups_informative}/{record.groups_total}  "
+        f"{record.student_tokens_per_second:.0f} tok/s  {record.seconds['step']:.1f} s"
+    )
     if record.nonfinite:
         line += "  (non-finite: update skipped)"
     if record.eval is not None:
@@ -73,8 +89,13 @@ def _train(args) -> int:
     if metrics_address:
         from appliance.metrics.run_exporter import RunExporter
 
-        exporter = RunExporter(data_dir, *metrics_address, version=__version__, student_model=spec.student.model,
-                               judge_model=spec.judge.model if spec.judge else None)
+        exporter = RunExporter(
+            data_dir,
+            *metrics_address,
+            version=__version__,
+            student_model=spec.student.model,
+            judge_model=spec.judge.model if spec.judge else None,
+        )
         print(f"Prometheus metrics on {exporter.server.url}", flush=True)
     terminal = Terminal(job_dir / "log.txt", verbose=args.verbose, steps=spec.grpo.steps)
 
@@ -87,9 +108,11 @@ def _train(args) -> int:
         if event.kind == "log":
             terminal.line(event.data["line"])
         elif event.kind == "eval" and event.data.get("when") in ("before", "after"):
-            terminal.line(f"held-out {event.data['when']}: accuracy {event.data['accuracy']:.1%}, "
-                          f"format {event.data['format_compliance']:.1%} on {event.data['problems']} problems"
-                          + sampled_note(event.data.get("temperature", 0.0), event.data.get("samples", 1)))
+            terminal.line(
+                f"held-out {event.data['when']}: accuracy {event.data['accuracy']:.1%}, "
+                f"format {event.data['format_compliance']:.1%} on {event.data['problems']} problems"
+                + sampled_note(event.data.get("temperature", 0.0), event.data.get("samples", 1))
+            )
         if exporter:
             exporter.on_event(event)
 
@@ -97,8 +120,17 @@ def _train(args) -> int:
         with terminal:
             from appliance.grpo.run import run_job
 
-            run_job(spec, data_dir, job_dir, job_file_dir=args.file.resolve().parent, resume=args.resume,
-                    evaluate=args.eval, eval_limit=args.eval_limit, on_step=on_step, on_event=on_event)
+            run_job(
+                spec,
+                data_dir,
+                job_dir,
+                job_file_dir=args.file.resolve().parent,
+                resume=args.resume,
+                evaluate=args.eval,
+                eval_limit=args.eval_limit,
+                on_step=on_step,
+                on_event=on_event,
+            )
     except (DiskFullError, JobStopped) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILURE
@@ -110,9 +142,12 @@ def _train(args) -> int:
 
         with open(job_dir / "log.txt", "a", encoding="utf-8") as log:
             traceback.print_exc(file=log)
-        print(f"error: training stopped after step {terminal.last_step}: {type(error).__name__}: {error}; "
-              f"'appliance train {args.file} --resume' continues from the last checkpoint "
-              f"(details in {job_dir / 'log.txt'})", file=sys.stderr)
+        print(
+            f"error: training stopped after step {terminal.last_step}: {type(error).__name__}: {error}; "
+            f"'appliance train {args.file} --resume' continues from the last checkpoint "
+            f"(details in {job_dir / 'log.txt'})",
+            file=sys.stderr,
+        )
         return EXIT_FAILURE
     finally:
         if exporter:

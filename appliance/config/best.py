@@ -10,8 +10,7 @@ import math
 from typing import Any, Iterable
 
 # Numbers of a StepRecord that make sense to keep the best of.
-STEP_METRICS = ("reward_mean", "reward_std", "loss", "kl", "clip_ratio", "completion_length_mean",
-                "groups_informative")
+STEP_METRICS = ("reward_mean", "reward_std", "loss", "kl", "clip_ratio", "completion_length_mean", "groups_informative")
 EVAL_METRICS = ("eval.accuracy", "eval.format_compliance", "eval.reward_mean")
 MINIMIZED = ("loss", "kl", "reward_std", "completion_length_mean", "clip_ratio")
 

@@ -20,10 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from appliance.config.load import ConfigError, JobFileError, ParsedJob, read_job
-from appliance.conventions import BUILTIN_DATASET_PREFIX, ENVIRONMENT_REWARD, JUDGE_REWARD, PLUGIN_REWARD, PLUGIN_SYNTAX, is_builtin_dataset
+from appliance.conventions import (
+    BUILTIN_DATASET_PREFIX,
+    ENVIRONMENT_REWARD,
+    JUDGE_REWARD,
+    PLUGIN_REWARD,
+    PLUGIN_SYNTAX,
+    is_builtin_dataset,
+)
 from appliance.suggest import closest, did_you_mean
 from appliance.config.schema import JobSpec
-
 
 
 def registered_reward_names() -> list[str]:
@@ -33,7 +39,9 @@ def registered_reward_names() -> list[str]:
     return sorted(known_reward_names())
 
 
-def check_job_file(path: str | Path, data_dir: Path, check_models: bool = True) -> tuple[JobSpec | None, list[ConfigError]]:
+def check_job_file(
+    path: str | Path, data_dir: Path, check_models: bool = True
+) -> tuple[JobSpec | None, list[ConfigError]]:
     """Validate a job file and check it against this box.
 
     Returns (spec, []) when everything is right, else (None, every error,
@@ -85,8 +93,12 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
     if isinstance(token_file, str) and token_file:
         path = _absolute(token_file, base_dir)
         if not path.is_file() or not os.access(path, os.R_OK):
-            errors.append(parsed.error_at(("judge", "token_file"), (
-                f"token file {path} does not exist or cannot be read; give a file holding the endpoint's API key")))
+            errors.append(
+                parsed.error_at(
+                    ("judge", "token_file"),
+                    (f"token file {path} does not exist or cannot be read; give a file holding the endpoint's API key"),
+                )
+            )
     environment = _at(data, "task", "environment")
     dataset = parsed.spec.task.dataset if parsed.spec is not None else _at(data, "task", "dataset")
     if isinstance(environment, str) and environment:
@@ -116,16 +128,24 @@ def _best_metric_errors(parsed: ParsedJob) -> list[ConfigError]:
     if not isinstance(metric, str):
         return []  # absent (the default) or the schema reports its type
     rewards = parsed.data.get("rewards")
-    names = [r["name"] for r in rewards if isinstance(r, dict) and isinstance(r.get("name"), str)] \
-        if isinstance(rewards, list) else []
+    names = (
+        [r["name"] for r in rewards if isinstance(r, dict) and isinstance(r.get("name"), str)]
+        if isinstance(rewards, list)
+        else []
+    )
     allowed = allowed_metrics(names)
     key = ("checkpoint", "best_metric")
     if metric not in allowed:
         hint = did_you_mean(metric, allowed) or f"; one of: {', '.join(allowed)}"
         return [parsed.error_at(key, f"unknown metric '{metric}'{hint}")]
     if metric in EVAL_METRICS and not isinstance(_at(parsed.data, "checkpoint", "eval_every"), int):
-        return [parsed.error_at(key, f"'{metric}' is measured only with checkpoint.eval_every set; set it "
-                                     "(e.g. eval_every: 10) or follow a training metric such as reward_mean")]
+        return [
+            parsed.error_at(
+                key,
+                f"'{metric}' is measured only with checkpoint.eval_every set; set it "
+                "(e.g. eval_every: 10) or follow a training metric such as reward_mean",
+            )
+        ]
     return []
 
 
@@ -134,7 +154,9 @@ def model_problem(reference: str, base_dir: Path, data_dir: Path, store_names: l
     if _is_path(reference):
         folder = _absolute(reference, base_dir)
         if not folder.is_dir():
-            return f"model folder {folder} does not exist; give a Hugging Face model folder or a name from the model store"
+            return (
+                f"model folder {folder} does not exist; give a Hugging Face model folder or a name from the model store"
+            )
         if not (folder / "config.json").is_file():
             return f"model folder {folder} has no config.json; point at a Hugging Face model folder"
         return None
@@ -144,8 +166,10 @@ def model_problem(reference: str, base_dir: Path, data_dir: Path, store_names: l
 
     where = models_dir(data_dir)
     if not store_names:
-        return (f"model '{reference}' is not in the model store at {where}, which is empty; "
-                "run 'appliance models provision-demo' or 'appliance models import DIR --name NAME'")
+        return (
+            f"model '{reference}' is not in the model store at {where}, which is empty; "
+            "run 'appliance models provision-demo' or 'appliance models import DIR --name NAME'"
+        )
     close = closest(reference, store_names)
     hint = f"did you mean '{close}'?" if close else f"stored models: {', '.join(store_names)}"
     return f"model '{reference}' is not in the model store at {where}; {hint}"
@@ -235,14 +259,23 @@ def _reward_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
             continue  # the schema reports it
         key = ("rewards", position, "name")
         if name in first_seen:
-            errors.append(parsed.error_at(key, (
-                f"reward '{name}' is already listed as rewards[{first_seen[name]}]; keep one entry and give it the summed weight")))
+            errors.append(
+                parsed.error_at(
+                    key,
+                    (
+                        f"reward '{name}' is already listed as rewards[{first_seen[name]}]; keep one entry and give it the summed weight"
+                    ),
+                )
+            )
             continue
         first_seen[name] = position
         plugin = PLUGIN_REWARD.match(name)
         if name == ENVIRONMENT_REWARD:
-            problem = None if has_environment else (
-                "the 'environment' reward is an agent environment's own reward; set task.environment or drop it")
+            problem = (
+                None
+                if has_environment
+                else ("the 'environment' reward is an agent environment's own reward; set task.environment or drop it")
+            )
         elif plugin:
             problem = plugin_problem(plugin["file"], plugin["function"], base_dir)
         elif ":" in name:
@@ -252,12 +285,19 @@ def _reward_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
                 registered = registered_reward_names()
             problem = _registered_problem(name, registered)
             if problem is None and name == JUDGE_REWARD and not has_judge:
-                problem = "the 'judge' reward needs a 'judge' section (model, mode, rubric); add one or drop this reward"
+                problem = (
+                    "the 'judge' reward needs a 'judge' section (model, mode, rubric); add one or drop this reward"
+                )
         if problem:
             errors.append(parsed.error_at(key, problem))
     weights = [_weight_of(reward) for reward in rewards if isinstance(reward, dict)]
     if weights and all(weight == 0.0 for weight in weights):
-        errors.append(parsed.error_at(("rewards",), "every reward has weight 0, so no completion is preferred; give at least one a non-zero weight"))
+        errors.append(
+            parsed.error_at(
+                ("rewards",),
+                "every reward has weight 0, so no completion is preferred; give at least one a non-zero weight",
+            )
+        )
     return errors
 
 

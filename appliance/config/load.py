@@ -93,7 +93,11 @@ def _index_lines(node: yaml.Node, file: str, path: tuple, lines: LineIndex, erro
             key = key_node.value
             if key in seen:
                 # PyYAML silently keeps the last value; a user almost never means that.
-                errors.append(ConfigError(file, dotted(path + (key,)), f"key given twice (also on line {seen[key]}); keep one", line))
+                errors.append(
+                    ConfigError(
+                        file, dotted(path + (key,)), f"key given twice (also on line {seen[key]}); keep one", line
+                    )
+                )
                 continue
             seen[key] = line
             lines[path + (key,)] = line
@@ -163,7 +167,7 @@ def _describe(error: dict, path: tuple) -> str:
         return "should be a mapping of keys (key: value on indented lines, or {key: value})"
     message = error["msg"]
     if message.startswith("Value error, "):
-        message = message[len("Value error, "):]
+        message = message[len("Value error, ") :]
     return message
 
 
@@ -179,7 +183,9 @@ def _schema_errors(exc: ValidationError, data: dict, file: str, lines: LineIndex
             " or " + m.removeprefix("Input should be ") for m in messages[1:] if m != messages[0]
         )
         first = found[0]
-        if first["type"] not in ("value_error", "assertion_error", "missing", "extra_forbidden") and not isinstance(first.get("input"), dict):
+        if first["type"] not in ("value_error", "assertion_error", "missing", "extra_forbidden") and not isinstance(
+            first.get("input"), dict
+        ):
             message += f" (got {first['input']!r})"
         errors.append(ConfigError(file, dotted(path), message, nearest_line(lines, path)))
     return errors
@@ -200,11 +206,29 @@ def parse_job(text: str, file: str = "<job>") -> ParsedJob:
     finally:
         loader.dispose()
     if data is None:
-        return ParsedJob(file, None, {}, None, [ConfigError(file, "", "the job file is empty; it needs at least name, student and rewards", 1)])
+        return ParsedJob(
+            file,
+            None,
+            {},
+            None,
+            [ConfigError(file, "", "the job file is empty; it needs at least name, student and rewards", 1)],
+        )
     if not isinstance(data, dict):
         kind = "a list" if isinstance(data, list) else f"a {type(data).__name__}"
-        return ParsedJob(file, data, {}, None, [ConfigError(
-            file, "", f"a job file must be a YAML mapping of sections (name, student, rewards, ...), not {kind}", 1)])
+        return ParsedJob(
+            file,
+            data,
+            {},
+            None,
+            [
+                ConfigError(
+                    file,
+                    "",
+                    f"a job file must be a YAML mapping of sections (name, student, rewards, ...), not {kind}",
+                    1,
+                )
+            ],
+        )
     lines: LineIndex = {}
     errors: list[ConfigError] = []
     _index_lines(root, file, (), lines, errors)

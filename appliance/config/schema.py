@@ -80,8 +80,10 @@ class JudgeSpec(Spec):
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^https?://[^/@\s]+(/\S*)?$", value):
-            raise ValueError("endpoint must be an http(s) URL without credentials, like http://judge.lab:8000/v1 "
-                             "(put the API key in token_file)")
+            raise ValueError(
+                "endpoint must be an http(s) URL without credentials, like http://judge.lab:8000/v1 "
+                "(put the API key in token_file)"
+            )
         return value
 
     @model_validator(mode="after")
@@ -89,8 +91,10 @@ class JudgeSpec(Spec):
         if self.endpoint is None and self.token_file is not None:
             raise ValueError("token_file is for a remote judge; set endpoint too, or drop token_file")
         if self.endpoint is not None and self.share_student_base:
-            raise ValueError("share_student_base uses the student's weights on this box; "
-                             "a judge at an endpoint cannot share them (drop one of the two)")
+            raise ValueError(
+                "share_student_base uses the student's weights on this box; "
+                "a judge at an endpoint cannot share them (drop one of the two)"
+            )
         return self
 
 
@@ -132,23 +136,30 @@ class TaskSpec(Spec):
     def _changed(self, keys: set[str]) -> list[str]:
         """Keys set to something other than their default: a saved job.yaml (every key written out) is no conflict."""
         fields = type(self).model_fields
-        return sorted(key for key in keys & self.model_fields_set
-                      if getattr(self, key) != fields[key].get_default(call_default_factory=True))
+        return sorted(
+            key
+            for key in keys & self.model_fields_set
+            if getattr(self, key) != fields[key].get_default(call_default_factory=True)
+        )
 
     @model_validator(mode="after")
     def _environment_or_dataset(self) -> "TaskSpec":
         if self.environment is None:
             stray = self._changed({"environment_options", "max_turns"})
             if stray:
-                raise ValueError(f"{' and '.join(stray)} {'apply' if len(stray) > 1 else 'applies'} to agent jobs only; "
-                                 f"set task.environment or drop {'them' if len(stray) > 1 else 'it'}")
+                raise ValueError(
+                    f"{' and '.join(stray)} {'apply' if len(stray) > 1 else 'applies'} to agent jobs only; "
+                    f"set task.environment or drop {'them' if len(stray) > 1 else 'it'}"
+                )
             return self
         stray = self._changed(DATASET_KEYS)
         if stray:
             raise ValueError(
                 f"task.environment ({self.environment}) and {', '.join('task.' + key for key in stray)} exclude each "
                 "other: an agent job's scenarios and prompts come from its environment; drop "
-                + ("it" if len(stray) == 1 else "them") + " or drop task.environment")
+                + ("it" if len(stray) == 1 else "them")
+                + " or drop task.environment"
+            )
         return self
 
 

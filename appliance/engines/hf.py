@@ -34,12 +34,28 @@ MIN_SHARED_PREFIX_TOKENS = 16
 # their logprobs are those of the distribution the trainer computes. Explicit None overrides the
 # model's values (transformers applies call arguments last).
 POLICY_SAMPLING = {
-    "top_k": None, "min_p": None, "typical_p": None, "top_h": None, "epsilon_cutoff": None, "eta_cutoff": None,
-    "repetition_penalty": None, "encoder_repetition_penalty": None, "no_repeat_ngram_size": None,
-    "encoder_no_repeat_ngram_size": None, "bad_words_ids": None, "sequence_bias": None, "suppress_tokens": None,
-    "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "exponential_decay_length_penalty": None, "min_length": 0, "min_new_tokens": None, "guidance_scale": None,
-    "watermarking_config": None, "renormalize_logits": False,
+    "top_k": None,
+    "min_p": None,
+    "typical_p": None,
+    "top_h": None,
+    "epsilon_cutoff": None,
+    "eta_cutoff": None,
+    "repetition_penalty": None,
+    "encoder_repetition_penalty": None,
+    "no_repeat_ngram_size": None,
+    "encoder_no_repeat_ngram_size": None,
+    "bad_words_ids": None,
+    "sequence_bias": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "guidance_scale": None,
+    "watermarking_config": None,
+    "renormalize_logits": False,
 }
 
 
@@ -52,8 +68,10 @@ def sampled_logprobs(scores: tuple[torch.Tensor, ...], generated: torch.Tensor) 
     (a stack and its log-softmax: 1.6 GB for 32 sequences of 128 tokens over a
     49k vocabulary).
     """
-    steps = [torch.gather(torch.log_softmax(step.float(), dim=-1), 1, generated[:, index, None])
-             for index, step in enumerate(scores)]
+    steps = [
+        torch.gather(torch.log_softmax(step.float(), dim=-1), 1, generated[:, index, None])
+        for index, step in enumerate(scores)
+    ]
     if not steps:
         return generated.new_zeros((generated.shape[0], 0), dtype=torch.float32)
     return torch.cat(steps, dim=1)
@@ -78,8 +96,15 @@ class HFEngine:
         self._stop_ids = self._eos_ids()
 
     @classmethod
-    def load(cls, model_dir: Path, quantization: str = "none", compute_dtype: torch.dtype | None = None,
-             device: str | None = None, name: str | None = None, max_batch_size: int = 64) -> "HFEngine":
+    def load(
+        cls,
+        model_dir: Path,
+        quantization: str = "none",
+        compute_dtype: torch.dtype | None = None,
+        device: str | None = None,
+        name: str | None = None,
+        max_batch_size: int = 64,
+    ) -> "HFEngine":
         from appliance.models.loading import default_device, load_causal_lm, load_tokenizer
 
         device = device or default_device()
@@ -115,7 +140,7 @@ class HFEngine:
         self.model.eval()
         try:
             for start in range(0, len(expanded), self.max_batch_size):
-                for completion in self._generate_batch(expanded[start:start + self.max_batch_size], sampling):
+                for completion in self._generate_batch(expanded[start : start + self.max_batch_size], sampling):
                     results[completion.prompt_index].append(completion)
         finally:
             self.model.train(was_training)
@@ -124,8 +149,9 @@ class HFEngine:
         return results
 
     def _generate_batch(self, batch: list[tuple[int, str]], sampling: Sampling) -> list[Completion]:
-        encoded = self.tokenizer([prompt for _, prompt in batch], return_tensors="pt", padding=True,
-                                 add_special_tokens=False).to(self.device)
+        encoded = self.tokenizer(
+            [prompt for _, prompt in batch], return_tensors="pt", padding=True, add_special_tokens=False
+        ).to(self.device)
         greedy = sampling.temperature <= 0
         output = self.model.generate(
             **encoded,
@@ -155,14 +181,16 @@ class HFEngine:
             prompt_ids = encoded["input_ids"][row][encoded["attention_mask"][row].bool()].tolist()
             self.counters.prompt_tokens += len(prompt_ids)
             self.counters.generated_tokens += len(tokens)
-            completions.append(Completion(
-                prompt_index=prompt_index,
-                prompt_token_ids=prompt_ids,
-                token_ids=tokens,
-                text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-                logprobs=chosen[row, :length].tolist(),
-                finish_reason=finish,
-            ))
+            completions.append(
+                Completion(
+                    prompt_index=prompt_index,
+                    prompt_token_ids=prompt_ids,
+                    token_ids=tokens,
+                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                    logprobs=chosen[row, :length].tolist(),
+                    finish_reason=finish,
+                )
+            )
         return completions
 
     def _encode(self, text: str) -> list[int]:
@@ -181,7 +209,7 @@ class HFEngine:
         self.model.eval()
         try:
             for start in range(0, len(encoded), self.max_batch_size):
-                logprobs = self._last_logprobs(encoded[start:start + self.max_batch_size])
+                logprobs = self._last_logprobs(encoded[start : start + self.max_batch_size])
                 chosen = logprobs[:, candidate_ids].tolist()
                 results.extend(dict(zip(candidates, row)) for row in chosen)
         finally:
@@ -207,8 +235,12 @@ class HFEngine:
         input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in suffixes], device=self.device)
         # Only the rows' last positions go through the LM head (a fifth of the model's compute at this size).
         positions = sorted({len(ids) - 1 for ids in suffixes})
-        logits = self.model(input_ids=input_ids, past_key_values=past, use_cache=past is not None,
-                            logits_to_keep=torch.tensor(positions, device=self.device)).logits
+        logits = self.model(
+            input_ids=input_ids,
+            past_key_values=past,
+            use_cache=past is not None,
+            logits_to_keep=torch.tensor(positions, device=self.device),
+        ).logits
         column = torch.tensor([positions.index(len(ids) - 1) for ids in suffixes], device=self.device)
         return torch.log_softmax(logits[torch.arange(len(batch), device=self.device), column].float(), dim=-1)
 

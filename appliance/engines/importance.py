@@ -45,7 +45,9 @@ def truncated_importance_weights(
             f"{tuple(trainer_logprobs.shape)}, {tuple(engine_logprobs.shape)}, {tuple(mask.shape)}"
         )
     if cap < 1.0:
-        raise ValueError(f"the importance sampling cap must be >= 1.0 (a cap below 1 down-weights every token), got {cap}")
+        raise ValueError(
+            f"the importance sampling cap must be >= 1.0 (a cap below 1 down-weights every token), got {cap}"
+        )
     with torch.no_grad():
         keep = mask.to(torch.bool)
         log_ratio = trainer_logprobs.detach().float() - engine_logprobs.detach().float()

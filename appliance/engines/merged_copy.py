@@ -36,8 +36,9 @@ class MergedCopyEngine(HFEngine):
         from peft.tuners.lora import LoraLayer
         from transformers import AutoModelForCausalLM
 
-        copy = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True,
-                                                    dtype=student.compute_dtype, device_map={"": student.device})
+        copy = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), local_files_only=True, dtype=student.compute_dtype, device_map={"": student.device}
+        )
         copy.eval()
         copy.requires_grad_(False)
         self._student_model = student.model
@@ -75,8 +76,10 @@ class MergedCopyEngine(HFEngine):
         """Merge the student's current (in-memory) adapter into the copy's target weights (awake: on the device)."""
         self.wake()
         for name, layer in self._lora_layers.items():
-            delta = sum((layer.get_delta_weight(adapter).float() for adapter in layer.active_adapters),
-                        torch.zeros_like(self._base_weights[name]))
+            delta = sum(
+                (layer.get_delta_weight(adapter).float() for adapter in layer.active_adapters),
+                torch.zeros_like(self._base_weights[name]),
+            )
             target = self._copy_modules[name].weight
             target.copy_((self._base_weights[name] + delta).to(target.dtype))
         self.adapter_version = version

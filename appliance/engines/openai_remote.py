@@ -58,8 +58,10 @@ def read_token(token_file: str | Path | None) -> str | None:
     try:
         token = Path(token_file).read_text().strip()
     except OSError as error:
-        raise RemoteEngineError(f"token_file {token_file} cannot be read ({error.strerror}); "
-                                "give a readable file holding the endpoint's API key") from None
+        raise RemoteEngineError(
+            f"token_file {token_file} cannot be read ({error.strerror}); "
+            "give a readable file holding the endpoint's API key"
+        ) from None
     if not token:
         raise RemoteEngineError(f"token_file {token_file} is empty; put the endpoint's API key in it")
     return token
@@ -70,7 +72,7 @@ def split_prompt(prompt: str) -> tuple[list[dict], str]:
     if not prompt.startswith(ENVELOPE) or ENVELOPE not in prompt[1:]:
         raise ValueError("the remote engine takes prompts made by its own render_chat (chat messages), not raw text")
     end = prompt.index(ENVELOPE, 1)
-    return json.loads(prompt[1:end]), prompt[end + 1:]
+    return json.loads(prompt[1:end]), prompt[end + 1 :]
 
 
 class OpenAIRemoteEngine:
@@ -78,8 +80,16 @@ class OpenAIRemoteEngine:
 
     kind = "remote"
 
-    def __init__(self, endpoint: str, model: str, token: str | None = None, timeout_seconds: float = 60.0,
-                 concurrency: int = 4, retries: int = 2, backoff_seconds: float = 0.5):
+    def __init__(
+        self,
+        endpoint: str,
+        model: str,
+        token: str | None = None,
+        timeout_seconds: float = 60.0,
+        concurrency: int = 4,
+        retries: int = 2,
+        backoff_seconds: float = 0.5,
+    ):
         import httpx
 
         self.endpoint = check_endpoint(endpoint)
@@ -91,16 +101,27 @@ class OpenAIRemoteEngine:
         self.failures = {"timeout": 0, "error": 0}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # trust_env=False: no proxy from the environment, so the only host reached is the configured one.
-        self._client = httpx.Client(base_url=self.endpoint, headers=headers, timeout=timeout_seconds,
-                                    trust_env=False, follow_redirects=False,
-                                    limits=httpx.Limits(max_connections=self.concurrency))
+        self._client = httpx.Client(
+            base_url=self.endpoint,
+            headers=headers,
+            timeout=timeout_seconds,
+            trust_env=False,
+            follow_redirects=False,
+            limits=httpx.Limits(max_connections=self.concurrency),
+        )
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="remote-engine")
 
     @classmethod
     def from_judge_spec(cls, spec) -> "OpenAIRemoteEngine":
-        return cls(spec.endpoint, spec.model, token=read_token(spec.token_file),
-                   timeout_seconds=spec.request_timeout_seconds, concurrency=spec.concurrency, retries=spec.retries)
+        return cls(
+            spec.endpoint,
+            spec.model,
+            token=read_token(spec.token_file),
+            timeout_seconds=spec.request_timeout_seconds,
+            concurrency=spec.concurrency,
+            retries=spec.retries,
+        )
 
     def __repr__(self) -> str:  # never shows the token
         return f"OpenAIRemoteEngine({self.endpoint!r}, model={self.name!r})"
@@ -149,8 +170,9 @@ class OpenAIRemoteEngine:
             return UnansweredLogprobs(failure.kind, str(failure))
         except (KeyError, IndexError, TypeError, ValueError):
             self.failures["error"] += 1
-            return UnansweredLogprobs("error", f"{self.endpoint} answered with a malformed completion "
-                                              "(no next-token top logprobs)")
+            return UnansweredLogprobs(
+                "error", f"{self.endpoint} answered with a malformed completion (no next-token top logprobs)"
+            )
 
     def metrics_snapshot(self) -> dict | None:
         return None  # the endpoint's own metrics live on its box; requests and failures are counted here
@@ -200,8 +222,18 @@ class OpenAIRemoteEngine:
             return self._parse(index, document, n)
         except _Failure as failure:
             self.failures[failure.kind] += 1
-            return [Completion(prompt_index=index, prompt_token_ids=[], token_ids=[], text="", logprobs=[],
-                               finish_reason=failure.kind, error=str(failure)) for _ in range(n)]
+            return [
+                Completion(
+                    prompt_index=index,
+                    prompt_token_ids=[],
+                    token_ids=[],
+                    text="",
+                    logprobs=[],
+                    finish_reason=failure.kind,
+                    error=str(failure),
+                )
+                for _ in range(n)
+            ]
 
     def _post_with_retries(self, body: dict) -> dict:
         import httpx
@@ -227,8 +259,9 @@ class OpenAIRemoteEngine:
             try:
                 return response.json()
             except ValueError:
-                raise _Failure("error", f"{self.endpoint} answered with a body that is not JSON: "
-                                        f"{response.text[:120]!r}") from None
+                raise _Failure(
+                    "error", f"{self.endpoint} answered with a body that is not JSON: {response.text[:120]!r}"
+                ) from None
         assert last is not None
         raise last
 
@@ -242,8 +275,10 @@ class OpenAIRemoteEngine:
             completions = [self._completion(index, choice, prompt_ids) for choice in choices]
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise _Failure("error", f"{self.endpoint} answered with a malformed completion ({error})") from None
-        self._count(usage.get("prompt_tokens") or len(prompt_ids),
-                    usage.get("completion_tokens") or sum(len(c.token_ids) for c in completions))
+        self._count(
+            usage.get("prompt_tokens") or len(prompt_ids),
+            usage.get("completion_tokens") or sum(len(c.token_ids) for c in completions),
+        )
         return completions
 
     def _count(self, prompt_tokens, generated_tokens) -> None:

@@ -120,8 +120,9 @@ class TokenLogprobs:
                 for alt_id, alt_logprob in zip(best.indices[position].tolist(), best.values[position].tolist()):
                     alt_text = token_text(self.tokenizer, alt_id, as_ids)
                     alternatives.append({"token": alt_text, "logprob": alt_logprob, "bytes": list(alt_text.encode())})
-            entries.append({"token": text, "logprob": logprob, "bytes": list(text.encode()),
-                            "top_logprobs": alternatives})
+            entries.append(
+                {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": alternatives}
+            )
         return entries
 
 
@@ -132,8 +133,9 @@ def token_text(tokenizer, token_id: int, as_id: bool) -> str:
 class ChatService:
     """The endpoint's logic over one engine, independent of the HTTP framework."""
 
-    def __init__(self, engine: LocalEngine, served_name: str, hooks: ChatHooks | None = None,
-                 scorer: TokenLogprobs | None = None):
+    def __init__(
+        self, engine: LocalEngine, served_name: str, hooks: ChatHooks | None = None, scorer: TokenLogprobs | None = None
+    ):
         self.engine = engine
         self.served_name = served_name
         self.hooks, self.scorer = hooks, scorer
@@ -155,8 +157,9 @@ class ChatService:
             if messages[-1]["role"] != "assistant":
                 raise ValueError("continue_final_message needs the last message to be the assistant's")
             return self.engine.tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
-        return self.engine.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                          add_generation_prompt=request.add_generation_prompt)
+        return self.engine.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=request.add_generation_prompt
+        )
 
     def complete(self, request: ChatRequest) -> dict:
         if request.continue_final_message and request.add_generation_prompt:
@@ -165,8 +168,14 @@ class ChatService:
             raise ValueError("streaming is not supported by this server; send stream: false")
         prompt = self.render(request)
         stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
-        sampling = Sampling(max_new_tokens=request.max_completion_tokens or request.max_tokens or 256, n=request.n,
-                            temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=stop)
+        sampling = Sampling(
+            max_new_tokens=request.max_completion_tokens or request.max_tokens or 256,
+            n=request.n,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop=stop,
+        )
         request_id = uuid.uuid4().hex
         with self.lock:
             if not self.open:
@@ -175,8 +184,12 @@ class ChatService:
             if stop and not request.include_stop_str_in_output:
                 completions = [_without_stop(completion, stop) for completion in completions]
             logprobs = [self._logprobs(request, c) if request.logprobs else None for c in completions]
-            extras = [self.hooks.reply(c.prompt_token_ids, c, f"call_{request_id[:12]}_{index}")
-                      if self.hooks is not None else {} for index, c in enumerate(completions)]
+            extras = [
+                self.hooks.reply(c.prompt_token_ids, c, f"call_{request_id[:12]}_{index}")
+                if self.hooks is not None
+                else {}
+                for index, c in enumerate(completions)
+            ]
         prompt_ids = completions[0].prompt_token_ids
         choices = []
         for index, (completion, content, extra) in enumerate(zip(completions, logprobs, extras)):
@@ -196,8 +209,11 @@ class ChatService:
             "created": int(time.time()),
             "model": self.served_name,
             "choices": choices,
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": generated,
-                      "total_tokens": len(prompt_ids) + generated},
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": generated,
+                "total_tokens": len(prompt_ids) + generated,
+            },
         }
         if request.return_token_ids:
             document["prompt_token_ids"] = prompt_ids
@@ -206,8 +222,9 @@ class ChatService:
     def _logprobs(self, request: ChatRequest, completion) -> list[dict]:
         as_ids = request.return_tokens_as_token_ids
         if self.scorer is not None:
-            return self.scorer.content(completion.prompt_token_ids, completion.token_ids, request.top_logprobs or 0,
-                                       as_ids)
+            return self.scorer.content(
+                completion.prompt_token_ids, completion.token_ids, request.top_logprobs or 0, as_ids
+            )
         entries = []
         for token_id, logprob in zip(completion.token_ids, completion.logprobs):
             text = token_text(self.engine.tokenizer, token_id, as_ids)
@@ -257,8 +274,9 @@ def build_app(service: ChatService, token: str | None = None):
     @app.post("/v1/chat/completions")
     def chat(request: ChatRequest):
         if request.model != service.served_name:
-            return error(404, f"model '{request.model}' is not served here (serving '{service.served_name}')",
-                         "not_found_error")
+            return error(
+                404, f"model '{request.model}' is not served here (serving '{service.served_name}')", "not_found_error"
+            )
         try:
             return service.complete(request)
         except ValueError as exc:
@@ -285,8 +303,9 @@ class RunningServer:
         self.thread.join(timeout=timeout_seconds)
 
 
-def serve_in_thread(engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                    served_name: str | None = None) -> RunningServer:
+def serve_in_thread(
+    engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None, served_name: str | None = None
+) -> RunningServer:
     """Serve transformers engine `engine` (an HFEngine: raw logprobs with top_logprobs) on host:port (0: a free
     port) in a background thread; returns once it accepts."""
     service = ChatService(engine, served_name or engine.name, scorer=TokenLogprobs(engine.model, engine.tokenizer))

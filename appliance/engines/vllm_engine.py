@@ -62,7 +62,9 @@ def vllm_max_lora_rank(rank: int) -> int:
     for allowed in VLLM_LORA_RANKS:
         if allowed >= rank:
             return allowed
-    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}; lower student.lora.rank")
+    raise ValueError(
+        f"LoRA rank {rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}; lower student.lora.rank"
+    )
 
 
 def cpu_kv_cache_gib(kv_cache_bytes: int) -> int:
@@ -220,8 +222,14 @@ class VLLMEngine:
 
     @classmethod
     def for_judge(
-        cls, spec: Any, judge_dir: Path, *, kv_cache_bytes: int | None = None, device: str | None = None,
-        max_model_len: int | None = None, vllm_api: Any = None
+        cls,
+        spec: Any,
+        judge_dir: Path,
+        *,
+        kv_cache_bytes: int | None = None,
+        device: str | None = None,
+        max_model_len: int | None = None,
+        vllm_api: Any = None,
     ) -> "VLLMEngine":
         """The judge engine of a job: no LoRA, its own KV budget (the plan's judge_kv_bytes).
 
@@ -267,7 +275,11 @@ class VLLMEngine:
                 seed=None if sampling.seed is None else sampling.seed + index * sampling.n,
                 logprobs=0,  # the sampled token's logprob only
                 # The trainer's policy exactly: no penalties or truncation from the model's generation_config.
-                repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, top_k=0, min_p=0.0,
+                repetition_penalty=1.0,
+                presence_penalty=0.0,
+                frequency_penalty=0.0,
+                top_k=0,
+                min_p=0.0,
                 stop=list(sampling.stop) or None,
                 include_stop_str_in_output=True,
                 **self._structured(sampling),
@@ -325,8 +337,9 @@ class VLLMEngine:
         candidate_ids = single_token_ids(encode, prompts[0], candidates)
         token_prompts = [self._api.TokensPrompt(prompt_token_ids=encode(prompt)) for prompt in prompts]
         # Temperature 1 and no top-p: the processed logprobs are the model's own distribution.
-        params = self._api.SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0, seed=0,
-                                          logprob_token_ids=candidate_ids)
+        params = self._api.SamplingParams(
+            max_tokens=1, temperature=1.0, top_p=1.0, seed=0, logprob_token_ids=candidate_ids
+        )
         started = time.perf_counter()
         outputs = self.llm.generate(token_prompts, params, use_tqdm=False, lora_request=self._lora_request)
         self.counters.generate_seconds += time.perf_counter() - started
@@ -344,7 +357,10 @@ class VLLMEngine:
         token_ids = list(prompt_token_ids) + list(continuation_token_ids)
         params = self._api.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         (output,) = self.llm.generate(
-            [self._api.TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False, lora_request=self._lora_request
+            [self._api.TokensPrompt(prompt_token_ids=token_ids)],
+            params,
+            use_tqdm=False,
+            lora_request=self._lora_request,
         )
         self.last_served_adapter_version = output.lora_request.lora_int_id if output.lora_request else None
         positions = output.prompt_logprobs[len(prompt_token_ids) :]
@@ -385,7 +401,9 @@ class VLLMEngine:
     def _check_adapter(self, adapter_dir: Path) -> None:
         config_path = adapter_dir / "adapter_config.json"
         if not config_path.is_file():
-            raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (expected a folder written by peft save_pretrained)")
+            raise FileNotFoundError(
+                f"{adapter_dir}: no adapter_config.json (expected a folder written by peft save_pretrained)"
+            )
         rank = json.loads(config_path.read_text()).get("r")
         if isinstance(rank, int) and rank > self.max_lora_rank:
             raise ValueError(
@@ -418,7 +436,9 @@ class VLLMEngine:
             self._kv_cache_asleep = False
             self.events.append('wake_up(tags=["kv_cache"])')
             if fully_awake is False:
-                raise RuntimeError(f"vLLM engine {self.model_name!r} is still partly asleep after waking weights and KV cache")
+                raise RuntimeError(
+                    f"vLLM engine {self.model_name!r} is still partly asleep after waking weights and KV cache"
+                )
 
     def _wake_weights(self) -> None:
         if self._weights_asleep:

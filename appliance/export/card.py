@@ -47,15 +47,19 @@ def _front_matter(card: CardInput) -> str:
 
 def _usage(card: CardInput) -> str:
     if card.kind == "merged":
-        return ("```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-                "model = AutoModelForCausalLM.from_pretrained(\"THIS_FOLDER\")\n"
-                "tokenizer = AutoTokenizer.from_pretrained(\"THIS_FOLDER\")\n```\n\n"
-                "It loads in vLLM the same way (`vllm serve THIS_FOLDER`).\n")
-    return ("```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-            f"base = AutoModelForCausalLM.from_pretrained(\"PATH_TO/{card.base_model}\")\n"
-            "model = PeftModel.from_pretrained(base, \"THIS_FOLDER\")\n"
-            "tokenizer = AutoTokenizer.from_pretrained(\"THIS_FOLDER\")\n```\n\n"
-            f"Use the base whose files hash to the `base_model.sha256` in export.json ({card.base_sha256[:16]}...).\n")
+        return (
+            "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            'model = AutoModelForCausalLM.from_pretrained("THIS_FOLDER")\n'
+            'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")\n```\n\n'
+            "It loads in vLLM the same way (`vllm serve THIS_FOLDER`).\n"
+        )
+    return (
+        "```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        f'base = AutoModelForCausalLM.from_pretrained("PATH_TO/{card.base_model}")\n'
+        'model = PeftModel.from_pretrained(base, "THIS_FOLDER")\n'
+        'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")\n```\n\n'
+        f"Use the base whose files hash to the `base_model.sha256` in export.json ({card.base_sha256[:16]}...).\n"
+    )
 
 
 def render_card(card: CardInput) -> str:
@@ -65,15 +69,19 @@ def render_card(card: CardInput) -> str:
     lines = [
         _front_matter(card),
         f"# {spec.name}: {what} trained with GRPO\n",
-        (f"Exported from the appliance job `{spec.name}`, checkpoint `{card.checkpoint}` (step {card.step} of "
-         f"{grpo.steps} planned, {facts.steps_recorded} recorded), on the base model `{card.base_model}`."),
+        (
+            f"Exported from the appliance job `{spec.name}`, checkpoint `{card.checkpoint}` (step {card.step} of "
+            f"{grpo.steps} planned, {facts.steps_recorded} recorded), on the base model `{card.base_model}`."
+        ),
     ]
     if card.metric_name:
         value = f"{card.metric_value:.4g}" if card.metric_value is not None else "not recorded"
         lines.append(f"Selected by `{card.metric_name}` = {value}.")
     if card.kind == "merged":
-        lines.append(f"The LoRA was merged into the base model's original {card.base_model} weights from the model "
-                     f"store (not the {spec.student.quantization} copy used in training) and saved as {card.dtype}.")
+        lines.append(
+            f"The LoRA was merged into the base model's original {card.base_model} weights from the model "
+            f"store (not the {spec.student.quantization} copy used in training) and saved as {card.dtype}."
+        )
     lines += ["", "## Task", "", f"- dataset: `{spec.task.dataset}`"]
     if spec.task.system_prompt:
         lines.append(f"- system prompt: {spec.task.system_prompt!r}")
@@ -85,29 +93,49 @@ def render_card(card: CardInput) -> str:
     if spec.judge is not None:
         lines.append(f"\nJudge: `{spec.judge.model}` ({spec.judge.mode})")
     lines += [
-        "", "## Training", "",
-        (f"- GRPO loss `{grpo.loss}`, group size {grpo.group_size}, {grpo.prompts_per_step} prompts per step, "
-         f"learning rate {grpo.learning_rate:g}, temperature {grpo.temperature:g}, beta {grpo.beta:g}, "
-         f"max new tokens {grpo.max_new_tokens}"),
-        (f"- LoRA rank {lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g}, "
-         f"targets {', '.join(lora.target_modules)}"),
+        "",
+        "## Training",
+        "",
+        (
+            f"- GRPO loss `{grpo.loss}`, group size {grpo.group_size}, {grpo.prompts_per_step} prompts per step, "
+            f"learning rate {grpo.learning_rate:g}, temperature {grpo.temperature:g}, beta {grpo.beta:g}, "
+            f"max new tokens {grpo.max_new_tokens}"
+        ),
+        (
+            f"- LoRA rank {lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g}, "
+            f"targets {', '.join(lora.target_modules)}"
+        ),
         f"- student base quantized `{spec.student.quantization}` during training",
         f"- steps trained: {card.step}",
     ]
     if facts.reward_at_step is not None and card.step > 1 and facts.first_reward is not None:
-        lines.append(f"- training reward (mean): {facts.first_reward:.3f} at step 1, "
-                     f"{facts.reward_at_step:.3f} at step {card.step}")
+        lines.append(
+            f"- training reward (mean): {facts.first_reward:.3f} at step 1, "
+            f"{facts.reward_at_step:.3f} at step {card.step}"
+        )
     elif facts.reward_at_step is not None:
         lines.append(f"- training reward (mean) at step {card.step}: {facts.reward_at_step:.3f}")
     lines += [
-        "", "## Held-out accuracy", "",
+        "",
+        "## Held-out accuracy",
+        "",
         f"- before training (base model): {_percent(facts.accuracy_before)}",
         f"- after training: {_percent(facts.accuracy_after)}"
         + (f" (step {facts.accuracy_after_step})" if facts.accuracy_after_step is not None else ""),
     ]
     if facts.held_out_problems:
         lines.append(f"- on {facts.held_out_problems} held-out problems, greedy decoding")
-    lines += ["", "## Use", "", _usage(card), "## Files", "",
-              ("`export.json` lists the source job, step and metric, the base model's sha256 and the sha256 of "
-               "every file here; `appliance export --check THIS_FOLDER` verifies them."), ""]
+    lines += [
+        "",
+        "## Use",
+        "",
+        _usage(card),
+        "## Files",
+        "",
+        (
+            "`export.json` lists the source job, step and metric, the base model's sha256 and the sha256 of "
+            "every file here; `appliance export --check THIS_FOLDER` verifies them."
+        ),
+        "",
+    ]
     return "\n".join(lines)

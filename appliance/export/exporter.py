@@ -27,8 +27,16 @@ from appliance.export.source import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterSour
 from appliance.models.store import MANIFEST, ModelStore, ModelStoreError, file_table
 
 MERGED_DTYPES = ("bfloat16", "float16", "float32")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
 
 
 @dataclass(frozen=True)
@@ -125,8 +133,14 @@ def _finish_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
-def export_job(job_reference: str | Path, data_dir: Path, out: Path, checkpoint: str = "best", merged: bool = False,
-               dtype: str = "bfloat16") -> ExportResult:
+def export_job(
+    job_reference: str | Path,
+    data_dir: Path,
+    out: Path,
+    checkpoint: str = "best",
+    merged: bool = False,
+    dtype: str = "bfloat16",
+) -> ExportResult:
     """Export one adapter of a job (best | latest | step-N) to `out`, or the base merged with it."""
     if dtype not in MERGED_DTYPES:
         raise ExportError(f"--dtype '{dtype}' is not one of {', '.join(MERGED_DTYPES)}")
@@ -142,22 +156,41 @@ def export_job(job_reference: str | Path, data_dir: Path, out: Path, checkpoint:
         else:
             _write_adapter(adapter, base, staging)
         _copy_tokenizer(base, staging)
-        card = CardInput(spec=job.spec, facts=job_facts(job.path, adapter.step), kind=kind, base_model=base.name,
-                         base_sha256=base.sha256, checkpoint=checkpoint, step=adapter.step,
-                         metric_name=adapter.metric_name, metric_value=adapter.metric_value,
-                         dtype=dtype if merged else None)
+        card = CardInput(
+            spec=job.spec,
+            facts=job_facts(job.path, adapter.step),
+            kind=kind,
+            base_model=base.name,
+            base_sha256=base.sha256,
+            checkpoint=checkpoint,
+            step=adapter.step,
+            metric_name=adapter.metric_name,
+            metric_value=adapter.metric_value,
+            dtype=dtype if merged else None,
+        )
         (staging / "README.md").write_text(render_card(card))
-        manifest = write_export_manifest(staging, {
-            "kind": kind,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "appliance_version": __version__,
-            "source": {"job": job.name, "job_dir": str(job.path), "checkpoint": checkpoint, "step": adapter.step,
-                       "metric": {"name": adapter.metric_name, "value": adapter.metric_value}},
-            "base_model": {"name": base.name, "sha256": base.sha256,
-                           "files": {name: entry["sha256"] for name, entry in base.files.items() if name != MANIFEST},
-                           "training_quantization": job.spec.student.quantization},
-            "dtype": dtype if merged else None,
-        })
+        manifest = write_export_manifest(
+            staging,
+            {
+                "kind": kind,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "appliance_version": __version__,
+                "source": {
+                    "job": job.name,
+                    "job_dir": str(job.path),
+                    "checkpoint": checkpoint,
+                    "step": adapter.step,
+                    "metric": {"name": adapter.metric_name, "value": adapter.metric_value},
+                },
+                "base_model": {
+                    "name": base.name,
+                    "sha256": base.sha256,
+                    "files": {name: entry["sha256"] for name, entry in base.files.items() if name != MANIFEST},
+                    "training_quantization": job.spec.student.quantization,
+                },
+                "dtype": dtype if merged else None,
+            },
+        )
         _finish_folder(staging)
         if out.is_dir():
             out.rmdir()  # empty (checked above)

@@ -62,6 +62,9 @@ def verify_export(folder: Path) -> dict:
         if path.is_file() and path.name != EXPORT_MANIFEST and path.name not in manifest["files"]:
             problems.append(f"{path} is not listed in {EXPORT_MANIFEST}")
     if problems:
-        raise ExportError(f"export {folder} does not match its manifest: " + "; ".join(problems)
-                          + "; export the job again from its job folder")
+        raise ExportError(
+            f"export {folder} does not match its manifest: "
+            + "; ".join(problems)
+            + "; export the job again from its job folder"
+        )
     return manifest

@@ -56,8 +56,11 @@ def find_job(reference: str | Path, data_dir: Path) -> JobSource:
     for folder in candidates:
         if (folder / "job.yaml").is_file():
             return JobSource(folder.resolve(), _load_spec(folder / "job.yaml"))
-    known = sorted(p.name for p in jobs_dir(data_dir).iterdir() if (p / "job.yaml").is_file()) \
-        if jobs_dir(data_dir).is_dir() else []
+    known = (
+        sorted(p.name for p in jobs_dir(data_dir).iterdir() if (p / "job.yaml").is_file())
+        if jobs_dir(data_dir).is_dir()
+        else []
+    )
     raise ExportError(
         f"no job '{reference}': neither a job folder (with job.yaml) nor a job name or id under {jobs_dir(data_dir)} "
         f"(known: {', '.join(known) or 'none'}); pass the job's folder or --data-dir"
@@ -114,8 +117,10 @@ def find_adapter(job: JobSource, selector: str = "best") -> AdapterSource:
         best = job.path / "best"
         adapter = _adapter_in(best.resolve()) if best.exists() else None
         if adapter is None:
-            raise ExportError(f"{job.path} has no best/ adapter yet (it appears at the first checkpoint); "
-                              "use --checkpoint latest or step-N, or wait for a checkpoint")
+            raise ExportError(
+                f"{job.path} has no best/ adapter yet (it appears at the first checkpoint); "
+                "use --checkpoint latest or step-N, or wait for a checkpoint"
+            )
         state = _read_json(adapter / "best.json") or _read_json(best / "best.json")
         step = int(state.get("step", 0))
         if "metric" in state:  # {"step", "metric", "value", "mode"}
@@ -126,7 +131,9 @@ def find_adapter(job: JobSource, selector: str = "best") -> AdapterSource:
         return AdapterSource("best", adapter, step, metric, float(value) if isinstance(value, (int, float)) else None)
     if selector == "latest":
         if not checkpoints:
-            raise ExportError(f"{job.path} has no complete checkpoint yet; wait for one (checkpoint.every) or export best")
+            raise ExportError(
+                f"{job.path} has no complete checkpoint yet; wait for one (checkpoint.every) or export best"
+            )
         step = max(checkpoints)
         return _from_checkpoint("latest", step, checkpoints[step], job)
     match = STEP_PATTERN.match(selector)

@@ -23,7 +23,9 @@ class GroupAdvantages:
     informative: torch.Tensor  # [groups] bool: False when every reward in the group is equal
 
 
-def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True, equal_tolerance: float = 1e-6) -> GroupAdvantages:
+def group_advantages(
+    rewards: torch.Tensor, scale_by_std: bool = True, equal_tolerance: float = 1e-6
+) -> GroupAdvantages:
     """rewards: [groups, group_size] -> advantages of the same shape."""
     if rewards.dim() != 2 or rewards.shape[1] < 2:
         raise ValueError(f"rewards must be [groups, group_size>=2], got {tuple(rewards.shape)}")

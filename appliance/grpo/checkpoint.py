@@ -34,8 +34,7 @@ STATE_FILE = "state.json"
 BEST_FILE = "best.json"
 PREFIX = "step-"
 # What a complete checkpoint folder holds besides state.json.
-PAYLOAD = ("adapter/adapter_model.safetensors", "adapter/adapter_config.json", "optimizer.pt", "scheduler.pt",
-           "rng.pt")
+PAYLOAD = ("adapter/adapter_model.safetensors", "adapter/adapter_config.json", "optimizer.pt", "scheduler.pt", "rng.pt")
 # Free space wanted before a checkpoint, relative to the last one's size (state.json and rounding).
 DISK_MARGIN = 1.1
 # How torch's zip writer reports a full disk: "enforce fail at inline_container.cc ... unexpected pos".
@@ -83,13 +82,19 @@ def remove_tree(folder: Path) -> None:
 
 # ----- RNG state as tensors and plain lists (loadable with weights_only=True) ------------------
 
+
 def rng_state() -> dict:
     version, internal, gauss = random.getstate()
     name, keys, position, has_gauss, cached = np.random.get_state()
     return {
         "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(position),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
@@ -99,8 +104,15 @@ def restore_rng_state(state: dict) -> None:
     python = state["python"]
     random.setstate((python["version"], tuple(int(v) for v in python["state"].tolist()), python["gauss"]))
     numpy_state = state["numpy"]
-    np.random.set_state((numpy_state["name"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
-                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            numpy_state["name"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -183,8 +195,9 @@ class CheckpointManager:
         try:
             staging.mkdir()
             write_payload(staging)
-            (staging / STATE_FILE).write_text(json.dumps({"schema_version": SCHEMA_VERSION, "step": step, **state},
-                                                         indent=2))
+            (staging / STATE_FILE).write_text(
+                json.dumps({"schema_version": SCHEMA_VERSION, "step": step, **state}, indent=2)
+            )
             fsync_tree(staging)
         except (OSError, RuntimeError) as error:
             shutil.rmtree(staging, ignore_errors=True)
@@ -199,7 +212,7 @@ class CheckpointManager:
         return final
 
     def _retain(self) -> None:
-        for info in self.complete()[:-self.keep_last]:
+        for info in self.complete()[: -self.keep_last]:
             remove_tree(info.path)
         for leftover in list(self.root.glob(f".tmp-{PREFIX}*")) + list(self.root.glob(".del-*")):
             shutil.rmtree(leftover, ignore_errors=True)

@@ -34,8 +34,9 @@ class EvalSampling:
 
     def __post_init__(self) -> None:
         if self.samples < 1 or self.temperature < 0.0:
-            raise ValueError(f"evaluation needs samples >= 1 and temperature >= 0 (got {self.samples}, "
-                             f"{self.temperature})")
+            raise ValueError(
+                f"evaluation needs samples >= 1 and temperature >= 0 (got {self.samples}, {self.temperature})"
+            )
         problem = greedy_samples_problem(self.temperature, self.samples)
         if problem:
             raise ValueError(f"{problem}; sample at a temperature above 0")
@@ -47,8 +48,12 @@ class EvalSampling:
 
     def engine_sampling(self, max_new_tokens: int) -> Sampling:
         """Greedy needs no seed (and seeding would reset the process's torch generator for nothing)."""
-        return Sampling(max_new_tokens=max_new_tokens, n=self.samples, temperature=self.temperature,
-                        seed=self.seed if self.temperature > 0 else None)
+        return Sampling(
+            max_new_tokens=max_new_tokens,
+            n=self.samples,
+            temperature=self.temperature,
+            seed=self.seed if self.temperature > 0 else None,
+        )
 
 
 GREEDY = EvalSampling()
@@ -73,13 +78,25 @@ class Evaluation:
 
     def summary(self) -> EvalResult:
         """The part a StepRecord and the run's result carry."""
-        return EvalResult(accuracy=self.accuracy, format_compliance=self.format_compliance,
-                          reward_mean=self.reward_means.get("total", 0.0), problems=self.problems,
-                          temperature=self.temperature, samples=self.samples)
+        return EvalResult(
+            accuracy=self.accuracy,
+            format_compliance=self.format_compliance,
+            reward_mean=self.reward_means.get("total", 0.0),
+            problems=self.problems,
+            temperature=self.temperature,
+            samples=self.samples,
+        )
 
 
-def evaluate(engine: GenerationEngine, task: Task, problems: list[Problem], rewards: list[WeightedReward],
-             max_new_tokens: int, examples: int = 5, how: EvalSampling = GREEDY) -> Evaluation:
+def evaluate(
+    engine: GenerationEngine,
+    task: Task,
+    problems: list[Problem],
+    rewards: list[WeightedReward],
+    max_new_tokens: int,
+    examples: int = 5,
+    how: EvalSampling = GREEDY,
+) -> Evaluation:
     started = time.monotonic()
     _, groups = generate_groups(engine, task, problems, how.engine_sampling(max_new_tokens))
     drawn = [(problem, completion) for problem, group in zip(problems, groups) for completion in group]
@@ -90,7 +107,7 @@ def evaluate(engine: GenerationEngine, task: Task, problems: list[Problem], rewa
     means = {name: sum(v) / len(v) for name, v in scores.per_function.items()} if scores else {}
     if scores:
         means["total"] = sum(scores.total) / len(scores.total)
-    firsts = list(zip(drawn, correct))[::how.samples][:examples]  # the first draw of each problem
+    firsts = list(zip(drawn, correct))[:: how.samples][:examples]  # the first draw of each problem
     return Evaluation(
         problems=len(problems),
         accuracy=sum(correct) / count,
@@ -98,8 +115,10 @@ def evaluate(engine: GenerationEngine, task: Task, problems: list[Problem], rewa
         reward_means=means,
         completion_length_mean=sum(len(c.token_ids) for _, c in drawn) / count,
         seconds=time.monotonic() - started,
-        examples=[{"question": p.question, "reference": p.answer, "completion": c.text, "correct": ok}
-                  for (p, c), ok in firsts],
+        examples=[
+            {"question": p.question, "reference": p.answer, "completion": c.text, "correct": ok}
+            for (p, c), ok in firsts
+        ],
         temperature=how.temperature,
         samples=how.samples,
         draws=len(drawn),
@@ -111,13 +130,20 @@ def _shares(flags: list[bool], sizes: list[int]) -> list[float]:
     """Consecutive runs of `sizes` flags -> the share of True in each."""
     shares, start = [], 0
     for size in sizes:
-        shares.append(sum(flags[start:start + size]) / max(size, 1))
+        shares.append(sum(flags[start : start + size]) / max(size, 1))
         start += size
     return shares
 
 
-def evaluate_student(student, task: Task, problems: list[Problem], rewards: list[WeightedReward],
-                     max_new_tokens: int, use_adapter: bool, how: EvalSampling = GREEDY) -> Evaluation:
+def evaluate_student(
+    student,
+    task: Task,
+    problems: list[Problem],
+    rewards: list[WeightedReward],
+    max_new_tokens: int,
+    use_adapter: bool,
+    how: EvalSampling = GREEDY,
+) -> Evaluation:
     """`evaluate` through the student's own weights, with its adapter on or switched off (the base)."""
     from appliance.engines.hf import HFEngine
 
@@ -130,8 +156,14 @@ def evaluate_student(student, task: Task, problems: list[Problem], rewards: list
 AGENT_EVAL_SCENARIOS = 32
 
 
-def evaluate_environment(environment, engine: GenerationEngine, scenarios: int, max_new_tokens: int,
-                         how: EvalSampling = GREEDY, examples: int = 3) -> Evaluation:
+def evaluate_environment(
+    environment,
+    engine: GenerationEngine,
+    scenarios: int,
+    max_new_tokens: int,
+    how: EvalSampling = GREEDY,
+    examples: int = 3,
+) -> Evaluation:
     """Episodes on `scenarios` held-out scenarios of an agent environment, `how.samples` of each.
 
     The scenarios and the draws come from `how.seed` alone (step 0 of an EnvironmentSource on the held-out
@@ -143,8 +175,9 @@ def evaluate_environment(environment, engine: GenerationEngine, scenarios: int, 
     from appliance.agents.source import EnvironmentSource
 
     started = time.monotonic()
-    source = EnvironmentSource(environment, engine, how.engine_sampling(max_new_tokens), seed=how.seed,
-                               split="held_out")
+    source = EnvironmentSource(
+        environment, engine, how.engine_sampling(max_new_tokens), seed=how.seed, split="held_out"
+    )
     groups = source.collect(0, scenarios, how.samples)
     trajectories = [t for group in groups for t in group.trajectories]
     count = max(len(trajectories), 1)
@@ -155,12 +188,21 @@ def evaluate_environment(environment, engine: GenerationEngine, scenarios: int, 
         accuracy=sum(succeeded) / count,
         format_compliance=sum(calls_accepted) / count,
         reward_means={"total": sum(t.reward for t in trajectories) / count},
-        completion_length_mean=sum(len(m.sampled.token_ids) for t in trajectories for m in t.assistant_turns()
-                                   if m.sampled is not None) / count,
+        completion_length_mean=sum(
+            len(m.sampled.token_ids) for t in trajectories for m in t.assistant_turns() if m.sampled is not None
+        )
+        / count,
         seconds=time.monotonic() - started,
-        examples=[{"scenario": g.trajectories[0].scenario_id, "messages": g.trajectories[0].to_openai(),
-                   "reward": g.trajectories[0].reward, "correct": g.trajectories[0].metrics.get("success", 0.0) >= 1.0}
-                  for g in groups[:examples] if g.trajectories],
+        examples=[
+            {
+                "scenario": g.trajectories[0].scenario_id,
+                "messages": g.trajectories[0].to_openai(),
+                "reward": g.trajectories[0].reward,
+                "correct": g.trajectories[0].metrics.get("success", 0.0) >= 1.0,
+            }
+            for g in groups[:examples]
+            if g.trajectories
+        ],
         temperature=how.temperature,
         samples=how.samples,
         draws=len(trajectories),
@@ -168,8 +210,9 @@ def evaluate_environment(environment, engine: GenerationEngine, scenarios: int, 
     )
 
 
-def evaluate_agent_student(student, environment, scenarios: int, max_new_tokens: int, use_adapter: bool,
-                           how: EvalSampling = GREEDY) -> Evaluation:
+def evaluate_agent_student(
+    student, environment, scenarios: int, max_new_tokens: int, use_adapter: bool, how: EvalSampling = GREEDY
+) -> Evaluation:
     """evaluate_environment through the student's own weights, adapter on or switched off (the base)."""
     from appliance.engines.hf import HFEngine
 

@@ -75,8 +75,9 @@ class AdapterDisabledEngine(HFEngine):
             return super().next_token_logprobs(prompts, candidates)
 
 
-def decide_choices(spec: JobSpec, device: str, student_dir: Path, judge_dir: Path | None,
-                   prompt_tokens: int | None = None):
+def decide_choices(
+    spec: JobSpec, device: str, student_dir: Path, judge_dir: Path | None, prompt_tokens: int | None = None
+):
     """Micro-batch and gradient checkpointing from the job file, else from the budget plan.
 
     prompt_tokens: the longest training prompt as measured (grpo/prompt_lengths.py).
@@ -88,16 +89,23 @@ def decide_choices(spec: JobSpec, device: str, student_dir: Path, judge_dir: Pat
         from appliance.budget.plan import plan_job
         from appliance.budget.shapes import load_config
 
-        plan = plan_job(spec, load_config(student_dir / "config.json"),
-                        load_config(judge_dir / "config.json") if judge_dir else None,
-                        probe_device("cuda" if device.startswith("cuda") else "cpu"), prompt_tokens=prompt_tokens)
+        plan = plan_job(
+            spec,
+            load_config(student_dir / "config.json"),
+            load_config(judge_dir / "config.json") if judge_dir else None,
+            probe_device("cuda" if device.startswith("cuda") else "cpu"),
+            prompt_tokens=prompt_tokens,
+        )
     except ImportError:
         plan = None
     sequences = spec.grpo.group_size * spec.grpo.prompts_per_step
     if spec.grpo.micro_batch_size:
         micro, reasons["micro_batch_size"] = spec.grpo.micro_batch_size, "set in the job file"
     elif plan is not None:
-        micro, reasons["micro_batch_size"] = plan.choices.micro_batch_size, plan.choices.reasons.get("micro_batch_size", "budget plan")
+        micro, reasons["micro_batch_size"] = (
+            plan.choices.micro_batch_size,
+            plan.choices.reasons.get("micro_batch_size", "budget plan"),
+        )
     else:
         micro, reasons["micro_batch_size"] = min(16, sequences), "default"
     if spec.student.gradient_checkpointing is not None:
@@ -128,14 +136,22 @@ def rollout_engine_kind(spec: JobSpec, device: str) -> str:
     return "vllm" if device.startswith("cuda") else "hf"
 
 
-def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Path,
-                  stop_requested: Callable[[], str | None] | None = None) -> Trainer:
+def build_trainer(
+    spec: JobSpec,
+    job_file_dir: Path,
+    data_dir: Path,
+    job_dir: Path,
+    stop_requested: Callable[[], str | None] | None = None,
+) -> Trainer:
     device = default_device()
     pin_mmap_threshold()
     torch.manual_seed(spec.grpo.seed)
     student_dir = resolve_model(spec.student.model, data_dir)
-    judge_dir = (resolve_model(spec.judge.model, data_dir)
-                 if spec.judge and not spec.judge.share_student_base and spec.judge.endpoint is None else None)
+    judge_dir = (
+        resolve_model(spec.judge.model, data_dir)
+        if spec.judge and not spec.judge.share_student_base and spec.judge.endpoint is None
+        else None
+    )
     from appliance.grpo.prompt_lengths import longest_opening_tokens, longest_prompt_tokens
     from appliance.models.loading import load_tokenizer
 
@@ -159,13 +175,21 @@ def build_trainer(spec: JobSpec, job_file_dir: Path, data_dir: Path, job_dir: Pa
         from appliance.budget.workload import generated_tokens
         from appliance.grpo.trajectories import AgentJob
 
-        bound = (plan.sequence_tokens["student"] if plan is not None
-                 else (prompt_tokens or spec.grpo.max_prompt_tokens) + generated_tokens(planned))
-        agent = AgentJob(make_source(spec, engine, data_dir, job_dir=job_dir,
-                                         stop_requested=stop_requested), spec.task.environment, bound, environment)
+        bound = (
+            plan.sequence_tokens["student"]
+            if plan is not None
+            else (prompt_tokens or spec.grpo.max_prompt_tokens) + generated_tokens(planned)
+        )
+        agent = AgentJob(
+            make_source(spec, engine, data_dir, job_dir=job_dir, stop_requested=stop_requested),
+            spec.task.environment,
+            bound,
+            environment,
+        )
     ledger = measure_loaded(plan, student, engine) if plan is not None else None
-    return Trainer(spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger, plan=plan,
-                   agent=agent)
+    return Trainer(
+        spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger, plan=plan, agent=agent
+    )
 
 
 def _agent_environment(spec: JobSpec, data_dir: Path):
@@ -223,16 +247,22 @@ def measure_loaded(plan, student: Student, engine):
     return ledger
 
 
-def make_rollout_engine(spec: JobSpec, student: Student, student_dir: Path, device: str, rollout_weights: str,
-                        plan=None):
+def make_rollout_engine(
+    spec: JobSpec, student: Student, student_dir: Path, device: str, rollout_weights: str, plan=None
+):
     kind = rollout_engine_kind(spec, device)
     if kind == "vllm":
         from appliance.engines.vllm_engine import VLLMEngine
 
         kv_bytes = plan.choices.rollout_kv_bytes if plan is not None else None
-        return VLLMEngine.for_student(spec, student_dir, student, kv_cache_bytes=kv_bytes,
-                                      quantize=spec.student.quantization in ("nf4", "fp4"),
-                                      max_model_len=_planned_length(spec, plan, "student"))
+        return VLLMEngine.for_student(
+            spec,
+            student_dir,
+            student,
+            kv_cache_bytes=kv_bytes,
+            quantize=spec.student.quantization in ("nf4", "fp4"),
+            max_model_len=_planned_length(spec, plan, "student"),
+        )
     if rollout_weights == "merged_copy":
         from appliance.engines.merged_copy import MergedCopyEngine
 
@@ -259,9 +289,12 @@ def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir:
     elif spec.engine.judge == "vllm" or (spec.engine.judge == "auto" and device.startswith("cuda")):
         from appliance.engines.vllm_engine import VLLMEngine
 
-        engine = VLLMEngine.for_judge(spec, judge_dir,
-                                      kv_cache_bytes=plan.choices.judge_kv_bytes if plan is not None else None,
-                                      max_model_len=_planned_length(spec, plan, "judge"))
+        engine = VLLMEngine.for_judge(
+            spec,
+            judge_dir,
+            kv_cache_bytes=plan.choices.judge_kv_bytes if plan is not None else None,
+            max_model_len=_planned_length(spec, plan, "judge"),
+        )
     else:
         engine = HFEngine.load(judge_dir, spec.judge.quantization, device=device, name=spec.judge.model)
     return Judge(spec.judge, engine, log_path=job_dir / "judge.jsonl")

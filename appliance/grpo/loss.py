@@ -53,8 +53,9 @@ class StepNormalizer:
     max_new_tokens: int
 
 
-def per_token_loss(logp, old_logp, advantages, mask, epsilon, epsilon_high, beta=0.0, ref_logp=None,
-                   importance_weights=None):
+def per_token_loss(
+    logp, old_logp, advantages, mask, epsilon, epsilon_high, beta=0.0, ref_logp=None, importance_weights=None
+):
     """l_it and the diagnostics. Shapes: logp/old_logp/mask/ref/weights [N, T], advantages [N]."""
     high = epsilon if epsilon_high is None else epsilon_high
     ratio = torch.exp(logp - old_logp)
@@ -92,10 +93,22 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, loss_type: str, normalizer
     raise ValueError(f"unknown loss type '{loss_type}'; choose one of {', '.join(LOSS_TYPES)}")
 
 
-def policy_loss(logp, old_logp, advantages, mask, loss_type, normalizer, epsilon, epsilon_high=None, beta=0.0,
-                ref_logp=None, importance_weights=None) -> LossOutput:
-    loss, kl, ratio, is_clipped = per_token_loss(logp, old_logp, advantages, mask, epsilon, epsilon_high, beta,
-                                                 ref_logp, importance_weights)
+def policy_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    loss_type,
+    normalizer,
+    epsilon,
+    epsilon_high=None,
+    beta=0.0,
+    ref_logp=None,
+    importance_weights=None,
+) -> LossOutput:
+    loss, kl, ratio, is_clipped = per_token_loss(
+        logp, old_logp, advantages, mask, epsilon, epsilon_high, beta, ref_logp, importance_weights
+    )
     total = aggregate(loss, mask, loss_type, normalizer)
     real = mask.bool()
     count = max(int(real.sum()), 1)

@@ -25,8 +25,12 @@ class PhaseClock:
         self.started = time.monotonic()
 
     def _measures(self, memory: str | None) -> bool:
-        return (memory is not None and self.ledger is not None and self.ledger.plan.device.kind == "cuda"
-                and memory in self.ledger.plan.phases)
+        return (
+            memory is not None
+            and self.ledger is not None
+            and self.ledger.plan.device.kind == "cuda"
+            and memory in self.ledger.plan.phases
+        )
 
     @contextmanager
     def phase(self, name: str, memory: str | None = None) -> Iterator[None]:

@@ -40,15 +40,17 @@ class ScoredRollout:
         group_size = len(self.groups[0]) if self.groups else 1
         for index, completion in enumerate(self.flat[:limit]):
             group = index // group_size
-            records.append({
-                "step": step,
-                "question": self.problems[group].question,
-                "reference": self.problems[group].answer,
-                "completion": completion.text,
-                "reward": self.scores.total[index],
-                "rewards": {name: values[index] for name, values in self.scores.per_function.items()},
-                "advantage": float(self.advantages.advantages[group, index % group_size]),
-            })
+            records.append(
+                {
+                    "step": step,
+                    "question": self.problems[group].question,
+                    "reference": self.problems[group].answer,
+                    "completion": completion.text,
+                    "reward": self.scores.total[index],
+                    "rewards": {name: values[index] for name, values in self.scores.per_function.items()},
+                    "advantage": float(self.advantages.advantages[group, index % group_size]),
+                }
+            )
         return records
 
     def train_samples(self, use_engine_logprobs: bool) -> list[TrainSample]:
@@ -59,12 +61,14 @@ class ScoredRollout:
             for member, completion in enumerate(group):
                 if not completion.token_ids:
                     continue
-                samples.append(TrainSample(
-                    prompt_ids=completion.prompt_token_ids,
-                    completion_ids=completion.token_ids,
-                    advantage=float(self.advantages.advantages[group_index, member]),
-                    engine_logprobs=list(completion.logprobs) if use_engine_logprobs else None,
-                ))
+                samples.append(
+                    TrainSample(
+                        prompt_ids=completion.prompt_token_ids,
+                        completion_ids=completion.token_ids,
+                        advantage=float(self.advantages.advantages[group_index, member]),
+                        engine_logprobs=list(completion.logprobs) if use_engine_logprobs else None,
+                    )
+                )
         return samples
 
 
@@ -73,19 +77,31 @@ def generate_groups(engine: GenerationEngine, task: Task, problems: list[Problem
     return prompts, engine.generate(prompts, sampling)
 
 
-def score_groups(problems: list[Problem], groups: list[list[Completion]], rewards: list[WeightedReward]) -> RewardScores:
+def score_groups(
+    problems: list[Problem], groups: list[list[Completion]], rewards: list[WeightedReward]
+) -> RewardScores:
     """Every reward on every completion; rules see the real token count as metadata["completion_tokens"]."""
     samples = [
-        RewardSample(prompt=problem.question, completion=completion.text, reference=problem.answer,
-                     metadata={**problem.metadata, "completion_tokens": len(completion.token_ids)}, group=index)
+        RewardSample(
+            prompt=problem.question,
+            completion=completion.text,
+            reference=problem.answer,
+            metadata={**problem.metadata, "completion_tokens": len(completion.token_ids)},
+            group=index,
+        )
         for index, (problem, group) in enumerate(zip(problems, groups))
         for completion in group
     ]
     return score_samples(rewards, samples)
 
 
-def scored_rollout(problems: list[Problem], prompts: list[str], groups: list[list[Completion]], scores: RewardScores,
-                   scale_rewards: bool) -> ScoredRollout:
+def scored_rollout(
+    problems: list[Problem],
+    prompts: list[str],
+    groups: list[list[Completion]],
+    scores: RewardScores,
+    scale_rewards: bool,
+) -> ScoredRollout:
     """Group advantages of the weighted totals; groups whose rewards are all equal carry none."""
     totals = torch.tensor(scores.total, dtype=torch.float32).view(len(problems), -1)
     return ScoredRollout(problems, prompts, groups, scores, group_advantages(totals, scale_by_std=scale_rewards))

@@ -28,9 +28,19 @@ EventCallback = Callable[[RunEvent], None]
 StopCallback = Callable[[], "str | None"]
 
 
-def run_job(spec: JobSpec, data_dir: Path, job_dir: Path, *, job_file_dir: Path, resume: bool = False,
-            evaluate: bool = False, eval_limit: int | None = None, on_step: StepCallback | None = None,
-            on_event: EventCallback | None = None, stop_requested: StopCallback | None = None) -> RunResult:
+def run_job(
+    spec: JobSpec,
+    data_dir: Path,
+    job_dir: Path,
+    *,
+    job_file_dir: Path,
+    resume: bool = False,
+    evaluate: bool = False,
+    eval_limit: int | None = None,
+    on_step: StepCallback | None = None,
+    on_event: EventCallback | None = None,
+    stop_requested: StopCallback | None = None,
+) -> RunResult:
     """Train `spec` in `job_dir` until `grpo.steps` or until `stop_requested()` gives a reason.
 
     evaluate: held-out accuracy of the base model before the first step and of
@@ -46,8 +56,7 @@ def run_job(spec: JobSpec, data_dir: Path, job_dir: Path, *, job_file_dir: Path,
     trainer = build_trainer(spec, Path(job_file_dir), Path(data_dir), Path(job_dir), stop_requested=stop_requested)
     try:
         limit = eval_limit if eval_limit is not None else spec.checkpoint.eval_limit
-        return _drive(trainer, spec, resume, evaluate, limit, on_step or (lambda record: None), emit,
-                      stop_requested)
+        return _drive(trainer, spec, resume, evaluate, limit, on_step or (lambda record: None), emit, stop_requested)
     finally:
         trainer.close()
 
@@ -56,8 +65,16 @@ def _event(emit: EventCallback, kind: str, step: int, **data) -> None:
     emit(RunEvent(kind=kind, step=step, data=data, time=time.time()))
 
 
-def _drive(trainer, spec: JobSpec, resume: bool, evaluate: bool, eval_limit: int | None, on_step: StepCallback,
-           emit: EventCallback, stop_requested: StopCallback) -> RunResult:
+def _drive(
+    trainer,
+    spec: JobSpec,
+    resume: bool,
+    evaluate: bool,
+    eval_limit: int | None,
+    on_step: StepCallback,
+    emit: EventCallback,
+    stop_requested: StopCallback,
+) -> RunResult:
     log = trainer.records.log
 
     def log_and_emit(line: str) -> None:
@@ -68,17 +85,26 @@ def _drive(trainer, spec: JobSpec, resume: bool, evaluate: bool, eval_limit: int
     trainer.on_event = lambda kind, **data: _event(emit, kind, trainer.step, **data)
     if trainer.plan is not None:
         plan = trainer.plan
-        _event(emit, "memory", 0, planned_bytes=dict(plan.components), budget_bytes=plan.budget_bytes,
-               planned_peak_bytes=plan.peak_bytes, device_total_bytes=plan.device.total_bytes,
-               device_used_bytes=plan.device.used_bytes)
+        _event(
+            emit,
+            "memory",
+            0,
+            planned_bytes=dict(plan.components),
+            budget_bytes=plan.budget_bytes,
+            planned_peak_bytes=plan.peak_bytes,
+            device_total_bytes=plan.device.total_bytes,
+            device_used_bytes=plan.device.used_bytes,
+        )
     if resume:
         step = trainer.resume()
         if step is None:
             log_and_emit(f"no checkpoint in {trainer.job_dir / 'checkpoints'}; starting at step 0")
     choices = trainer.choices
-    log_and_emit(f"job '{spec.name}' in {trainer.job_dir}: {spec.grpo.steps} steps, micro-batch "
-                 f"{trainer.micro_batch_size}, gradient checkpointing {'on' if choices.gradient_checkpointing else 'off'}"
-                 f", rollouts on {choices.rollout_weights} weights ({trainer.engine.kind})")
+    log_and_emit(
+        f"job '{spec.name}' in {trainer.job_dir}: {spec.grpo.steps} steps, micro-batch "
+        f"{trainer.micro_batch_size}, gradient checkpointing {'on' if choices.gradient_checkpointing else 'off'}"
+        f", rollouts on {choices.rollout_weights} weights ({trainer.engine.kind})"
+    )
     evaluations: dict[str, dict] = {}
 
     def held_out_eval(adapter: bool, when: str) -> EvalResult:
@@ -97,6 +123,7 @@ def _drive(trainer, spec: JobSpec, resume: bool, evaluate: bool, eval_limit: int
         trackers.write(record)
 
     trainer.progress = step_done
+
     def stopped(reason: str) -> RunResult:
         trainer.ensure_checkpoint()
         log_and_emit(f"stopped at step {trainer.step}: {reason}")

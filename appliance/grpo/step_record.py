@@ -110,13 +110,16 @@ class StepRecord:
     @classmethod
     def from_dict(cls, data: dict) -> "StepRecord":
         values = _known(cls, data)
-        values["rewards"] = {name: stats if isinstance(stats, RewardStats) else RewardStats.from_dict(stats)
-                             for name, stats in (data.get("rewards") or {}).items()}
+        values["rewards"] = {
+            name: stats if isinstance(stats, RewardStats) else RewardStats.from_dict(stats)
+            for name, stats in (data.get("rewards") or {}).items()
+        }
         memory = data.get("memory") or {}
         values["memory"] = memory if isinstance(memory, MemoryReading) else MemoryReading.from_dict(memory)
         evaluation = data.get("eval")
-        values["eval"] = (evaluation if evaluation is None or isinstance(evaluation, EvalResult)
-                          else EvalResult.from_dict(evaluation))
+        values["eval"] = (
+            evaluation if evaluation is None or isinstance(evaluation, EvalResult) else EvalResult.from_dict(evaluation)
+        )
         for key in ("generated_tokens", "prompt_tokens", "tokens_per_second"):
             # Records written before roles existed held one number: the student's.
             if isinstance(values.get(key), (int, float)):

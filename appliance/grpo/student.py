@@ -33,8 +33,12 @@ class TokenBatch:
     completion_mask: torch.Tensor  # [N, C] 1 on trained completion tokens
 
 
-def pack_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
-               train_masks: list[list[int] | None] | None = None) -> TokenBatch:
+def pack_batch(
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    train_masks: list[list[int] | None] | None = None,
+) -> TokenBatch:
     """train_masks: per completion, 1 on the tokens to train (an agent trajectory's assistant tokens) and 0 on
     context inside the completion (tool results, template glue); None trains every completion token."""
     prompt_width = max(len(p) for p in prompts)
@@ -94,8 +98,9 @@ class Student:
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id
 
-    def completion_logprobs(self, batch: TokenBatch, temperature: float, reference: bool = False,
-                            train: bool = False) -> torch.Tensor:
+    def completion_logprobs(
+        self, batch: TokenBatch, temperature: float, reference: bool = False, train: bool = False
+    ) -> torch.Tensor:
         """log p(completion token) under the student at `temperature`: [N, C].
 
         train=True: the gradient pass, in training mode (dropout on, checkpointing
@@ -137,4 +142,6 @@ class Student:
         state = load_file(str(Path(folder) / "adapter_model.safetensors"), device=str(self.device))
         result = set_peft_model_state_dict(self.model, state)
         if getattr(result, "unexpected_keys", None):
-            raise ValueError(f"adapter in {folder} does not match this student: unexpected {result.unexpected_keys[:3]}")
+            raise ValueError(
+                f"adapter in {folder} does not match this student: unexpected {result.unexpected_keys[:3]}"
+            )

@@ -68,9 +68,20 @@ class RuntimeChoices:
 
 
 class Trainer:
-    def __init__(self, spec: JobSpec, job_dir: Path, student: Student, engine: GenerationEngine, task: Task | None,
-                 rewards: list[WeightedReward], choices: RuntimeChoices, judge=None, ledger=None, plan=None,
-                 agent: AgentJob | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        job_dir: Path,
+        student: Student,
+        engine: GenerationEngine,
+        task: Task | None,
+        rewards: list[WeightedReward],
+        choices: RuntimeChoices,
+        judge=None,
+        ledger=None,
+        plan=None,
+        agent: AgentJob | None = None,
+    ):
         self.spec = spec
         self.job_dir = Path(job_dir)
         self.job_dir.mkdir(parents=True, exist_ok=True)
@@ -88,12 +99,14 @@ class Trainer:
         self.stream = ProblemStream(task.train, seed=spec.task.seed) if task is not None else None
         self.optimizer = make_optimizer(student.trainable_parameters(), spec.grpo, choices.device)
         self.scheduler = make_scheduler(self.optimizer, spec.grpo)
-        self.updater = GrpoUpdater(student, self.optimizer, self.scheduler, spec.grpo,
-                                   spec.engine.vllm.importance_sampling_cap)
+        self.updater = GrpoUpdater(
+            student, self.optimizer, self.scheduler, spec.grpo, spec.engine.vllm.importance_sampling_cap
+        )
         self.checkpoints = CheckpointManager(self.job_dir, spec.checkpoint.keep_last)
         self.records = RunRecords(self.job_dir)
-        self.best_metric, self.best_mode = best_rule.resolve(spec.checkpoint.best_metric, spec.checkpoint.best_mode,
-                                                             spec.checkpoint.eval_every is not None)
+        self.best_metric, self.best_mode = best_rule.resolve(
+            spec.checkpoint.best_metric, spec.checkpoint.best_mode, spec.checkpoint.eval_every is not None
+        )
         self.step = 0
         self.best: dict | None = None  # {"step", "value", "metric"} of best/
         self.micro_batch_size = choices.micro_batch_size
@@ -116,14 +129,18 @@ class Trainer:
                     self.stream.load_state_dict(info.state["data_cursor"])
             except Exception as error:  # noqa: BLE001 - any unreadable file means: use the previous one
                 problems.append(f"{info.path.name}: {type(error).__name__}: {error}")
-                self.records.log(f"checkpoint {info.path.name} is damaged ({type(error).__name__}: {error}); "
-                                 "falling back to the previous complete checkpoint")
+                self.records.log(
+                    f"checkpoint {info.path.name} is damaged ({type(error).__name__}: {error}); "
+                    "falling back to the previous complete checkpoint"
+                )
                 continue
             self._restore_state(info)
             return self.step
         if candidates:
-            raise CheckpointError(f"no checkpoint in {self.checkpoints.root} can be loaded ({'; '.join(problems)}); "
-                                  "--restart begins the run again")
+            raise CheckpointError(
+                f"no checkpoint in {self.checkpoints.root} can be loaded ({'; '.join(problems)}); "
+                "--restart begins the run again"
+            )
         # An earlier start died before its first checkpoint: its steps run again, so their records go.
         self.records.rewind_to(0)
         return None
@@ -142,8 +159,9 @@ class Trainer:
         if state is None or state.get("metric") != self.best_metric:
             return None  # no best yet, or one chosen by another metric: start over with this one
         if state != info.state.get("best"):
-            self.records.log(f"best/ holds step {state['step']} ({self.best_metric} {state['value']:.4g}); "
-                             "kept as the best so far")
+            self.records.log(
+                f"best/ holds step {state['step']} ({self.best_metric} {state['value']:.4g}); kept as the best so far"
+            )
         return state
 
     # ----- one step -----------------------------------------------------------------------------
@@ -192,18 +210,31 @@ class Trainer:
             groups = self.agent.source.collect(self.step + 1, grpo.prompts_per_step, grpo.group_size)
         self._enter("judge")
         with clock.phase("reward", memory="judge" if self.judge is not None else None):
-            scored = score_trajectories(self.agent.environment, groups, self.student.tokenizer, self.rewards,
-                                        grpo.scale_rewards, self.agent.max_tokens)
+            scored = score_trajectories(
+                self.agent.environment,
+                groups,
+                self.student.tokenizer,
+                self.rewards,
+                grpo.scale_rewards,
+                self.agent.max_tokens,
+            )
         self._enter("train")
         if scored.truncated:
-            self.records.log(f"step {self.step + 1}: {scored.truncated} trajectories were longer than the planned "
-                             f"{self.agent.max_tokens} tokens and were cut there")
+            self.records.log(
+                f"step {self.step + 1}: {scored.truncated} trajectories were longer than the planned "
+                f"{self.agent.max_tokens} tokens and were cut there"
+            )
         return scored
 
     def _sampling(self) -> Sampling:
         grpo = self.spec.grpo
-        return Sampling(max_new_tokens=grpo.max_new_tokens, n=grpo.group_size, temperature=grpo.temperature,
-                        top_p=grpo.top_p, seed=sampling_seed(grpo.seed, self.step + 1))
+        return Sampling(
+            max_new_tokens=grpo.max_new_tokens,
+            n=grpo.group_size,
+            temperature=grpo.temperature,
+            top_p=grpo.top_p,
+            seed=sampling_seed(grpo.seed, self.step + 1),
+        )
 
     def _update(self, scored: ScoredRollout | ScoredTrajectories) -> UpdateStats:
         """The optimizer step; an out-of-memory error halves the micro-batch and retries (the run goes on).
@@ -223,8 +254,9 @@ class Trainer:
             except torch.OutOfMemoryError:
                 if self.updater.applied_steps and snapshot is not None:
                     snapshot.restore()
-                    self.records.log(f"step {self.step + 1}: undid {self.updater.applied_steps} applied update(s) "
-                                     "before the retry")
+                    self.records.log(
+                        f"step {self.step + 1}: undid {self.updater.applied_steps} applied update(s) before the retry"
+                    )
                 raise
 
         stats, used = run_with_oom_backoff(attempt, self.micro_batch_size, ledger=self.ledger)
@@ -251,8 +283,10 @@ class Trainer:
             self.nonfinite_in_a_row = 0
             return
         self.nonfinite_in_a_row += 1
-        self.records.log(f"step {record.step}: non-finite loss or gradient (loss {record.loss}, grad norm "
-                         f"{record.grad_norm}); the update was skipped ({self.nonfinite_in_a_row} in a row)")
+        self.records.log(
+            f"step {record.step}: non-finite loss or gradient (loss {record.loss}, grad norm "
+            f"{record.grad_norm}); the update was skipped ({self.nonfinite_in_a_row} in a row)"
+        )
         if self.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
             raise JobStopped(
                 f"{self.nonfinite_in_a_row} steps in a row (up to step {record.step}) had a NaN or inf loss or "
@@ -281,11 +315,24 @@ class Trainer:
 
         how = EvalSampling.of(self.spec.checkpoint, self.spec.grpo.seed)
         if self.agent is not None:
-            return evaluate_agent_student(self.student, self.agent.evaluation_environment,
-                                          limit or AGENT_EVAL_SCENARIOS, self.spec.grpo.max_new_tokens, adapter, how)
+            return evaluate_agent_student(
+                self.student,
+                self.agent.evaluation_environment,
+                limit or AGENT_EVAL_SCENARIOS,
+                self.spec.grpo.max_new_tokens,
+                adapter,
+                how,
+            )
         problems = self.task.held_out[:limit] if limit else self.task.held_out
-        return evaluate_student(self.student, self.task, problems, self.rewards_for_eval(),
-                                self.spec.grpo.max_new_tokens, use_adapter=adapter, how=how)
+        return evaluate_student(
+            self.student,
+            self.task,
+            problems,
+            self.rewards_for_eval(),
+            self.spec.grpo.max_new_tokens,
+            use_adapter=adapter,
+            how=how,
+        )
 
     def _evaluate_if_due(self, clock: PhaseClock):
         every = self.spec.checkpoint.eval_every
@@ -347,8 +394,14 @@ class Trainer:
             components_used_bytes=dict(ledger.used) if ledger is not None else {},
         )
 
-    def _record(self, scored: ScoredRollout | ScoredTrajectories, stats: UpdateStats, before: dict, clock: PhaseClock,
-                evaluation) -> StepRecord:
+    def _record(
+        self,
+        scored: ScoredRollout | ScoredTrajectories,
+        stats: UpdateStats,
+        before: dict,
+        clock: PhaseClock,
+        evaluation,
+    ) -> StepRecord:
         lengths = scored.completion_lengths
         after = self._token_totals()
         seconds = self._seconds(clock, before)
@@ -356,20 +409,38 @@ class Trainer:
         generated = {role: after[role][0] - before[role][0] for role in roles if role in before}
         prompted = {role: after[role][1] - before[role][1] for role in roles if role in before}
         return StepRecord(
-            job=self.spec.name, step=self.step, steps_total=self.spec.grpo.steps, time=time.time(),
-            reward_mean=_mean(scored.scores.total), reward_std=_std(scored.scores.total),
+            job=self.spec.name,
+            step=self.step,
+            steps_total=self.spec.grpo.steps,
+            time=time.time(),
+            reward_mean=_mean(scored.scores.total),
+            reward_std=_std(scored.scores.total),
             rewards={name: RewardStats(float(s.mean), float(s.std)) for name, s in scored.scores.stats().items()},
-            loss=stats.loss, kl=stats.kl, clip_ratio=stats.clip_ratio, grad_norm=stats.grad_norm,
-            learning_rate=float(self.scheduler.get_last_lr()[0]), nonfinite=stats.nonfinite,
-            groups_informative=int(scored.advantages.informative.sum()), groups_total=len(scored.groups),
-            trained_sequences=stats.sequences, trained_tokens=stats.tokens, micro_batch_size=self.micro_batch_size,
-            completions=len(lengths), completion_length_mean=_mean(lengths),
+            loss=stats.loss,
+            kl=stats.kl,
+            clip_ratio=stats.clip_ratio,
+            grad_norm=stats.grad_norm,
+            learning_rate=float(self.scheduler.get_last_lr()[0]),
+            nonfinite=stats.nonfinite,
+            groups_informative=int(scored.advantages.informative.sum()),
+            groups_total=len(scored.groups),
+            trained_sequences=stats.sequences,
+            trained_tokens=stats.tokens,
+            micro_batch_size=self.micro_batch_size,
+            completions=len(lengths),
+            completion_length_mean=_mean(lengths),
             completion_length_max=max(lengths) if lengths else 0,
-            generated_tokens=generated, prompt_tokens=prompted,
-            tokens_per_second={role: tokens / seconds[roles[role]] if seconds.get(roles[role], 0) > 0 else 0.0
-                               for role, tokens in generated.items()},
-            seconds=seconds, memory=self.memory_reading(), eval=evaluation,
-            logprob_diff_mean=stats.logprob_diff_mean, logprob_diff_max=stats.logprob_diff_max,
+            generated_tokens=generated,
+            prompt_tokens=prompted,
+            tokens_per_second={
+                role: tokens / seconds[roles[role]] if seconds.get(roles[role], 0) > 0 else 0.0
+                for role, tokens in generated.items()
+            },
+            seconds=seconds,
+            memory=self.memory_reading(),
+            eval=evaluation,
+            logprob_diff_mean=stats.logprob_diff_mean,
+            logprob_diff_max=stats.logprob_diff_max,
             judge_outcomes=dict(self.judge.outcomes) if self.judge is not None else {},
         )
 
@@ -377,14 +448,17 @@ class Trainer:
 
     def save_checkpoint(self, record: StepRecord) -> Path:
         path = self.checkpoints.save(
-            self.step, lambda folder: write_payload(folder, self.student, self.optimizer, self.scheduler), {
+            self.step,
+            lambda folder: write_payload(folder, self.student, self.optimizer, self.scheduler),
+            {
                 "job": self.spec.name,
                 "data_cursor": self.stream.state_dict() if self.stream is not None else {"step": self.step},
                 "metrics": {k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))},
                 "best": self.best,
                 "micro_batch_size": self.micro_batch_size,
                 "nonfinite_in_a_row": self.nonfinite_in_a_row,
-            })
+            },
+        )
         if self.agent is not None:
             self.agent.source.checkpointed(self.step)  # submitted groups it trained need not be kept any more
         self.on_event("checkpoint", path=str(path), best=False)

@@ -60,9 +60,13 @@ def tokens_of(tokenizer, trajectory: Trajectory, max_tokens: int | None) -> Traj
     tokens = tokenize_trajectory(tokenizer, trajectory)
     if max_tokens is None or len(tokens.input_ids) <= max_tokens:
         return TrajectoryTokens(tokens, truncated=False)
-    cut = TokenizedTrajectory(input_ids=tokens.input_ids[:max_tokens], assistant_mask=tokens.assistant_mask[:max_tokens],
-                              logprobs=tokens.logprobs[:max_tokens], drifted_turns=tokens.drifted_turns,
-                              context_mismatches=tokens.context_mismatches)
+    cut = TokenizedTrajectory(
+        input_ids=tokens.input_ids[:max_tokens],
+        assistant_mask=tokens.assistant_mask[:max_tokens],
+        logprobs=tokens.logprobs[:max_tokens],
+        drifted_turns=tokens.drifted_turns,
+        context_mismatches=tokens.context_mismatches,
+    )
     return TrajectoryTokens(cut, truncated=True)
 
 
@@ -102,33 +106,43 @@ class ScoredTrajectories:
             logprobs = None
             if use_engine_logprobs:
                 if any(p is None for p, m in zip(tokens.logprobs[start:], tokens.assistant_mask[start:]) if m):
-                    raise ValueError(f"trajectory {index} has assistant tokens without sampled logprobs; "
-                                     "every trained turn must come from the rollout engine")
+                    raise ValueError(
+                        f"trajectory {index} has assistant tokens without sampled logprobs; "
+                        "every trained turn must come from the rollout engine"
+                    )
                 logprobs = [p if p is not None else 0.0 for p in tokens.logprobs[start:]]
-            samples.append(TrainSample(prompt_ids=tokens.input_ids[:start], completion_ids=tokens.input_ids[start:],
-                                       advantage=self.advantage(index), engine_logprobs=logprobs,
-                                       train_mask=tokens.assistant_mask[start:]))
+            samples.append(
+                TrainSample(
+                    prompt_ids=tokens.input_ids[:start],
+                    completion_ids=tokens.input_ids[start:],
+                    advantage=self.advantage(index),
+                    engine_logprobs=logprobs,
+                    train_mask=tokens.assistant_mask[start:],
+                )
+            )
         return samples
 
     def sample_records(self, step: int, tokenizer, limit: int) -> list[dict]:
         """samples.jsonl lines of kind "trajectory": messages, and the trained mask as decoded segments."""
         records = []
         for index, (trajectory, item) in enumerate(list(zip(self.flat, self.tokens))[:limit]):
-            records.append({
-                "step": step,
-                "kind": "trajectory",
-                "environment": self.environment,
-                "scenario": trajectory.scenario_id,
-                "reward": self.scores.total[index],
-                "rewards": {name: values[index] for name, values in self.scores.per_function.items()},
-                "advantage": self.advantage(index),
-                "metrics": dict(trajectory.metrics),
-                "messages": trajectory.to_openai(),
-                "segments": segments(tokenizer, item.tokens.input_ids, item.tokens.assistant_mask),
-                "trained_tokens": item.tokens.trained_tokens,
-                "context_tokens": item.tokens.context_tokens,
-                **({"truncated": True} if item.truncated else {}),
-            })
+            records.append(
+                {
+                    "step": step,
+                    "kind": "trajectory",
+                    "environment": self.environment,
+                    "scenario": trajectory.scenario_id,
+                    "reward": self.scores.total[index],
+                    "rewards": {name: values[index] for name, values in self.scores.per_function.items()},
+                    "advantage": self.advantage(index),
+                    "metrics": dict(trajectory.metrics),
+                    "messages": trajectory.to_openai(),
+                    "segments": segments(tokenizer, item.tokens.input_ids, item.tokens.assistant_mask),
+                    "trained_tokens": item.tokens.trained_tokens,
+                    "context_tokens": item.tokens.context_tokens,
+                    **({"truncated": True} if item.truncated else {}),
+                }
+            )
         return records
 
 
@@ -143,18 +157,28 @@ def segments(tokenizer, input_ids: list[int], mask: list[int]) -> list[dict]:
     return runs
 
 
-def score_trajectories(environment: str, groups: list[TrajectoryGroup], tokenizer, rewards: list[WeightedReward],
-                       scale_rewards: bool, max_tokens: int | None) -> ScoredTrajectories:
+def score_trajectories(
+    environment: str,
+    groups: list[TrajectoryGroup],
+    tokenizer,
+    rewards: list[WeightedReward],
+    scale_rewards: bool,
+    max_tokens: int | None,
+) -> ScoredTrajectories:
     """Tokens, every job reward and group advantages of a step's trajectory groups."""
     sizes = {len(group.trajectories) for group in groups}
     if len(sizes) != 1 or min(sizes) < 2:
         raise ValueError(f"every trajectory group needs the same size of at least 2, got sizes {sorted(sizes)}")
     samples = [
-        RewardSample(prompt=opening_text(trajectory), completion=transcript_text(trajectory), reference=None,
-                     metadata={**trajectory.metrics, "environment_reward": trajectory.reward,
-                               "scenario_id": group.scenario_id},
-                     group=index)
-        for index, group in enumerate(groups) for trajectory in group.trajectories
+        RewardSample(
+            prompt=opening_text(trajectory),
+            completion=transcript_text(trajectory),
+            reference=None,
+            metadata={**trajectory.metrics, "environment_reward": trajectory.reward, "scenario_id": group.scenario_id},
+            group=index,
+        )
+        for index, group in enumerate(groups)
+        for trajectory in group.trajectories
     ]
     scores = score_samples(rewards, samples)
     totals = torch.tensor(scores.total, dtype=torch.float32).view(len(groups), -1)

@@ -54,12 +54,16 @@ class UpdateStats:
 
 
 def _chunks(items: list, size: int) -> list[list]:
-    return [items[start:start + size] for start in range(0, len(items), size)]
+    return [items[start : start + size] for start in range(0, len(items), size)]
 
 
 def _batch(student: Student, samples: list[TrainSample]) -> TokenBatch:
-    return pack_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples], student.pad_id,
-                      [s.train_mask for s in samples])
+    return pack_batch(
+        [s.prompt_ids for s in samples],
+        [s.completion_ids for s in samples],
+        student.pad_id,
+        [s.train_mask for s in samples],
+    )
 
 
 def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
@@ -137,7 +141,11 @@ class GrpoUpdater:
                 stats.micro_batches += 1
             grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.spec.max_grad_norm))
             stats.loss, stats.kl, stats.clip_ratio, stats.grad_norm = (
-                stats.loss + loss, stats.kl + kl, stats.clip_ratio + clip, grad_norm)
+                stats.loss + loss,
+                stats.kl + kl,
+                stats.clip_ratio + clip,
+                grad_norm,
+            )
             iterations += 1
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 # Skip this update (and the rollout's later iterations): the adapter keeps its finite values.
@@ -165,8 +173,17 @@ class GrpoUpdater:
             ref_logp = self.student.completion_logprobs(micro.batch, self.spec.temperature, reference=True)
         old = logp.detach() if micro.old_logprobs is None else micro.old_logprobs
         output = policy_loss(
-            logp, old, advantages, mask, self.spec.loss, normalizer,
-            self.spec.epsilon, self.spec.epsilon_high, self.spec.beta, ref_logp, micro.importance_weights,
+            logp,
+            old,
+            advantages,
+            mask,
+            self.spec.loss,
+            normalizer,
+            self.spec.epsilon,
+            self.spec.epsilon_high,
+            self.spec.beta,
+            ref_logp,
+            micro.importance_weights,
         )
         output.loss.backward()
         return output

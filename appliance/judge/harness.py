@@ -70,8 +70,16 @@ def load_rows(path: Path) -> list[LabelledRow]:
         if isinstance(label, bool) or not isinstance(label, (int, float)) or not math.isfinite(label):
             raise LabelledSetError(f"{path}:{number}: 'label' must be a number (0/1, or a grade), got {label!r}")
         reference = row.get("reference")
-        rows.append(LabelledRow(row["question"], None if reference is None else str(reference), row["response"],
-                                float(label), str(row.get("id", number)), str(row.get("task", ""))))
+        rows.append(
+            LabelledRow(
+                row["question"],
+                None if reference is None else str(reference),
+                row["response"],
+                float(label),
+                str(row.get("id", number)),
+                str(row.get("task", "")),
+            )
+        )
     if not rows:
         raise LabelledSetError(f"{path}: no rows")
     return rows
@@ -165,8 +173,13 @@ def batches(rows: list[LabelledRow], batch_rows: int) -> list[list[int]]:
     return result
 
 
-def evaluate_judge(rows: list[LabelledRow], make_judge: Callable[[Path], Any], threshold: float = DEFAULT_THRESHOLD,
-                   batch_rows: int = 16, clock: Callable[[], float] = time.monotonic) -> JudgeReport:
+def evaluate_judge(
+    rows: list[LabelledRow],
+    make_judge: Callable[[Path], Any],
+    threshold: float = DEFAULT_THRESHOLD,
+    batch_rows: int = 16,
+    clock: Callable[[], float] = time.monotonic,
+) -> JudgeReport:
     """Run the judge that `make_judge(log_path)` builds over the rows and score it against the labels."""
     from appliance.rewards.registry import RewardSample
 
@@ -182,8 +195,9 @@ def evaluate_judge(rows: list[LabelledRow], make_judge: Callable[[Path], Any], t
                 for index in batch:
                     row = rows[index]
                     group = group_of.setdefault((row.question, row.reference), len(group_of))
-                    samples.append(RewardSample(prompt=row.question, completion=row.response,
-                                                reference=row.reference, group=group))
+                    samples.append(
+                        RewardSample(prompt=row.question, completion=row.response, reference=row.reference, group=group)
+                    )
                 for index, score in zip(batch, judge(samples)):
                     scores[index] = score
         finally:
@@ -218,16 +232,20 @@ def evaluate_judge(rows: list[LabelledRow], make_judge: Callable[[Path], Any], t
 
 def format_table(reports: list[JudgeReport]) -> str:
     """The reports side by side, one line per mode, for people."""
+
     def number(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
-    header = (f"{'mode':<10} {'scoring':<13} {'rows':>5} {'AUC':>6} {'acc@t':>6} {'rho':>6} {'fail':>6} "
-              f"{'s/compl':>8} {'p50 s':>7} {'p95 s':>7} {'tok in':>7} {'tok out':>7}")
+    header = (
+        f"{'mode':<10} {'scoring':<13} {'rows':>5} {'AUC':>6} {'acc@t':>6} {'rho':>6} {'fail':>6} "
+        f"{'s/compl':>8} {'p50 s':>7} {'p95 s':>7} {'tok in':>7} {'tok out':>7}"
+    )
     lines = [header]
     for r in reports:
         lines.append(
             f"{r.mode:<10} {r.scoring:<13} {r.rows:>5} {number(r.auc, '.3f'):>6} {number(r.accuracy, '.3f'):>6} "
             f"{number(r.spearman, '.3f'):>6} {r.failure_rate:>6.1%} {r.seconds_per_completion:>8.3f} "
             f"{r.latency_p50_seconds:>7.3f} {r.latency_p95_seconds:>7.3f} "
-            f"{r.prompt_tokens_per_completion:>7.0f} {r.generated_tokens_per_completion:>7.1f}")
+            f"{r.prompt_tokens_per_completion:>7.0f} {r.generated_tokens_per_completion:>7.1f}"
+        )
     return "\n".join(lines)

@@ -51,9 +51,20 @@ from appliance.judge.log import JudgeLog
 from appliance.errors import ApplianceError
 from appliance.judge.parse import JudgeOutputError, close_group_answer, parse_group, parse_pointwise
 from appliance.judge.probs import ScoreReading, read_score
-from appliance.judge.prompts import (GROUP_PREFILL, POINTWISE_PREFILL, PROBABILITY_MAX, PROBABILITY_SCALE,
-                                     group_answer_regex, group_ids, group_item_prefill, group_messages,
-                                     group_stop_strings, pointwise_answer_regex, pointwise_messages, retry_messages)
+from appliance.judge.prompts import (
+    GROUP_PREFILL,
+    POINTWISE_PREFILL,
+    PROBABILITY_MAX,
+    PROBABILITY_SCALE,
+    group_answer_regex,
+    group_ids,
+    group_item_prefill,
+    group_messages,
+    group_stop_strings,
+    pointwise_answer_regex,
+    pointwise_messages,
+    retry_messages,
+)
 
 if TYPE_CHECKING:
     from appliance.rewards.registry import RewardSample
@@ -72,8 +83,10 @@ def resolve_scoring(requested: str, engine: GenerationEngine) -> str:
     if requested == "auto":
         return "probabilities" if has_logprobs else "generate"
     if requested == "probabilities" and not has_logprobs:
-        raise JudgeScoringError(f"judge.scoring: probabilities needs an engine with next_token_logprobs; "
-                                f"{type(engine).__name__} has none (set judge.scoring: generate)")
+        raise JudgeScoringError(
+            f"judge.scoring: probabilities needs an engine with next_token_logprobs; "
+            f"{type(engine).__name__} has none (set judge.scoring: generate)"
+        )
     return requested
 
 
@@ -115,8 +128,11 @@ class _Request:
             self.errors.append(completion.error)
             self.outcome = "timeout" if completion.finish_reason == "timeout" else "parse_error"
             return
-        answer = close_group_answer(self.prefill + completion.text, len(self.sample_indices)) \
-            if self.prefill == GROUP_PREFILL else self.prefill + completion.text
+        answer = (
+            close_group_answer(self.prefill + completion.text, len(self.sample_indices))
+            if self.prefill == GROUP_PREFILL
+            else self.prefill + completion.text
+        )
         self.outputs.append(answer)
         self.tokens_in += len(completion.prompt_token_ids)
         self.tokens_out += len(completion.token_ids)
@@ -152,8 +168,13 @@ class Judge:
 
     name = "judge"
 
-    def __init__(self, spec: JudgeSpec, engine: GenerationEngine, log_path: Path | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        spec: JudgeSpec,
+        engine: GenerationEngine,
+        log_path: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.spec = spec
         self.engine = engine
         self.log = JudgeLog(log_path, spec.log_max_bytes, spec.log_backups) if log_path is not None else None
@@ -175,8 +196,10 @@ class Judge:
         try:
             self.engine.next_token_logprobs([probe], list(PROBABILITY_SCALE))
         except ValueError as error:
-            raise JudgeScoringError(f"judge.scoring: probabilities is not possible with this judge's tokenizer: "
-                                    f"{error}; set judge.scoring: generate") from None
+            raise JudgeScoringError(
+                f"judge.scoring: probabilities is not possible with this judge's tokenizer: "
+                f"{error}; set judge.scoring: generate"
+            ) from None
 
     def set_step(self, step: int) -> None:
         self.step = step
@@ -216,7 +239,9 @@ class Judge:
         scores: list[float | None] = [None] * len(samples)
         requests: dict[str, _Request] = {}
         for index, sample in enumerate(samples):
-            key = cache_key("pointwise", self.scoring, self.spec.rubric, sample.prompt, sample.reference, sample.completion)
+            key = cache_key(
+                "pointwise", self.scoring, self.spec.rubric, sample.prompt, sample.reference, sample.completion
+            )
             cached = self.cache.get(key)
             if cached is not None:
                 scores[index] = cached[0]
@@ -225,8 +250,9 @@ class Judge:
             else:
                 requests[key if self.spec.cache else f"{key}:{index}"] = _Request(
                     key=key,
-                    messages=pointwise_messages(sample.prompt, sample.reference, sample.completion, self.spec.rubric,
-                                                self.scoring),
+                    messages=pointwise_messages(
+                        sample.prompt, sample.reference, sample.completion, self.spec.rubric, self.scoring
+                    ),
                     parse=lambda text: [parse_pointwise(text).score],
                     max_new_tokens=self.spec.max_new_tokens,
                     sample_indices=[index],
@@ -236,7 +262,9 @@ class Judge:
                 )
         return scores, list(requests.values())
 
-    def _group_requests(self, samples: list["RewardSample"], group_keys: list[tuple]) -> tuple[list[float | None], list[_Request]]:
+    def _group_requests(
+        self, samples: list["RewardSample"], group_keys: list[tuple]
+    ) -> tuple[list[float | None], list[_Request]]:
         scores: list[float | None] = [None] * len(samples)
         members: dict[tuple, list[int]] = {}
         for index, key in enumerate(group_keys):
@@ -252,17 +280,19 @@ class Judge:
                     scores[index] = score
                 continue
             ids = group_ids(len(indices))
-            requests.append(_Request(
-                key=key,
-                messages=group_messages(first.prompt, first.reference, completions, self.spec.rubric, self.scoring),
-                parse=lambda text, ids=ids: [verdict.score for verdict in parse_group(text, ids).values()],
-                # max_new_tokens is the budget per judged response.
-                max_new_tokens=self.spec.max_new_tokens * len(indices),
-                sample_indices=indices,
-                prefill=GROUP_PREFILL,
-                stop=group_stop_strings(len(indices)),
-                regex=group_answer_regex(len(indices)),
-            ))
+            requests.append(
+                _Request(
+                    key=key,
+                    messages=group_messages(first.prompt, first.reference, completions, self.spec.rubric, self.scoring),
+                    parse=lambda text, ids=ids: [verdict.score for verdict in parse_group(text, ids).values()],
+                    # max_new_tokens is the budget per judged response.
+                    max_new_tokens=self.spec.max_new_tokens * len(indices),
+                    sample_indices=indices,
+                    prefill=GROUP_PREFILL,
+                    stop=group_stop_strings(len(indices)),
+                    regex=group_answer_regex(len(indices)),
+                )
+            )
         return scores, requests
 
     def _run_probabilities(self, requests: list[_Request]) -> None:
@@ -291,7 +321,7 @@ class Judge:
             position = 0
             for request in batch:
                 count = len(request.score_prompts)
-                mine = logprobs[position:position + count]
+                mine = logprobs[position : position + count]
                 position += count
                 # Latency: the wall time the request waited (as in generate mode); prompt tokens: its share.
                 request.latency_seconds = elapsed
@@ -299,8 +329,9 @@ class Judge:
                 unanswered = [lp for lp in mine if isinstance(lp, UnansweredLogprobs)]
                 if unanswered:  # a remote engine's request failed after its retries: counted, never fatal
                     request.errors = [lp.error for lp in unanswered]
-                    request.outcome = "timeout" if any(lp.finish_reason == "timeout" for lp in unanswered) \
-                        else "parse_error"
+                    request.outcome = (
+                        "timeout" if any(lp.finish_reason == "timeout" for lp in unanswered) else "parse_error"
+                    )
                     continue
                 request.readings = [read_score(lp, PROBABILITY_MAX, self.spec.min_score_mass) for lp in mine]
                 request.errors = [reading.error for reading in request.readings if reading.error]
@@ -313,7 +344,7 @@ class Judge:
             self.outcomes[request.outcome] += 1
 
     def _temperature(self, attempt: int) -> float:
-        return self.spec.temperature * 0.5 ** attempt
+        return self.spec.temperature * 0.5**attempt
 
     def _run(self, requests: list[_Request]) -> None:
         """Generate, parse and retry until every request is ok or out of retries or time."""
@@ -327,8 +358,13 @@ class Judge:
             # Requests of one call share stop strings and shape: one mode, and in group mode one size (else none).
             shapes = {(request.stop, request.regex) for request in pending}
             stop, regex = shapes.pop() if len(shapes) == 1 else ((), None)
-            sampling = Sampling(max_new_tokens=max(r.max_new_tokens for r in pending), n=1,
-                                temperature=self._temperature(attempt), stop=stop, regex=regex)
+            sampling = Sampling(
+                max_new_tokens=max(r.max_new_tokens for r in pending),
+                n=1,
+                temperature=self._temperature(attempt),
+                stop=stop,
+                regex=regex,
+            )
             started = self.clock()
             outputs = self.engine.generate(prompts, sampling)
             elapsed = self.clock() - started
@@ -355,28 +391,33 @@ class Judge:
     def _log(self, request: _Request, assigned: list[float]) -> None:
         if self.log is None:
             return
-        self.log.write({
-            "time": time.time(),
-            "step": self.step,
-            "mode": self.spec.mode,
-            "scoring": self.scoring,
-            "prompt": request.prompt_text,
-            # The answer as parsed: the prefill the prompt ended with, then the generated text.
-            "raw_output": request.outputs[-1] if request.outputs else "",
-            "earlier_outputs": request.outputs[:-1],
-            "errors": request.errors,
-            "scores": request.scores,
-            "assigned": assigned,
-            "outcome": request.outcome,
-            "retries": max(len(request.outputs) - 1, 0),
-            "latency_seconds": round(request.latency_seconds, 6),
-            "tokens_in": request.tokens_in,
-            "tokens_out": request.tokens_out,
-            # Probability scoring: per judged response, the mass on the score tokens and the
-            # distribution over the scale (values with p >= 0.001, largest first).
-            "distributions": [{"mass": round(reading.mass, 4), "probabilities": reading.distribution}
-                              for reading in request.readings] or None,
-        })
+        self.log.write(
+            {
+                "time": time.time(),
+                "step": self.step,
+                "mode": self.spec.mode,
+                "scoring": self.scoring,
+                "prompt": request.prompt_text,
+                # The answer as parsed: the prefill the prompt ended with, then the generated text.
+                "raw_output": request.outputs[-1] if request.outputs else "",
+                "earlier_outputs": request.outputs[:-1],
+                "errors": request.errors,
+                "scores": request.scores,
+                "assigned": assigned,
+                "outcome": request.outcome,
+                "retries": max(len(request.outputs) - 1, 0),
+                "latency_seconds": round(request.latency_seconds, 6),
+                "tokens_in": request.tokens_in,
+                "tokens_out": request.tokens_out,
+                # Probability scoring: per judged response, the mass on the score tokens and the
+                # distribution over the scale (values with p >= 0.001, largest first).
+                "distributions": [
+                    {"mass": round(reading.mass, 4), "probabilities": reading.distribution}
+                    for reading in request.readings
+                ]
+                or None,
+            }
+        )
 
     def stats(self) -> dict:
         """Totals for metrics: calls, requests, failures, retries, tokens, seconds, tokens/s, cache hits."""

@@ -29,8 +29,9 @@ class JudgeLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # backupCount=0 would let the file grow without bound; with no backups we truncate instead.
         self._truncate_only = backups == 0
-        self._handler = RotatingFileHandler(self.path, maxBytes=max_bytes, backupCount=max(backups, 1),
-                                            encoding="utf-8", delay=True)
+        self._handler = RotatingFileHandler(
+            self.path, maxBytes=max_bytes, backupCount=max(backups, 1), encoding="utf-8", delay=True
+        )
         self._handler.setFormatter(logging.Formatter("%(message)s"))
 
     def write(self, record: dict) -> None:

@@ -48,8 +48,10 @@ class Verdict:
 def _sources(text: str) -> list[str]:
     """Fenced blocks first (their language tag dropped), then the text outside fences: one linear split."""
     parts = text.split("```")
-    fenced = [part.split("\n", 1)[1] if "\n" in part and part.split("\n", 1)[0].strip().isidentifier() else part
-              for part in parts[1:-1:2]]
+    fenced = [
+        part.split("\n", 1)[1] if "\n" in part and part.split("\n", 1)[0].strip().isidentifier() else part
+        for part in parts[1:-1:2]
+    ]
     outside = "\n".join(parts[0::2]) if len(parts) % 2 == 1 else "\n".join(parts[0:-1:2] + ["```" + parts[-1]])
     return fenced + [outside]
 
@@ -145,7 +147,7 @@ def close_group_answer(text: str, count: int) -> str:
     if extra < 0:
         return text
     cut = text.rfind("}", 0, extra)
-    return text if cut < 0 else text[:cut + 1] + "]}"
+    return text if cut < 0 else text[: cut + 1] + "]}"
 
 
 def _lowercase_keys(mapping: dict) -> dict:
@@ -187,6 +189,7 @@ def _reason(entry: dict) -> str:
 
 def _guarded(parse):
     """No exception but JudgeOutputError leaves a parser: a bad answer must never stop training."""
+
     def guarded(text: str, *args):
         try:
             return parse(text, *args)
@@ -194,6 +197,7 @@ def _guarded(parse):
             raise
         except Exception as error:  # noqa: BLE001 - the point of the guard
             raise JudgeOutputError(f"the answer could not be read ({type(error).__name__})") from None
+
     guarded.__doc__, guarded.__name__ = parse.__doc__, parse.__name__
     return guarded
 
@@ -250,6 +254,7 @@ def parse_group(text: str, expected_ids: list[str]) -> dict[str, Verdict]:
     the bare list, or a mapping `{"1": {"score": 7, ...}, "2": 4}`. Exactly the
     ids in `expected_ids`, each once.
     """
+
     def interpret(value: Any) -> dict[str, Verdict] | None:
         entries = _group_entries(value)
         return None if entries is None else _validate_group(entries, expected_ids)

@@ -39,10 +39,17 @@ def read_score(logprobs: dict[str, float], scale_max: int, min_mass: float) -> S
     if not mass > 0:
         return ScoreReading(None, 0.0, {}, "no probability on any score token")
     normalised = {value: p / mass for value, p in probabilities.items()}
-    distribution = {value: round(p, 4) for value, p in sorted(normalised.items(), key=lambda item: -item[1])
-                    if p >= LOGGED_MIN_PROBABILITY}
+    distribution = {
+        value: round(p, 4)
+        for value, p in sorted(normalised.items(), key=lambda item: -item[1])
+        if p >= LOGGED_MIN_PROBABILITY
+    }
     if mass < min_mass:
-        return ScoreReading(None, mass, distribution,
-                            f"probability mass on score tokens {mass:.3f} is below judge.min_score_mass {min_mass:g}")
+        return ScoreReading(
+            None,
+            mass,
+            distribution,
+            f"probability mass on score tokens {mass:.3f} is below judge.min_score_mass {min_mass:g}",
+        )
     expected = sum(int(value) * p for value, p in normalised.items()) / scale_max
     return ScoreReading(min(max(expected, 0.0), 1.0), mass, distribution)

@@ -5,6 +5,10 @@ from appliance.metrics.registry import TrainingMetrics
 from appliance.metrics.server import MetricsServer, parse_metrics_addr, serve_metrics
 
 __all__ = [
-    "EngineSnapshotCollector", "MetricsServer", "SnapshotError", "TrainingMetrics",
-    "parse_metrics_addr", "serve_metrics",
+    "EngineSnapshotCollector",
+    "MetricsServer",
+    "SnapshotError",
+    "TrainingMetrics",
+    "parse_metrics_addr",
+    "serve_metrics",
 ]

@@ -52,13 +52,17 @@ class EngineSnapshotCollector(Collector):
         """Keep `snapshot`, replacing the earlier one of the same model_name."""
         model_name = snapshot.get("model_name") if isinstance(snapshot, dict) else None
         if not model_name or not isinstance(snapshot.get("families"), list):
-            raise SnapshotError("an engine metrics snapshot needs 'model_name' (non-empty) and a 'families' list, "
-                                "as VLLMEngine.metrics_snapshot() returns")
+            raise SnapshotError(
+                "an engine metrics snapshot needs 'model_name' (non-empty) and a 'families' list, "
+                "as VLLMEngine.metrics_snapshot() returns"
+            )
         for family in snapshot["families"]:
             missing = [key for key in ("name", "type", "samples") if key not in family]
             if missing:
-                raise SnapshotError(f"engine snapshot of '{model_name}': family {family.get('name', '?')!r} "
-                                    f"has no {', '.join(repr(k) for k in missing)}")
+                raise SnapshotError(
+                    f"engine snapshot of '{model_name}': family {family.get('name', '?')!r} "
+                    f"has no {', '.join(repr(k) for k in missing)}"
+                )
         with self._lock:
             self._snapshots[model_name] = snapshot["families"]
 

@@ -35,28 +35,44 @@ STUDENT, JUDGE = "student", "judge"
 class TrainingMetrics:
     """The appliance_* metrics in one registry; call the observe_* methods as the data arrives."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, version: str, student_model: str,
-                 judge_model: str | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        version: str,
+        student_model: str,
+        judge_model: str | None = None,
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.generated_tokens = Counter(PREFIX + "generated_tokens", "Tokens generated", ["role"], registry=r)
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens read by generation", ["role"],
-                                     registry=r)
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens read by generation", ["role"], registry=r)
         self.completions = Counter(PREFIX + "completions", "Student completions generated for training", registry=r)
         self.train_steps = Counter(PREFIX + "train_steps", "GRPO steps completed", registry=r)
-        self.step_duration = Histogram(PREFIX + "step_duration_seconds", "Seconds per phase of a training step",
-                                       ["phase"], buckets=STEP_DURATION_BUCKETS, registry=r)
-        self.tokens_per_second = Gauge(PREFIX + "generation_tokens_per_second",
-                                       "Generated tokens per second of generation, last step", ["role"], registry=r)
+        self.step_duration = Histogram(
+            PREFIX + "step_duration_seconds",
+            "Seconds per phase of a training step",
+            ["phase"],
+            buckets=STEP_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.tokens_per_second = Gauge(
+            PREFIX + "generation_tokens_per_second",
+            "Generated tokens per second of generation, last step",
+            ["role"],
+            registry=r,
+        )
         self.reward_mean = Gauge(PREFIX + "reward_mean", "Mean total reward of the last step", registry=r)
         self.reward_std = Gauge(PREFIX + "reward_std", "Standard deviation of the total reward, last step", registry=r)
         self.kl = Gauge(PREFIX + "kl", "KL divergence to the reference policy, last step", registry=r)
         self.loss = Gauge(PREFIX + "loss", "GRPO loss of the last step", registry=r)
         self.clip_ratio = Gauge(PREFIX + "clip_ratio", "Fraction of clipped token ratios, last step", registry=r)
-        self.memory_planned = Gauge(PREFIX + "memory_planned_bytes", "Planned device bytes per component",
-                                    ["component"], registry=r)
-        self.memory_used = Gauge(PREFIX + "memory_used_bytes", "Largest measured device bytes per component",
-                                 ["component"], registry=r)
+        self.memory_planned = Gauge(
+            PREFIX + "memory_planned_bytes", "Planned device bytes per component", ["component"], registry=r
+        )
+        self.memory_used = Gauge(
+            PREFIX + "memory_used_bytes", "Largest measured device bytes per component", ["component"], registry=r
+        )
         self.memory_budget = Gauge(PREFIX + "memory_budget_bytes", "Device memory budget of the job", registry=r)
         self.device_total = Gauge(PREFIX + "device_memory_total_bytes", "Device memory in total", registry=r)
         self.device_used = Gauge(PREFIX + "device_memory_used_bytes", "Device memory in use", registry=r)
@@ -64,10 +80,17 @@ class TrainingMetrics:
         self.jobs = Gauge(PREFIX + "jobs", "Jobs by state", ["state"], registry=r)
         self.disk_free = Gauge(PREFIX + "disk_free_bytes", "Free bytes on the data dir's file system", registry=r)
         self.eval_accuracy = Gauge(PREFIX + "eval_accuracy", "Held-out accuracy at the last evaluation", registry=r)
-        self.nonfinite_steps = Counter(PREFIX + "nonfinite_steps", "Steps whose optimizer step was skipped for a "
-                                       "NaN/inf loss or gradient", registry=r)
-        self.build_info = Gauge(PREFIX + "build_info", "Always 1; the labels say what runs",
-                                ["version", "student_model", "judge_model"], registry=r)
+        self.nonfinite_steps = Counter(
+            PREFIX + "nonfinite_steps",
+            "Steps whose optimizer step was skipped for a NaN/inf loss or gradient",
+            registry=r,
+        )
+        self.build_info = Gauge(
+            PREFIX + "build_info",
+            "Always 1; the labels say what runs",
+            ["version", "student_model", "judge_model"],
+            registry=r,
+        )
         self.build_info.labels(version=version, student_model=student_model, judge_model=judge_model or "").set(1)
 
         self.engines = EngineSnapshotCollector()

@@ -27,8 +27,9 @@ def apply_event(metrics: TrainingMetrics, event: RunEvent) -> None:
 class RunExporter:
     """Serves one run's appliance_* metrics at http://host:port/metrics until `close()`."""
 
-    def __init__(self, data_dir: Path, host: str, port: int, *, version: str, student_model: str,
-                 judge_model: str | None = None):
+    def __init__(
+        self, data_dir: Path, host: str, port: int, *, version: str, student_model: str, judge_model: str | None = None
+    ):
         self.data_dir = Path(data_dir)
         self.metrics = TrainingMetrics(version=version, student_model=student_model, judge_model=judge_model)
         self.metrics.observe_disk(self.data_dir)

@@ -38,8 +38,9 @@ def parse_metrics_addr(text: str) -> tuple[str, int]:
     """'HOST:PORT', ':PORT' or '[::1]:PORT' -> (host, port); a clear error for anything else."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"--metrics-addr '{text}' is not HOST:PORT with a port 0-65535; "
-                         f"for example {DEFAULT_HOST}:{DEFAULT_PORT}")
+        raise ValueError(
+            f"--metrics-addr '{text}' is not HOST:PORT with a port 0-65535; for example {DEFAULT_HOST}:{DEFAULT_PORT}"
+        )
     host = host.strip("[]") or DEFAULT_HOST
     return host, int(port_text)
 

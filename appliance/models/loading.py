@@ -52,8 +52,9 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype):
     return None
 
 
-def load_causal_lm(model_dir: Path, quantization: str = "none", compute_dtype: torch.dtype = torch.float32,
-                   device: str | None = None):
+def load_causal_lm(
+    model_dir: Path, quantization: str = "none", compute_dtype: torch.dtype = torch.float32, device: str | None = None
+):
     """A frozen model in eval mode on `device` (every parameter requires_grad False)."""
     from transformers import AutoModelForCausalLM
 

@@ -57,8 +57,11 @@ def sha256_file(path: Path) -> str:
 
 def file_table(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, dict]:
     """{file name: {bytes, sha256}} for every file directly in `folder` except `skip`."""
-    return {path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-            for path in sorted(Path(folder).iterdir()) if path.is_file() and path.name not in skip}
+    return {
+        path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        for path in sorted(Path(folder).iterdir())
+        if path.is_file() and path.name not in skip
+    }
 
 
 def _count_parameters(folder: Path) -> tuple[int, str]:
@@ -127,7 +130,9 @@ class ModelStore:
         for file_name, expected in model.manifest["files"].items():
             path = model.path / file_name
             if not path.is_file():
-                raise ModelStoreError(f"model '{name}': file {path} listed in its manifest is missing; re-import the model")
+                raise ModelStoreError(
+                    f"model '{name}': file {path} listed in its manifest is missing; re-import the model"
+                )
             if path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:
                 raise ModelStoreError(
                     f"model '{name}': file {path} does not match its manifest (altered or partly copied); re-import the model"
@@ -147,7 +152,9 @@ class ModelStore:
         validate_hf_folder(source)
         target = self.path_of(name)
         if (target / MANIFEST).is_file():
-            raise ModelStoreError(f"model '{name}' already exists in the store; choose another --name or remove {target}")
+            raise ModelStoreError(
+                f"model '{name}' already exists in the store; choose another --name or remove {target}"
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{name}."))
         try:

@@ -91,7 +91,9 @@ class RewardScores:
         """Mean and std of each function's raw scores, plus "total", for metrics."""
         columns = dict(self.per_function, total=self.total)
         return {
-            name: FunctionStats(statistics.fmean(values), statistics.pstdev(values)) if values else FunctionStats(0.0, 0.0)
+            name: FunctionStats(statistics.fmean(values), statistics.pstdev(values))
+            if values
+            else FunctionStats(0.0, 0.0)
             for name, values in columns.items()
         }
 
@@ -101,7 +103,9 @@ def known_reward_names() -> list[str]:
     return sorted(RULES) + [JUDGE]
 
 
-def build_rewards(specs: Sequence[RewardSpec], base_dir: Path, judge: BatchReward | None = None) -> list[WeightedReward]:
+def build_rewards(
+    specs: Sequence[RewardSpec], base_dir: Path, judge: BatchReward | None = None
+) -> list[WeightedReward]:
     """Resolve each spec to a weighted batch reward; the first bad spec raises RewardError naming rewards[i]."""
     built: list[WeightedReward] = []
     for index, spec in enumerate(specs):

@@ -152,7 +152,9 @@ class ExportResponse(_Wire):
 class MetricsPage(_Wire):
     job_id: str
     records: list[dict[str, Any]]
-    next_after_step: int | None = Field(default=None, description="pass as after_step for the next page; None at the end")
+    next_after_step: int | None = Field(
+        default=None, description="pass as after_step for the next page; None at the end"
+    )
 
 
 class RecordsPage(_Wire):

@@ -32,10 +32,27 @@ class AuditLog:
         # O_APPEND: every line lands at the end, whatever else writes; 0640: audit is not for everyone.
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
 
-    def record(self, *, uid: int | None, pid: int | None, action: str, job_id: str | None, outcome: str,
-               transport: str = "unix", remote: str | None = None) -> None:
-        entry = {"time": time.time(), "uid": uid, "pid": pid, "user": user_name(uid) if uid is not None else None,
-                 "action": action, "job_id": job_id, "outcome": outcome, "transport": transport}
+    def record(
+        self,
+        *,
+        uid: int | None,
+        pid: int | None,
+        action: str,
+        job_id: str | None,
+        outcome: str,
+        transport: str = "unix",
+        remote: str | None = None,
+    ) -> None:
+        entry = {
+            "time": time.time(),
+            "uid": uid,
+            "pid": pid,
+            "user": user_name(uid) if uid is not None else None,
+            "action": action,
+            "job_id": job_id,
+            "outcome": outcome,
+            "transport": transport,
+        }
         if remote is not None:
             entry["remote"] = remote
         line = json.dumps(entry) + "\n"

@@ -19,9 +19,26 @@ import yaml
 
 from appliance.errors import ApplianceError
 from appliance.service.api import (
-    DEFAULT_SOCKET, JOB_ID_PATTERN, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, ExportRequest,
-    ExportResponse, JobDetail, JobList, JobSummary, LogChunk, MetricsPage, ModelList, RecordsPage, SubmitRequest,
-    SubmitResponse, EndpointInfo, TrajectoriesAccepted, TrajectorySubmission,
+    DEFAULT_SOCKET,
+    JOB_ID_PATTERN,
+    DaemonStatus,
+    DeviceStatus,
+    ErrorResponse,
+    EventsPage,
+    ExportRequest,
+    ExportResponse,
+    JobDetail,
+    JobList,
+    JobSummary,
+    LogChunk,
+    MetricsPage,
+    ModelList,
+    RecordsPage,
+    SubmitRequest,
+    SubmitResponse,
+    EndpointInfo,
+    TrajectoriesAccepted,
+    TrajectorySubmission,
 )
 
 BUILTIN_PREFIX = "builtin:"
@@ -69,23 +86,31 @@ class Client:
     By default over the Unix socket; with `control_addr` ('HOST:PORT') and `token` over the daemon's TCP
     control port instead (`appliance serve --control-addr ... --control-token-file ...`)."""
 
-    def __init__(self, socket_path: str | Path | None = None, timeout: float = 30.0,
-                 control_addr: str | None = None, token: str | None = None):
+    def __init__(
+        self,
+        socket_path: str | Path | None = None,
+        timeout: float = 30.0,
+        control_addr: str | None = None,
+        token: str | None = None,
+    ):
         if control_addr:
             if not token:
-                raise ClientError("--control-addr needs the daemon's token: pass --token-file FILE "
-                                  "(or set APPLIANCE_TOKEN_FILE)")
+                raise ClientError(
+                    "--control-addr needs the daemon's token: pass --token-file FILE (or set APPLIANCE_TOKEN_FILE)"
+                )
             self.socket_path = control_addr
             self._where = f"TCP {control_addr}"
             self._hint = "check the address and that the daemon was started with --control-addr"
-            self._http = httpx.Client(base_url=tcp_base_url(control_addr), timeout=timeout,
-                                      headers={"Authorization": f"Bearer {token}"})
+            self._http = httpx.Client(
+                base_url=tcp_base_url(control_addr), timeout=timeout, headers={"Authorization": f"Bearer {token}"}
+            )
             return
         self.socket_path = str(socket_path or default_socket())
         self._where = self.socket_path
         self._hint = "start it with 'appliance serve', or pass --socket PATH (or set APPLIANCE_SOCKET)"
-        self._http = httpx.Client(transport=httpx.HTTPTransport(uds=self.socket_path),
-                                  base_url="http://appliance", timeout=timeout)
+        self._http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=self.socket_path), base_url="http://appliance", timeout=timeout
+        )
 
     def __enter__(self) -> "Client":
         return self
@@ -103,7 +128,8 @@ class Client:
             response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
         except (httpx.ConnectError, FileNotFoundError, PermissionError, ConnectionRefusedError) as error:
             raise DaemonUnreachable(
-                f"no appliance daemon answers on {self._where} ({_reason(error)}); {self._hint}") from error
+                f"no appliance daemon answers on {self._where} ({_reason(error)}); {self._hint}"
+            ) from error
         except httpx.TimeoutException as error:
             raise ClientError(f"the daemon on {self._where} did not answer in time") from error
         except httpx.TransportError as error:
@@ -121,8 +147,9 @@ class Client:
     def status(self) -> DaemonStatus:
         return DaemonStatus.model_validate(self._request("GET", "/status"))
 
-    def submit_text(self, file_name: str, text: str, uploads: dict[str, str] | None = None,
-                    dry_run: bool = False) -> SubmitResponse:
+    def submit_text(
+        self, file_name: str, text: str, uploads: dict[str, str] | None = None, dry_run: bool = False
+    ) -> SubmitResponse:
         request = SubmitRequest(file_name=file_name, yaml=text, uploads=uploads or {}, dry_run=dry_run)
         return SubmitResponse.model_validate(self._request("POST", "/jobs", json=request.model_dump()))
 
@@ -161,8 +188,9 @@ class Client:
         return JobSummary.model_validate(self._request("POST", f"/jobs/{_segment(job_id)}/cancel"))
 
     def metrics(self, job_id: str, after_step: int = 0, limit: int = 1000) -> MetricsPage:
-        return MetricsPage.model_validate(self._request(
-            "GET", f"/jobs/{_segment(job_id)}/metrics", params={"after_step": after_step, "limit": limit}))
+        return MetricsPage.model_validate(
+            self._request("GET", f"/jobs/{_segment(job_id)}/metrics", params={"after_step": after_step, "limit": limit})
+        )
 
     def all_metrics(self, job_id: str) -> list[dict]:
         records, after = [], 0
@@ -173,8 +201,9 @@ class Client:
         return records
 
     def samples(self, job_id: str, limit: int = 100) -> RecordsPage:
-        return RecordsPage.model_validate(self._request("GET", f"/jobs/{_segment(job_id)}/samples",
-                                                        params={"limit": limit}))
+        return RecordsPage.model_validate(
+            self._request("GET", f"/jobs/{_segment(job_id)}/samples", params={"limit": limit})
+        )
 
     def judge_log(self, job_id: str, outcome: str | None = None, limit: int = 100) -> RecordsPage:
         params: dict = {"limit": limit}
@@ -183,8 +212,9 @@ class Client:
         return RecordsPage.model_validate(self._request("GET", f"/jobs/{_segment(job_id)}/judge", params=params))
 
     def log(self, job_id: str, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
-        return LogChunk.model_validate(self._request("GET", f"/jobs/{_segment(job_id)}/log",
-                                                     params={"offset": offset, "max_bytes": max_bytes}))
+        return LogChunk.model_validate(
+            self._request("GET", f"/jobs/{_segment(job_id)}/log", params={"offset": offset, "max_bytes": max_bytes})
+        )
 
     def events(self, after: int = 0, job_id: str | None = None, timeout: float = 0.0) -> EventsPage:
         params: dict = {"after": after, "timeout": timeout}
@@ -211,12 +241,20 @@ class Client:
             # Wait for anything to happen to this job (a step, a log line, a state change).
             cursor = self.events(after=cursor, job_id=job_id, timeout=poll_seconds).cursor
 
-    def export(self, job_id: str, name: str, checkpoint: str = "best", merged: bool = False,
-               dtype: str = "bfloat16", timeout: float = 3600.0) -> ExportResponse:
+    def export(
+        self,
+        job_id: str,
+        name: str,
+        checkpoint: str = "best",
+        merged: bool = False,
+        dtype: str = "bfloat16",
+        timeout: float = 3600.0,
+    ) -> ExportResponse:
         """Export a job into <data-dir>/exports/<name>/ on the daemon's box (a merged export can take minutes)."""
         body = ExportRequest(name=name, checkpoint=checkpoint, merged=merged, dtype=dtype)
-        return ExportResponse.model_validate(self._request("POST", f"/jobs/{_segment(job_id)}/export",
-                                                           json=body.model_dump(), timeout=timeout))
+        return ExportResponse.model_validate(
+            self._request("POST", f"/jobs/{_segment(job_id)}/export", json=body.model_dump(), timeout=timeout)
+        )
 
     def device(self) -> DeviceStatus:
         return DeviceStatus.model_validate(self._request("GET", "/device"))
@@ -232,8 +270,9 @@ class Client:
         """Submit trajectory groups (TrajectoryGroup objects or their dicts) played against the job's endpoint."""
         plain = [group.model_dump(mode="json") if hasattr(group, "model_dump") else group for group in groups]
         request = TrajectorySubmission(groups=plain)
-        return TrajectoriesAccepted.model_validate(self._request(
-            "POST", f"/jobs/{_segment(job_id)}/trajectories", json=request.model_dump(), timeout=330.0))
+        return TrajectoriesAccepted.model_validate(
+            self._request("POST", f"/jobs/{_segment(job_id)}/trajectories", json=request.model_dump(), timeout=330.0)
+        )
 
 
 def _dataset_reference(text: str) -> str | None:
@@ -251,8 +290,9 @@ def _dataset_reference(text: str) -> str | None:
 
 def _segment(job_id: str) -> str:
     if not JOB_ID_PATTERN.match(job_id):
-        raise ClientError(f"'{job_id}' is not a job id (ten lowercase hex digits, as 'appliance jobs list' shows)",
-                          status=400)
+        raise ClientError(
+            f"'{job_id}' is not a job id (ten lowercase hex digits, as 'appliance jobs list' shows)", status=400
+        )
     return quote(job_id, safe="")
 
 

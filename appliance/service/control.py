@@ -29,9 +29,27 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from appliance import __version__
 from appliance.errors import ApplianceError
 from appliance.service.api import (
-    JOB_ID_PATTERN, CheckpointInfo, DaemonStatus, DeviceStatus, ErrorResponse, EventsPage, ExportRequest,
-    ExportResponse, JobDetail, JobList, JobSummary, LogChunk, MetricsPage, ModelInfo, ModelList, RecordsPage,
-    SubmitRequest, SubmitResponse, EndpointInfo, TrajectoriesAccepted, TrajectorySubmission,
+    JOB_ID_PATTERN,
+    CheckpointInfo,
+    DaemonStatus,
+    DeviceStatus,
+    ErrorResponse,
+    EventsPage,
+    ExportRequest,
+    ExportResponse,
+    JobDetail,
+    JobList,
+    JobSummary,
+    LogChunk,
+    MetricsPage,
+    ModelInfo,
+    ModelList,
+    RecordsPage,
+    SubmitRequest,
+    SubmitResponse,
+    EndpointInfo,
+    TrajectoriesAccepted,
+    TrajectorySubmission,
 )
 from appliance.service.audit import user_name
 from appliance.service.store import BadTransition, UnknownJob
@@ -108,17 +126,33 @@ class PeerCredentials:
                 await self.app(scope, receive, send)
                 return
             if self.audit is not None:
-                await asyncio.to_thread(self.audit.record, uid=None, pid=None, action="authenticate", job_id=None,
-                                        outcome=f"refused: {problem} ({scope['method']} {scope['path']})",
-                                        transport="tcp", remote=remote)
-            response = JSONResponse(ErrorResponse(error=f"{problem}; send 'Authorization: Bearer <token>' with "
-                                                        "the token of the daemon's --control-token-file").model_dump(),
-                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await asyncio.to_thread(
+                    self.audit.record,
+                    uid=None,
+                    pid=None,
+                    action="authenticate",
+                    job_id=None,
+                    outcome=f"refused: {problem} ({scope['method']} {scope['path']})",
+                    transport="tcp",
+                    remote=remote,
+                )
+            response = JSONResponse(
+                ErrorResponse(
+                    error=f"{problem}; send 'Authorization: Bearer <token>' with "
+                    "the token of the daemon's --control-token-file"
+                ).model_dump(),
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
             await response(scope, receive, send)
             return
-        response = JSONResponse(ErrorResponse(error="the caller's credentials could not be read from the "
-                                                    "connection; connect over the daemon's Unix socket").model_dump(),
-                                status_code=403)
+        response = JSONResponse(
+            ErrorResponse(
+                error="the caller's credentials could not be read from the "
+                "connection; connect over the daemon's Unix socket"
+            ).model_dump(),
+            status_code=403,
+        )
         await response(scope, receive, send)
 
     def _token_problem(self, scope) -> str | None:
@@ -146,22 +180,26 @@ def _status_of(error: ApplianceError) -> int:
 
 
 def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
-    app = FastAPI(title="appliance control API", version=__version__, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="appliance control API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(PeerCredentials, token=control_token, audit=daemon.audit)
     store, bus = daemon.store, daemon.bus
 
     @app.exception_handler(ApplianceError)
     async def appliance_error(_request: Request, error: ApplianceError) -> JSONResponse:
-        body = ErrorResponse(error=str(error).splitlines()[0] if str(error) else type(error).__name__,
-                             errors=error.items() if isinstance(error, SubmissionRejected) else [],
-                             plan=error.plan if isinstance(error, SubmissionRejected) else None)
+        body = ErrorResponse(
+            error=str(error).splitlines()[0] if str(error) else type(error).__name__,
+            errors=error.items() if isinstance(error, SubmissionRejected) else [],
+            plan=error.plan if isinstance(error, SubmissionRejected) else None,
+        )
         return JSONResponse(body.model_dump(), status_code=_status_of(error))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        message = (f"no API route {request.method} {request.url.path}" if error.status_code in (404, 405)
-                   else str(error.detail))
+        message = (
+            f"no API route {request.method} {request.url.path}"
+            if error.status_code in (404, 405)
+            else str(error.detail)
+        )
         return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=error.status_code)
 
     @app.exception_handler(RequestValidationError)
@@ -191,31 +229,52 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         try:
             result = call()
         except ApplianceError as error:
-            daemon.audit.record(uid=uid, pid=pid, action=action, job_id=job_id,
-                                outcome=f"refused: {str(error).splitlines()[0] if str(error) else ''}", **how)
+            daemon.audit.record(
+                uid=uid,
+                pid=pid,
+                action=action,
+                job_id=job_id,
+                outcome=f"refused: {str(error).splitlines()[0] if str(error) else ''}",
+                **how,
+            )
             raise
         except Exception as error:
             daemon.audit.record(uid=uid, pid=pid, action=action, job_id=job_id, outcome=f"error: {error}", **how)
             raise
-        daemon.audit.record(uid=uid, pid=pid, action=action,
-                            job_id=getattr(result, "id", job_id) if result is not None else job_id, outcome="ok",
-                            **how)
+        daemon.audit.record(
+            uid=uid,
+            pid=pid,
+            action=action,
+            job_id=getattr(result, "id", job_id) if result is not None else job_id,
+            outcome="ok",
+            **how,
+        )
         return result
 
     @app.get("/status")
     async def status(request: Request) -> DaemonStatus:
         policy = daemon.policy
-        return DaemonStatus(version=__version__, pid=os.getpid(), uptime_seconds=time.time() - daemon.started,
-                            jobs=store.counts(), slots=len(daemon.supervisor.slots), data_dir=str(daemon.data_dir),
-                            plugins_dir=str(policy.plugins_dir),
-                            dataset_roots=[str(root) for root in policy.dataset_roots],
-                            max_upload_bytes=policy.max_upload_bytes, caller_uid=peer(request)[0])
+        return DaemonStatus(
+            version=__version__,
+            pid=os.getpid(),
+            uptime_seconds=time.time() - daemon.started,
+            jobs=store.counts(),
+            slots=len(daemon.supervisor.slots),
+            data_dir=str(daemon.data_dir),
+            plugins_dir=str(policy.plugins_dir),
+            dataset_roots=[str(root) for root in policy.dataset_roots],
+            max_upload_bytes=policy.max_upload_bytes,
+            caller_uid=peer(request)[0],
+        )
 
     @app.post("/jobs", status_code=201)
     async def submit(request: Request, body: SubmitRequest) -> SubmitResponse:
         uid, _pid = peer(request)
-        owner = ((uid, user_name(uid)) if uid is not None
-                 else (TCP_UID, f"token@{request.scope['state'].get('remote', '?').rsplit(':', 1)[0]}"))
+        owner = (
+            (uid, user_name(uid))
+            if uid is not None
+            else (TCP_UID, f"token@{request.scope['state'].get('remote', '?').rsplit(':', 1)[0]}")
+        )
 
         def run() -> SubmitResponse:
             accepted = daemon.check(body)
@@ -226,8 +285,9 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
             return SubmitResponse(job=job, plan=accepted.plan.to_dict())
 
         # Validation loads the dataset and plans the job: keep it off the event loop.
-        response = await asyncio.to_thread(audited, request, "dry_run" if body.dry_run else "submit", None,
-                                           lambda: run())
+        response = await asyncio.to_thread(
+            audited, request, "dry_run" if body.dry_run else "submit", None, lambda: run()
+        )
         if body.dry_run:
             return JSONResponse(response.model_dump(), status_code=200)
         return response
@@ -241,25 +301,34 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         row = store.get(_checked(job_id))
         job_dir = daemon.job_dir(job_id)
         summary = daemon.supervisor.with_phase([row.summary])[0]
-        return JobDetail(**summary.model_dump(), spec=row.spec, plan=row.plan,
-                         events=store.events(0, job_id, kinds=("state",)), last_record=_last_line(job_dir / "metrics.jsonl"),
-                         checkpoints=_checkpoints(job_dir), best=_json_file(job_dir / "best" / "best.json"),
-                         job_dir=str(job_dir))
+        return JobDetail(
+            **summary.model_dump(),
+            spec=row.spec,
+            plan=row.plan,
+            events=store.events(0, job_id, kinds=("state",)),
+            last_record=_last_line(job_dir / "metrics.jsonl"),
+            checkpoints=_checkpoints(job_dir),
+            best=_json_file(job_dir / "best" / "best.json"),
+            job_dir=str(job_dir),
+        )
 
     @app.post("/jobs/{job_id}/pause")
     async def pause(request: Request, job_id: str) -> JobSummary:
-        return await asyncio.to_thread(audited, request, "pause", job_id,
-                                       lambda: daemon.supervisor.pause(_checked(job_id)))
+        return await asyncio.to_thread(
+            audited, request, "pause", job_id, lambda: daemon.supervisor.pause(_checked(job_id))
+        )
 
     @app.post("/jobs/{job_id}/resume")
     async def resume(request: Request, job_id: str) -> JobSummary:
-        return await asyncio.to_thread(audited, request, "resume", job_id,
-                                       lambda: daemon.supervisor.resume(_checked(job_id)))
+        return await asyncio.to_thread(
+            audited, request, "resume", job_id, lambda: daemon.supervisor.resume(_checked(job_id))
+        )
 
     @app.post("/jobs/{job_id}/cancel")
     async def cancel(request: Request, job_id: str) -> JobSummary:
-        return await asyncio.to_thread(audited, request, "cancel", job_id,
-                                       lambda: daemon.supervisor.cancel(_checked(job_id)))
+        return await asyncio.to_thread(
+            audited, request, "cancel", job_id, lambda: daemon.supervisor.cancel(_checked(job_id))
+        )
 
     @app.post("/jobs/{job_id}/export", status_code=201)
     async def export(request: Request, job_id: str, body: ExportRequest) -> ExportResponse:
@@ -267,10 +336,17 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
             from appliance.export import export_job
 
             store.get(_checked(job_id))
-            result = export_job(daemon.job_dir(job_id), daemon.data_dir, exports_dir(daemon.data_dir) / body.name,
-                                checkpoint=body.checkpoint, merged=body.merged, dtype=body.dtype)
-            return ExportResponse(path=str(result.path), kind=result.kind, job_id=job_id, step=result.step,
-                                  manifest=result.manifest)
+            result = export_job(
+                daemon.job_dir(job_id),
+                daemon.data_dir,
+                exports_dir(daemon.data_dir) / body.name,
+                checkpoint=body.checkpoint,
+                merged=body.merged,
+                dtype=body.dtype,
+            )
+            return ExportResponse(
+                path=str(result.path), kind=result.kind, job_id=job_id, step=result.step, manifest=result.manifest
+            )
 
         # A merged export loads and writes a whole model: keep it off the event loop.
         return await asyncio.to_thread(audited, request, "export", job_id, run)
@@ -281,8 +357,7 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         limit = max(1, min(limit, 10000))
         rows = [row for row in _jsonl(daemon.job_dir(job_id) / "metrics.jsonl") if row.get("step", 0) > after_step]
         page = rows[:limit]
-        return MetricsPage(job_id=job_id, records=page,
-                           next_after_step=page[-1]["step"] if len(rows) > limit else None)
+        return MetricsPage(job_id=job_id, records=page, next_after_step=page[-1]["step"] if len(rows) > limit else None)
 
     @app.get("/jobs/{job_id}/samples")
     async def samples(job_id: str, limit: int = 100) -> RecordsPage:
@@ -295,7 +370,7 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         rows = _jsonl(daemon.job_dir(job_id) / "judge.jsonl")
         if outcome:
             rows = [row for row in rows if row.get("outcome") == outcome]
-        return RecordsPage(job_id=job_id, records=rows[-max(1, limit):])
+        return RecordsPage(job_id=job_id, records=rows[-max(1, limit) :])
 
     @app.get("/jobs/{job_id}/log")
     async def log(job_id: str, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
@@ -320,15 +395,21 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         from appliance.service.external import job_endpoint
 
         # Audited: the answer holds the job's token (the audit line does not).
-        return await asyncio.to_thread(audited, request, "endpoint", job_id,
-                                       lambda: job_endpoint(daemon, _checked(job_id)))
+        return await asyncio.to_thread(
+            audited, request, "endpoint", job_id, lambda: job_endpoint(daemon, _checked(job_id))
+        )
 
     @app.post("/jobs/{job_id}/trajectories")
     async def trajectories(request: Request, job_id: str, body: TrajectorySubmission) -> TrajectoriesAccepted:
         from appliance.service.external import forward_trajectories
 
-        return await asyncio.to_thread(audited, request, "submit_trajectories", job_id,
-                                       lambda: forward_trajectories(daemon, _checked(job_id), body.groups))
+        return await asyncio.to_thread(
+            audited,
+            request,
+            "submit_trajectories",
+            job_id,
+            lambda: forward_trajectories(daemon, _checked(job_id), body.groups),
+        )
 
     @app.get("/device")
     async def device() -> DeviceStatus:
@@ -395,8 +476,9 @@ def _read_log(job_id: str, path: Path, offset: int, max_bytes: int) -> LogChunk:
     except FileNotFoundError:
         return LogChunk(job_id=job_id, text="", offset=0, next_offset=0, size=0)
     text, consumed = _complete_utf8(data)
-    return LogChunk(job_id=job_id, text=text, offset=start, next_offset=start + consumed,
-                    size=max(size, start + len(data)))
+    return LogChunk(
+        job_id=job_id, text=text, offset=start, next_offset=start + consumed, size=max(size, start + len(data))
+    )
 
 
 def _complete_utf8(data: bytes) -> tuple[str, int]:
@@ -417,8 +499,15 @@ def _models(data_dir: Path) -> ModelList:
     for name in store.names():
         try:
             model = store.get(name)
-            models.append(ModelInfo(name=name, path=str(model.path), architecture=model.architecture,
-                                    parameters=model.parameters, size_bytes=model.size_bytes))
+            models.append(
+                ModelInfo(
+                    name=name,
+                    path=str(model.path),
+                    architecture=model.architecture,
+                    parameters=model.parameters,
+                    size_bytes=model.size_bytes,
+                )
+            )
         except (ModelStoreError, OSError, ValueError):
             models.append(ModelInfo(name=name, path=str(store.path_of(name))))
     return ModelList(models=models)

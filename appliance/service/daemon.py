@@ -45,8 +45,13 @@ class DaemonOptions:
 class Daemon:
     def __init__(self, options: DaemonOptions):
         self.data_dir = Path(options.data_dir).absolute()
-        for folder in (self.data_dir, jobs_dir(self.data_dir), plugins_dir(self.data_dir),
-                       datasets_dir(self.data_dir), uploads_dir(self.data_dir)):
+        for folder in (
+            self.data_dir,
+            jobs_dir(self.data_dir),
+            plugins_dir(self.data_dir),
+            datasets_dir(self.data_dir),
+            uploads_dir(self.data_dir),
+        ):
             folder.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.data_dir / "appliance.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -56,10 +61,13 @@ class Daemon:
             raise DaemonError(f"another appliance daemon already serves {self.data_dir}; stop it first") from None
         self.started = time.time()
         self.policy = Policy(
-            data_dir=self.data_dir, plugins_dir=plugins_dir(self.data_dir),
+            data_dir=self.data_dir,
+            plugins_dir=plugins_dir(self.data_dir),
             dataset_roots=tuple(Path(root).absolute() for root in options.dataset_roots)
             or (datasets_dir(self.data_dir),),
-            uploads_dir=uploads_dir(self.data_dir), max_upload_bytes=options.max_upload_bytes)
+            uploads_dir=uploads_dir(self.data_dir),
+            max_upload_bytes=options.max_upload_bytes,
+        )
         self.store = JobStore(self.data_dir / "appliance.db")
         self.audit = AuditLog(self.data_dir / "audit.jsonl")
         self.bus = EventBus()
@@ -67,9 +75,16 @@ class Daemon:
         self.metrics = TrainingMetrics(version=__version__, student_model="", judge_model=None)
         self.metrics.observe_disk(self.data_dir)
         _known_series(self.metrics)
-        self.supervisor = Supervisor(self.store, self.data_dir, options.slots or probe_slots(), self.metrics,
-                                     max_restarts=options.max_restarts, backoff_seconds=options.backoff_seconds,
-                                     stop_timeout=options.stop_timeout, version=__version__)
+        self.supervisor = Supervisor(
+            self.store,
+            self.data_dir,
+            options.slots or probe_slots(),
+            self.metrics,
+            max_restarts=options.max_restarts,
+            backoff_seconds=options.backoff_seconds,
+            stop_timeout=options.stop_timeout,
+            version=__version__,
+        )
 
     def job_dir(self, job_id: str) -> Path:
         return self.supervisor.job_dir(job_id)

@@ -38,18 +38,25 @@ def job_endpoint(daemon: "Daemon", job_id: str) -> EndpointInfo:
     row = daemon.store.get(job_id)
     environment = (row.spec.get("task") or {}).get("environment")
     if environment != EXTERNAL_ENVIRONMENT:
-        raise EndpointRefused(400, f"job '{job_id}' does not take external rollouts (its task.environment is "
-                              f"{environment!r}, not '{EXTERNAL_ENVIRONMENT}'); it has no student endpoint")
+        raise EndpointRefused(
+            400,
+            f"job '{job_id}' does not take external rollouts (its task.environment is "
+            f"{environment!r}, not '{EXTERNAL_ENVIRONMENT}'); it has no student endpoint",
+        )
     summary = row.summary
     if summary.state != "running":
         raise EndpointRefused(409, f"job '{job_id}' is {summary.state}; its endpoint is served only while it runs")
     document = read_endpoint_file(daemon.job_dir(job_id))
     # After a crash the dead worker's file stays until the restarted one serves: only the running worker's counts.
     if document is None or document.get("pid") != row.pgid:
-        raise EndpointRefused(409, f"job '{job_id}' is starting and does not serve its endpoint yet (the model is"
-                              " loading); ask again in a few seconds")
-    return EndpointInfo(job_id=job_id, url=document["url"], token=document["token"], model=document["model"],
-                        step=summary.step)
+        raise EndpointRefused(
+            409,
+            f"job '{job_id}' is starting and does not serve its endpoint yet (the model is"
+            " loading); ask again in a few seconds",
+        )
+    return EndpointInfo(
+        job_id=job_id, url=document["url"], token=document["token"], model=document["model"], step=summary.step
+    )
 
 
 def forward_trajectories(daemon: "Daemon", job_id: str, groups: list[dict]) -> TrajectoriesAccepted:
@@ -57,14 +64,22 @@ def forward_trajectories(daemon: "Daemon", job_id: str, groups: list[dict]) -> T
     endpoint = job_endpoint(daemon, job_id)
     base = endpoint.url.removesuffix("/").removesuffix("/v1")
     try:
-        response = httpx.post(base + SUBMIT_ROUTE, json={"groups": groups}, timeout=FORWARD_TIMEOUT_SECONDS,
-                              headers={"Authorization": f"Bearer {endpoint.token}"})
+        response = httpx.post(
+            base + SUBMIT_ROUTE,
+            json={"groups": groups},
+            timeout=FORWARD_TIMEOUT_SECONDS,
+            headers={"Authorization": f"Bearer {endpoint.token}"},
+        )
     except httpx.TimeoutException:
-        raise EndpointRefused(504, f"job '{job_id}''s endpoint did not answer within {FORWARD_TIMEOUT_SECONDS:g} s"
-                              " (the groups may still be queued: see the job's next steps)") from None
+        raise EndpointRefused(
+            504,
+            f"job '{job_id}''s endpoint did not answer within {FORWARD_TIMEOUT_SECONDS:g} s"
+            " (the groups may still be queued: see the job's next steps)",
+        ) from None
     except httpx.HTTPError as error:
-        raise EndpointRefused(409, f"job '{job_id}''s endpoint cannot be reached ({error}); the job may be"
-                              " stopping") from None
+        raise EndpointRefused(
+            409, f"job '{job_id}''s endpoint cannot be reached ({error}); the job may be stopping"
+        ) from None
     if response.status_code != 200:
         try:
             message = response.json()["error"]["message"]

@@ -111,19 +111,35 @@ def parse_trajectory(record: dict) -> Trajectory:
             continue
         calls = tuple(_tool_call(call) for call in message.get("tool_calls") or [])
         names.update({call.id: call.name for call in calls if call.id})
-        turns.append(Turn(role=str(message.get("role", "?")), text=content_text(message.get("content")),
-                          tool_calls=calls, tool_call_id=str(message.get("tool_call_id") or "")))
-    segments = tuple(Segment(text=str(segment.get("text", "")), trained=bool(segment.get("trained")))
-                     for segment in record.get("segments") or [] if isinstance(segment, dict))
+        turns.append(
+            Turn(
+                role=str(message.get("role", "?")),
+                text=content_text(message.get("content")),
+                tool_calls=calls,
+                tool_call_id=str(message.get("tool_call_id") or ""),
+            )
+        )
+    segments = tuple(
+        Segment(text=str(segment.get("text", "")), trained=bool(segment.get("trained")))
+        for segment in record.get("segments") or []
+        if isinstance(segment, dict)
+    )
     trained, context = record.get("trained_tokens"), record.get("context_tokens")
     return Trajectory(
-        step=int(record.get("step") or 0), environment=str(record.get("environment", "")),
-        scenario=str(record.get("scenario", "")), reward=_number(record.get("reward")),
-        rewards=_numbers(record.get("rewards")), advantage=_number(record.get("advantage")),
-        metrics=_numbers(record.get("metrics")), turns=tuple(turns), segments=segments,
+        step=int(record.get("step") or 0),
+        environment=str(record.get("environment", "")),
+        scenario=str(record.get("scenario", "")),
+        reward=_number(record.get("reward")),
+        rewards=_numbers(record.get("rewards")),
+        advantage=_number(record.get("advantage")),
+        metrics=_numbers(record.get("metrics")),
+        turns=tuple(turns),
+        segments=segments,
         trained_tokens=trained if isinstance(trained, int) else None,
-        context_tokens=context if isinstance(context, int) else None, tool_names=names,
-        truncated=record.get("truncated") is True)
+        context_tokens=context if isinstance(context, int) else None,
+        tool_names=names,
+        truncated=record.get("truncated") is True,
+    )
 
 
 def group_records(records: Sequence[dict]) -> dict[int, list[list[dict]]]:

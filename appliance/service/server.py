@@ -113,8 +113,10 @@ def bind_control_socket(path: Path, gid: int, mode: int = 0o660) -> socket.socke
         try:
             os.chown(temporary, -1, gid)
         except PermissionError:
-            raise DaemonError(f"cannot give the socket group id {gid}: the daemon is neither root nor in that "
-                              "group; run it as root or pass --group with one of its groups") from None
+            raise DaemonError(
+                f"cannot give the socket group id {gid}: the daemon is neither root nor in that "
+                "group; run it as root or pass --group with one of its groups"
+            ) from None
         os.chmod(temporary, mode)
         os.rename(temporary, path)
         sock.listen(256)
@@ -139,8 +141,10 @@ def bind_control_tcp(host: str, port: int) -> socket.socket:
     try:
         sock = socket.create_server(address, family=family, backlog=256)
     except OSError as error:
-        raise DaemonError(f"--control-addr {host}:{port}: cannot listen there ({error.strerror}); "
-                          "choose a free port on an address of this machine") from None
+        raise DaemonError(
+            f"--control-addr {host}:{port}: cannot listen there ({error.strerror}); "
+            "choose a free port on an address of this machine"
+        ) from None
     sock.setblocking(False)
     return sock
 
@@ -166,8 +170,15 @@ class Notifier:
                 print(f"appliance serve: sd_notify to {self.address!r} failed: {error}", file=sys.stderr)
 
 
-async def _serve(daemon: Daemon, sock: socket.socket, socket_path: Path, notifier: Notifier,
-                 stop_timeout: float, tcp: socket.socket | None = None, control_token: str | None = None) -> None:
+async def _serve(
+    daemon: Daemon,
+    sock: socket.socket,
+    socket_path: Path,
+    notifier: Notifier,
+    stop_timeout: float,
+    tcp: socket.socket | None = None,
+    control_token: str | None = None,
+) -> None:
     from appliance.service.control import create_app
 
     loop = asyncio.get_running_loop()
@@ -176,9 +187,15 @@ async def _serve(daemon: Daemon, sock: socket.socket, socket_path: Path, notifie
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     # proxy_headers off: X-Forwarded-For must never stand in for the address the audit log records.
-    config = uvicorn.Config(create_app(daemon, control_token=control_token), http=PeerCredProtocol,
-                            lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-                            proxy_headers=False)
+    config = uvicorn.Config(
+        create_app(daemon, control_token=control_token),
+        http=PeerCredProtocol,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        proxy_headers=False,
+    )
     server = _Server(config)
     daemon.supervisor.start()
     serving = asyncio.create_task(server.serve(sockets=[sock] + ([tcp] if tcp is not None else [])))
@@ -190,8 +207,11 @@ async def _serve(daemon: Daemon, sock: socket.socket, socket_path: Path, notifie
     print(f"appliance serve: control API on {socket_path}", file=sys.stderr, flush=True)
     if tcp is not None:
         host, port = tcp.getsockname()[:2]
-        print(f"appliance serve: control API also on TCP {host}:{port} (bearer token required)", file=sys.stderr,
-              flush=True)
+        print(
+            f"appliance serve: control API also on TCP {host}:{port} (bearer token required)",
+            file=sys.stderr,
+            flush=True,
+        )
     notifier.send("READY=1")
     watchdog = asyncio.create_task(_watchdog(notifier)) if notifier.watchdog_seconds else None
     await stop.wait()
@@ -210,15 +230,23 @@ async def _watchdog(notifier: Notifier) -> None:
         await asyncio.sleep(notifier.watchdog_seconds)
 
 
-def run_daemon(options: DaemonOptions, socket_path: Path, group: str | None, metrics_host: str,
-               metrics_port: int, control_addr: tuple[str, int] | None = None,
-               control_token_file: Path | None = None) -> int:
+def run_daemon(
+    options: DaemonOptions,
+    socket_path: Path,
+    group: str | None,
+    metrics_host: str,
+    metrics_port: int,
+    control_addr: tuple[str, int] | None = None,
+    control_token_file: Path | None = None,
+) -> int:
     from appliance.metrics.server import serve_metrics
     from appliance.service.token_file import read_token_file
 
     if control_addr is not None and control_token_file is None:
-        raise DaemonError("--control-addr needs --control-token-file FILE: the TCP control port answers only "
-                          "requests carrying that file's token")
+        raise DaemonError(
+            "--control-addr needs --control-token-file FILE: the TCP control port answers only "
+            "requests carrying that file's token"
+        )
     if control_token_file is not None and control_addr is None:
         raise DaemonError("--control-token-file is used only with --control-addr HOST:PORT; add one or drop it")
     control_token = read_token_file(control_token_file) if control_token_file is not None else None

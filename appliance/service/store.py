@@ -144,16 +144,18 @@ class JobStore:
             job_id = new_job_id()
             while db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone():
                 job_id = new_job_id()
-            db.execute("INSERT INTO jobs (id, name, uid, user, spec, plan, state, created, updated, steps_total) "
-                       "VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
-                       (job_id, name, uid, user, json.dumps(spec), json.dumps(plan) if plan else None, now, now,
-                        steps_total))
+            db.execute(
+                "INSERT INTO jobs (id, name, uid, user, spec, plan, state, created, updated, steps_total) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
+                (job_id, name, uid, user, json.dumps(spec), json.dumps(plan) if plan else None, now, now, steps_total),
+            )
             event = self._append(db, job_id, "state", None, {"from": None, "to": "queued", "reason": "submitted"}, now)
         self._notify(event)
         return self.get(job_id).summary
 
-    def transition(self, job_id: str, to: str, reason: str = "", expect: Iterable[str] | None = None,
-                   **columns: Any) -> JobSummary:
+    def transition(
+        self, job_id: str, to: str, reason: str = "", expect: Iterable[str] | None = None, **columns: Any
+    ) -> JobSummary:
         """Move a job to `to` if TRANSITIONS allows it (and it is in `expect`, when given)."""
         now = time.time()
         with self._tx() as db:
@@ -165,8 +167,10 @@ class JobStore:
             if to not in allowed:
                 raise BadTransition(f"job '{job_id}' is {state}; it cannot become {to}")
             sets = ", ".join(f"{column}=?" for column in columns)
-            db.execute(f"UPDATE jobs SET state=?, reason=?, updated=?{', ' + sets if sets else ''} WHERE id=?",
-                       (to, reason, now, *columns.values(), job_id))
+            db.execute(
+                f"UPDATE jobs SET state=?, reason=?, updated=?{', ' + sets if sets else ''} WHERE id=?",
+                (to, reason, now, *columns.values(), job_id),
+            )
             event = self._append(db, job_id, "state", None, {"from": state, "to": to, "reason": reason}, now)
         self._notify(event)
         return self.get(job_id).summary
@@ -179,8 +183,7 @@ class JobStore:
         with self._tx() as db:
             db.execute(f"UPDATE jobs SET {sets} WHERE id=?", (*columns.values(), job_id))
 
-    def add_event(self, job_id: str, kind: str, data: dict, step: int | None = None,
-                  at: float | None = None) -> int:
+    def add_event(self, job_id: str, kind: str, data: dict, step: int | None = None, at: float | None = None) -> int:
         with self._tx() as db:
             event = self._append(db, job_id, kind, step, data, at or time.time())
             if kind == "step" and step is not None:
@@ -198,8 +201,10 @@ class JobStore:
 
     @staticmethod
     def _append(db: sqlite3.Connection, job_id: str, kind: str, step: int | None, data: dict, at: float) -> int:
-        cursor = db.execute("INSERT INTO events (job_id, time, kind, step, data) VALUES (?, ?, ?, ?, ?)",
-                            (job_id, at, kind, step, json.dumps(data, default=float)))
+        cursor = db.execute(
+            "INSERT INTO events (job_id, time, kind, step, data) VALUES (?, ?, ?, ?, ?)",
+            (job_id, at, kind, step, json.dumps(data, default=float)),
+        )
         return int(cursor.lastrowid)
 
     def _notify(self, event_id: int) -> None:
@@ -213,8 +218,13 @@ class JobStore:
         row = rows[0] if rows else None
         if row is None:
             raise UnknownJob(f"no job '{job_id}'; 'appliance jobs list' shows the jobs")
-        return JobRow(_summary(row), json.loads(row["spec"]), json.loads(row["plan"]) if row["plan"] else None,
-                      row["restarts"], row["pgid"])
+        return JobRow(
+            _summary(row),
+            json.loads(row["spec"]),
+            json.loads(row["plan"]) if row["plan"] else None,
+            row["restarts"],
+            row["pgid"],
+        )
 
     def list(self, states: Iterable[str] | None = None) -> list[JobSummary]:
         query, args = f"SELECT {_SUMMARY_COLUMNS} FROM jobs", ()
@@ -231,8 +241,9 @@ class JobStore:
         counts.update({row["state"]: row["n"] for row in rows})
         return counts
 
-    def events(self, after: int = 0, job_id: str | None = None, kinds: Iterable[str] | None = None,
-               limit: int = 1000) -> list[JobEvent]:
+    def events(
+        self, after: int = 0, job_id: str | None = None, kinds: Iterable[str] | None = None, limit: int = 1000
+    ) -> list[JobEvent]:
         query, args = "SELECT id, job_id, time, kind, step, data FROM events WHERE id > ?", [after]
         if job_id is not None:
             query += " AND job_id = ?"
@@ -242,8 +253,17 @@ class JobStore:
             query += f" AND kind IN ({', '.join('?' * len(kinds))})"
             args += kinds
         rows = self._read(query + " ORDER BY id LIMIT ?", (*args, limit))
-        return [JobEvent(id=row["id"], job_id=row["job_id"], time=row["time"], kind=row["kind"], step=row["step"],
-                         data=json.loads(row["data"])) for row in rows]
+        return [
+            JobEvent(
+                id=row["id"],
+                job_id=row["job_id"],
+                time=row["time"],
+                kind=row["kind"],
+                step=row["step"],
+                data=json.loads(row["data"]),
+            )
+            for row in rows
+        ]
 
     def last_event_id(self) -> int:
         return int(self._read("SELECT MAX(id) FROM events")[0][0] or 0)
@@ -268,6 +288,17 @@ class _Transaction:
 
 
 def _summary(row: sqlite3.Row) -> JobSummary:
-    return JobSummary(id=row["id"], name=row["name"], state=row["state"], reason=row["reason"], uid=row["uid"],
-                      user=row["user"], created=row["created"], updated=row["updated"], step=row["step"],
-                      steps_total=row["steps_total"], slot=row["slot"], attempts=row["attempts"])
+    return JobSummary(
+        id=row["id"],
+        name=row["name"],
+        state=row["state"],
+        reason=row["reason"],
+        uid=row["uid"],
+        user=row["user"],
+        created=row["created"],
+        updated=row["updated"],
+        step=row["step"],
+        steps_total=row["steps_total"],
+        slot=row["slot"],
+        attempts=row["attempts"],
+    )

@@ -34,8 +34,7 @@ UPLOAD_FILE = "dataset.jsonl"
 class SubmissionRejected(ApplianceError):
     """The job is refused: `status` is the HTTP status, `errors` the job-file errors, `plan` when it does not fit."""
 
-    def __init__(self, status: int, message: str, errors: list[ConfigError] | None = None,
-                 plan: dict | None = None):
+    def __init__(self, status: int, message: str, errors: list[ConfigError] | None = None, plan: dict | None = None):
         super().__init__(message)
         self.status, self.errors, self.plan = status, errors or [], plan
 
@@ -78,15 +77,27 @@ def _with_dataset(parsed: ParsedJob, dataset: str) -> ParsedJob:
     return dataclasses.replace(parsed, data=data, spec=spec)
 
 
-def _dataset(parsed: ParsedJob, request: SubmitRequest, policy: Policy) -> tuple[ParsedJob, list[ConfigError], Path | None]:
+def _dataset(
+    parsed: ParsedJob, request: SubmitRequest, policy: Policy
+) -> tuple[ParsedJob, list[ConfigError], Path | None]:
     """Point task.dataset at the upload or at a file in an allowed root; an error when it is neither."""
     task = parsed.data.get("task")
     reference = task.get("dataset") if isinstance(task, dict) else None
     unexpected = [name for name in request.uploads if name != reference]
     if unexpected:
-        return parsed, [parsed.error_at(("task", "dataset"), (
-            f"an uploaded file is named {unexpected[0]!r} but task.dataset is {reference!r}; "
-            "upload only the job's dataset, under the name task.dataset gives it"))], None
+        return (
+            parsed,
+            [
+                parsed.error_at(
+                    ("task", "dataset"),
+                    (
+                        f"an uploaded file is named {unexpected[0]!r} but task.dataset is {reference!r}; "
+                        "upload only the job's dataset, under the name task.dataset gives it"
+                    ),
+                )
+            ],
+            None,
+        )
     if not isinstance(reference, str) or not reference or reference.startswith("builtin:"):
         return parsed, [], None  # the schema and the dataset check report what is wrong
     if reference in request.uploads:
@@ -100,10 +111,20 @@ def _dataset(parsed: ParsedJob, request: SubmitRequest, policy: Policy) -> tuple
     if not candidate.is_absolute():
         candidate = roots[0] / candidate
     if not any(_inside(candidate, root) for root in roots):
-        return parsed, [parsed.error_at(("task", "dataset"), (
-            f"the daemon reads datasets only inside {', '.join(str(root) for root in roots)}, and {reference} "
-            "is not there; 'appliance jobs submit' uploads a file it can read, or an administrator copies it "
-            f"into {roots[0]}"))], None
+        return (
+            parsed,
+            [
+                parsed.error_at(
+                    ("task", "dataset"),
+                    (
+                        f"the daemon reads datasets only inside {', '.join(str(root) for root in roots)}, and {reference} "
+                        "is not there; 'appliance jobs submit' uploads a file it can read, or an administrator copies it "
+                        f"into {roots[0]}"
+                    ),
+                )
+            ],
+            None,
+        )
     return _with_dataset(parsed, os.path.realpath(candidate)), [], None
 
 
@@ -117,9 +138,15 @@ def _plugins(parsed: ParsedJob, plugins_dir: Path) -> tuple[ParsedJob, list[Conf
         name = reward.get("name") if isinstance(reward, dict) else None
         match = PLUGIN_REWARD.match(name) if isinstance(name, str) else None
         if match and not _inside(plugins_dir / Path(match["file"]).expanduser(), plugins_dir):
-            errors.append(parsed.error_at(("rewards", position, "name"), (
-                f"reward plugin '{name}' is outside the plugin folder {plugins_dir}; the daemon runs only "
-                "plugins an administrator installed there (name them file.py:function, relative to it)")))
+            errors.append(
+                parsed.error_at(
+                    ("rewards", position, "name"),
+                    (
+                        f"reward plugin '{name}' is outside the plugin folder {plugins_dir}; the daemon runs only "
+                        "plugins an administrator installed there (name them file.py:function, relative to it)"
+                    ),
+                )
+            )
             reward = {**reward, "name": None}
         kept.append(reward)
     if not errors:
@@ -131,9 +158,13 @@ def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted
     """The runnable spec and its plan on `device`, or SubmissionRejected (nothing is kept)."""
     size = sum(len(text.encode("utf-8")) for text in request.uploads.values())
     if size > policy.max_upload_bytes:
-        raise SubmissionRejected(413, (
-            f"the uploaded dataset is {size} bytes, over this daemon's limit of {policy.max_upload_bytes} bytes; "
-            f"ask an administrator to put it in {policy.dataset_roots[0]} and name it there"))
+        raise SubmissionRejected(
+            413,
+            (
+                f"the uploaded dataset is {size} bytes, over this daemon's limit of {policy.max_upload_bytes} bytes; "
+                f"ask an administrator to put it in {policy.dataset_roots[0]} and name it there"
+            ),
+        )
     parsed = parse_job(request.yaml, request.file_name)
     if not isinstance(parsed.data, dict):
         raise SubmissionRejected(422, f"{request.file_name} is not a valid job file", parsed.errors)
@@ -150,8 +181,9 @@ def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted
         spec = with_absolute_paths(parsed.spec, policy.plugins_dir)
         plan = plan_on(spec, policy.data_dir, device)
         if not plan.fits:
-            raise SubmissionRejected(409, f"job '{spec.name}' does not fit this device: {plan.refusal()}",
-                                     plan=plan.to_dict())
+            raise SubmissionRejected(
+                409, f"job '{spec.name}' does not fit this device: {plan.refusal()}", plan=plan.to_dict()
+            )
         return Accepted(spec, plan, upload_dir)
     except BaseException:
         if upload_dir is not None:

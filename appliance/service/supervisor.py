@@ -124,9 +124,18 @@ def group_alive(pgid: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, store: JobStore, data_dir: Path, slots: list[Slot], metrics: "TrainingMetrics", *,
-                 max_restarts: int = 3, backoff_seconds: tuple[float, ...] = (2.0, 4.0, 8.0),
-                 stop_timeout: float = 120.0, version: str = ""):
+    def __init__(
+        self,
+        store: JobStore,
+        data_dir: Path,
+        slots: list[Slot],
+        metrics: "TrainingMetrics",
+        *,
+        max_restarts: int = 3,
+        backoff_seconds: tuple[float, ...] = (2.0, 4.0, 8.0),
+        stop_timeout: float = 120.0,
+        version: str = "",
+    ):
         from prometheus_client import Counter
 
         self.store, self.data_dir, self.slots, self.metrics = store, Path(data_dir), slots, metrics
@@ -134,8 +143,9 @@ class Supervisor:
         self.version = version
         self.workers: dict[int, Worker] = {}
         self.retry_at: dict[str, float] = {}
-        self.restarts_total = Counter("appliance_worker_restarts", "Workers restarted after they died",
-                                      registry=metrics.registry)
+        self.restarts_total = Counter(
+            "appliance_worker_restarts", "Workers restarted after they died", registry=metrics.registry
+        )
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._closing = False
@@ -158,8 +168,9 @@ class Supervisor:
                 _wait_gone(row.pgid, 10.0)
             if job.state == "running":
                 self.store.transition(job.id, "interrupted", "the daemon stopped while the job ran")
-            self.store.transition(job.id, "queued", "requeued at daemon start; resumes from its newest checkpoint",
-                                  slot=None, pgid=None)
+            self.store.transition(
+                job.id, "queued", "requeued at daemon start; resumes from its newest checkpoint", slot=None, pgid=None
+            )
 
     def _loop(self) -> None:
         while not self._closing:
@@ -213,14 +224,17 @@ class Supervisor:
 
         spec = accepted.spec
         try:
-            job = self.store.submit(spec.name, uid, user, spec.model_dump(mode="json"), accepted.plan.to_dict(),
-                                    spec.grpo.steps)
+            job = self.store.submit(
+                spec.name, uid, user, spec.model_dump(mode="json"), accepted.plan.to_dict(), spec.grpo.steps
+            )
         except BaseException:
             accepted.discard()
             raise
         job_dir = self.job_dir(job.id)
         job_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(job_dir / "job.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), mode=0o644)
+        write_atomically(
+            job_dir / "job.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), mode=0o644
+        )
         self._publish_counts()
         self.wake()
         return job
@@ -235,16 +249,20 @@ class Supervisor:
                 return job
             if job.state in ("queued", "interrupted"):
                 self.retry_at.pop(job_id, None)
-                self.store.transition(job_id, "paused", "paused before it ran" if job.state == "queued"
-                                      else "paused while waiting to restart")
+                self.store.transition(
+                    job_id,
+                    "paused",
+                    "paused before it ran" if job.state == "queued" else "paused while waiting to restart",
+                )
                 self._publish_counts()
                 return self.store.get(job_id).summary
             raise BadTransition(f"job '{job_id}' is {job.state}; only a queued or running job can be paused")
 
     def resume(self, job_id: str) -> JobSummary:
         self.retry_at.pop(job_id, None)  # an interrupted job waiting for its restart goes to the queue now
-        job = self.store.transition(job_id, "queued", "resumed; continues from its newest checkpoint",
-                                    expect=("queued",))
+        job = self.store.transition(
+            job_id, "queued", "resumed; continues from its newest checkpoint", expect=("queued",)
+        )
         self._publish_counts()
         self.wake()
         return job
@@ -276,10 +294,17 @@ class Supervisor:
             worker = self.workers.get(slot.index)
             status = SlotStatus(index=slot.index, kind=slot.kind, name=slot.name)
             if worker is not None:
-                status = status.model_copy(update={
-                    "job_id": worker.job_id, "phase": worker.phase, "budget_bytes": worker.budget_bytes,
-                    "planned_bytes": dict(worker.planned_bytes), "measured_bytes": dict(worker.measured_bytes),
-                    "total_bytes": worker.device_total_bytes, "used_bytes": worker.device_used_bytes})
+                status = status.model_copy(
+                    update={
+                        "job_id": worker.job_id,
+                        "phase": worker.phase,
+                        "budget_bytes": worker.budget_bytes,
+                        "planned_bytes": dict(worker.planned_bytes),
+                        "measured_bytes": dict(worker.measured_bytes),
+                        "total_bytes": worker.device_total_bytes,
+                        "used_bytes": worker.device_used_bytes,
+                    }
+                )
             slots.append(status)
         return DeviceStatus(slots=slots, disk_free_bytes=shutil.disk_usage(self.data_dir).free)
 
@@ -326,22 +351,43 @@ class Supervisor:
         # A first start begins at step 0; every later start resumes from the newest complete checkpoint.
         resume = row.summary.attempts > 0
         ours, theirs = socket.socketpair()
-        command = [sys.executable, "-m", MODULE, "--fd", str(theirs.fileno()), "--data-dir", str(self.data_dir),
-                   "--job-dir", str(job_dir)] + (["--resume"] if resume else [])
+        command = [
+            sys.executable,
+            "-m",
+            MODULE,
+            "--fd",
+            str(theirs.fileno()),
+            "--data-dir",
+            str(self.data_dir),
+            "--job-dir",
+            str(job_dir),
+        ] + (["--resume"] if resume else [])
         environment = {**os.environ, **slot.env, "PYTHONUNBUFFERED": "1"}
         with open(job_dir / "log.txt", "ab") as log:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    pass_fds=(theirs.fileno(),), process_group=0, env=environment, cwd=job_dir)
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(),),
+                process_group=0,
+                env=environment,
+                cwd=job_dir,
+            )
         theirs.close()
         worker = Worker(job.id, slot, proc, Channel(ours), time.time())
-        worker.reader = threading.Thread(target=self._read_reports, args=(worker,), daemon=True,
-                                         name=f"reports-{job.id}")
+        worker.reader = threading.Thread(
+            target=self._read_reports, args=(worker,), daemon=True, name=f"reports-{job.id}"
+        )
         self.workers[slot.index] = worker
         self.store.update(job.id, attempts=row.summary.attempts + 1, pgid=proc.pid, slot=slot.index)
         spec = row.spec
         self.metrics.build_info.clear()
-        self.metrics.build_info.labels(version=self.version, student_model=spec["student"]["model"],
-                                       judge_model=(spec.get("judge") or {}).get("model", "")).set(1)
+        self.metrics.build_info.labels(
+            version=self.version,
+            student_model=spec["student"]["model"],
+            judge_model=(spec.get("judge") or {}).get("model", ""),
+        ).set(1)
         worker.reader.start()
 
     def _read_reports(self, worker: Worker) -> None:
@@ -366,8 +412,9 @@ class Supervisor:
                 elif kind in ("result", "disk_full", "error"):
                     worker.outcome = message
             except (KeyError, TypeError, ValueError) as error:
-                print(f"supervisor: bad report from the worker of {worker.job_id}: {error}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"supervisor: bad report from the worker of {worker.job_id}: {error}", file=sys.stderr, flush=True
+                )
         self.wake()
 
     def _observe_event(self, worker: Worker, event) -> None:
@@ -409,30 +456,49 @@ class Supervisor:
             if (result.get("stop_reason") or worker.stop_reason) == "pause":
                 self.store.transition(job_id, "paused", f"paused after step {step} (checkpoint saved)")
             else:
-                self.store.transition(job_id, "interrupted", f"stopped after step {step} (checkpoint saved): "
-                                      "the daemon shut down; it resumes at the next start")
+                self.store.transition(
+                    job_id,
+                    "interrupted",
+                    f"stopped after step {step} (checkpoint saved): the daemon shut down; it resumes at the next start",
+                )
         elif outcome.get("type") == "disk_full":
             self.store.transition(job_id, "paused", outcome.get("message", "the disk is full"))
         elif outcome.get("type") == "error" or returncode == EXIT_BAD_JOB:
             self.store.transition(job_id, "failed", outcome.get("message") or self._log_tail(job_id))
         elif worker.stop_reason == "pause":
-            self.store.transition(job_id, "paused", f"paused; the worker did not stop in time ({describe_exit(returncode)})"
-                                  ", so it resumes from its newest checkpoint")
+            self.store.transition(
+                job_id,
+                "paused",
+                f"paused; the worker did not stop in time ({describe_exit(returncode)})"
+                ", so it resumes from its newest checkpoint",
+            )
         elif worker.stop_reason == "shutdown":
-            self.store.transition(job_id, "interrupted", f"the daemon shut down and the worker ended with "
-                                  f"{describe_exit(returncode)}; it resumes from its newest checkpoint")
+            self.store.transition(
+                job_id,
+                "interrupted",
+                f"the daemon shut down and the worker ended with "
+                f"{describe_exit(returncode)}; it resumes from its newest checkpoint",
+            )
         else:
             self._crashed(job_id, returncode)
 
     def _crashed(self, job_id: str, returncode: int) -> None:
         restarts = self.store.get(job_id).restarts + 1
         if restarts > self.max_restarts:
-            self.store.transition(job_id, "failed", f"the worker ended with {describe_exit(returncode)} "
-                                  f"{restarts} times in a row; last lines of its log:\n{self._log_tail(job_id)}")
+            self.store.transition(
+                job_id,
+                "failed",
+                f"the worker ended with {describe_exit(returncode)} "
+                f"{restarts} times in a row; last lines of its log:\n{self._log_tail(job_id)}",
+            )
             return
         delay = self.backoff_seconds[min(restarts - 1, len(self.backoff_seconds) - 1)]
-        self.store.transition(job_id, "interrupted", f"the worker ended with {describe_exit(returncode)}; restart "
-                              f"{restarts}/{self.max_restarts} in {delay:g} s from the newest checkpoint")
+        self.store.transition(
+            job_id,
+            "interrupted",
+            f"the worker ended with {describe_exit(returncode)}; restart "
+            f"{restarts}/{self.max_restarts} in {delay:g} s from the newest checkpoint",
+        )
         self.store.update(job_id, restarts=restarts)
         self.retry_at[job_id] = time.time() + delay
         self.restarts_total.inc()
@@ -455,7 +521,7 @@ def _is_worker_group(pgid: int) -> bool:
             continue
         try:
             stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             if int(fields[2]) == pgid and MODULE.encode() in (entry / "cmdline").read_bytes():
                 return True
         except (OSError, ValueError, IndexError):

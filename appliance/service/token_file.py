@@ -34,10 +34,13 @@ def read_token_file(path: str | Path, option: str = "--control-token-file") -> s
             if info.st_mode & 0o077:
                 raise TokenFileError(
                     f"{option} {path}: readable or writable by group or others (mode "
-                    f"{stat.S_IMODE(info.st_mode):04o}); restrict it with: chmod 600 {path}")
+                    f"{stat.S_IMODE(info.st_mode):04o}); restrict it with: chmod 600 {path}"
+                )
             data = handle.read(4096)
     except FileNotFoundError:
-        raise TokenFileError(f"{option} {path}: no such file; create one with: {MAKE_ONE.replace('FILE', str(path))}") from None
+        raise TokenFileError(
+            f"{option} {path}: no such file; create one with: {MAKE_ONE.replace('FILE', str(path))}"
+        ) from None
     except PermissionError:
         raise TokenFileError(f"{option} {path}: permission denied; the file must be readable by this user") from None
     except IsADirectoryError:
@@ -47,9 +50,12 @@ def read_token_file(path: str | Path, option: str = "--control-token-file") -> s
     except UnicodeDecodeError:
         raise TokenFileError(f"{option} {path}: the token must be ASCII text") from None
     if not token:
-        raise TokenFileError(f"{option} {path}: the file is empty; put a token in it: "
-                             f"{MAKE_ONE.replace('FILE', str(path))}")
+        raise TokenFileError(
+            f"{option} {path}: the file is empty; put a token in it: {MAKE_ONE.replace('FILE', str(path))}"
+        )
     if len(token) < MIN_TOKEN_CHARS or any(not 0x21 <= ord(char) <= 0x7E for char in token):
-        raise TokenFileError(f"{option} {path}: the token must be one line of at least {MIN_TOKEN_CHARS} visible "
-                             f"characters without spaces; make one with: {MAKE_ONE.replace('FILE', str(path))}")
+        raise TokenFileError(
+            f"{option} {path}: the token must be one line of at least {MIN_TOKEN_CHARS} visible "
+            f"characters without spaces; make one with: {MAKE_ONE.replace('FILE', str(path))}"
+        )
     return token

@@ -86,7 +86,11 @@ def run(channel: Channel, data_dir: Path, job_dir: Path, resume: bool) -> int:
     try:
         spec = parse_job_text((job_dir / "job.yaml").read_text(encoding="utf-8"), str(job_dir / "job.yaml"))
         result = run_job(
-            spec, data_dir, job_dir, job_file_dir=job_dir, resume=resume,
+            spec,
+            data_dir,
+            job_dir,
+            job_file_dir=job_dir,
+            resume=resume,
             on_step=lambda record: channel.send({"type": "step", "record": record.to_dict()}),
             on_event=lambda event: channel.send({"type": "event", "event": event.to_dict()}),
             stop_requested=lambda: stop.get("reason"),

@@ -79,7 +79,7 @@ def _check_keys(row: dict) -> None:
 
 def _messages(value: Any) -> list[dict[str, str]]:
     if not isinstance(value, list) or not value:
-        raise RowError("'messages' must be a non-empty list of {\"role\", \"content\"} objects")
+        raise RowError('\'messages\' must be a non-empty list of {"role", "content"} objects')
     messages = []
     for position, message in enumerate(value):
         if not isinstance(message, dict) or set(message) != {"role", "content"}:

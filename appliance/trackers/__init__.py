@@ -67,8 +67,10 @@ def open_trackers(spec, job_dir: Path, log: Callable[[str], None]) -> Trackers:
 
                 sinks.append(WandbSink(Path(job_dir), spec))
         except ImportError as error:
-            log(f"tracking.{name} is on but the {error.name or name} package is not installed ({INSTALL_HINT}); "
-                f"this run is not tracked in {name}")
+            log(
+                f"tracking.{name} is on but the {error.name or name} package is not installed ({INSTALL_HINT}); "
+                f"this run is not tracked in {name}"
+            )
         except Exception as error:
             log(f"tracking.{name} could not start ({type(error).__name__}: {error}); this run is not tracked in {name}")
         else:

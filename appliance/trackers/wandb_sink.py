@@ -18,10 +18,24 @@ class WandbSink:
 
     def __init__(self, job_dir: Path, spec):
         os.environ["WANDB_MODE"] = "offline"  # also for anything wandb starts (its core service)
-        settings = wandb.Settings(mode="offline", silent=True, console="off", disable_git=True, save_code=False,
-                                  x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True)
-        self._run = wandb.init(dir=str(job_dir), project=spec.tracking.wandb_project, name=spec.name,
-                               config=spec.model_dump(mode="json"), settings=settings, reinit="create_new")
+        settings = wandb.Settings(
+            mode="offline",
+            silent=True,
+            console="off",
+            disable_git=True,
+            save_code=False,
+            x_disable_stats=True,
+            x_disable_meta=True,
+            x_disable_machine_info=True,
+        )
+        self._run = wandb.init(
+            dir=str(job_dir),
+            project=spec.tracking.wandb_project,
+            name=spec.name,
+            config=spec.model_dump(mode="json"),
+            settings=settings,
+            reinit="create_new",
+        )
         self.location = Path(self._run.dir).parent  # <job dir>/wandb/offline-run-.../
 
     def write(self, step: int, values: dict[str, float]) -> None:

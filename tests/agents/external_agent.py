@@ -31,8 +31,11 @@ async def play(args) -> dict:
         groups = await rollout_groups(environment, client, scenarios, args.group_size)
     finally:
         await client.close()
-    return {"groups": [group.model_dump(mode="json") for group in groups], "latencies": client.latencies,
-            "completion_tokens": client.completion_tokens}
+    return {
+        "groups": [group.model_dump(mode="json") for group in groups],
+        "latencies": client.latencies,
+        "completion_tokens": client.completion_tokens,
+    }
 
 
 def main() -> int:

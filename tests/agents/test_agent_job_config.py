@@ -41,7 +41,8 @@ def test_a_mistyped_builtin_gets_a_did_you_mean_at_its_line(tmp_path):
 def test_a_plugin_is_checked_in_the_plugins_folder_without_running_it(tmp_path):
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "mine.py").write_text(
-        "import pathlib\npathlib.Path(__file__).with_name('ran').write_text('x')\nclass Mine:\n    name = 'mine'\n")
+        "import pathlib\npathlib.Path(__file__).with_name('ran').write_text('x')\nclass Mine:\n    name = 'mine'\n"
+    )
     assert _check(tmp_path, "mine.py:Mine")[1] == []
     _, errors = _check(tmp_path, "mine.py:Mien")
     assert "defines no class 'Mien'; did you mean 'Mine'?" in errors[0].message
@@ -90,8 +91,11 @@ def test_an_agent_job_plans_with_its_stated_trajectory_bound(tmp_path, demo_mode
     from appliance.budget.workload import AGENT_TURNS_ASSUMED, TOOL_RESULT_TOKENS
     from appliance.grpo.prompt_lengths import measure_prompt_tokens
 
-    spec = parse_job(JOB.format(environment="builtin:calculator", extra="  max_turns: 3\n")
-                     + "grpo: {max_new_tokens: 40, group_size: 4, prompts_per_step: 2}\n", "job.yaml")
+    spec = parse_job(
+        JOB.format(environment="builtin:calculator", extra="  max_turns: 3\n")
+        + "grpo: {max_new_tokens: 40, group_size: 4, prompts_per_step: 2}\n",
+        "job.yaml",
+    )
     opening = measure_prompt_tokens(spec, demo_model_dir, tmp_path)
     assert 100 < opening < 400  # the calculator's system prompt with its tool, the question, the template
     device = DeviceInfo("cuda", 24 * 2**30, 0, "fake")
@@ -100,8 +104,9 @@ def test_an_agent_job_plans_with_its_stated_trajectory_bound(tmp_path, demo_mode
     assert plan.sequence_tokens["student"] == opening + 3 * (40 + TOOL_RESULT_TOKENS)
     assert "3 turns (task.max_turns)" in plan.choices.reasons["sequence_tokens"]
     assert "sequence_tokens" in plan.render()
-    unset = parse_job(JOB.format(environment="builtin:calculator", extra="")
-                      + "grpo: {max_new_tokens: 40}\n", "job.yaml")
+    unset = parse_job(
+        JOB.format(environment="builtin:calculator", extra="") + "grpo: {max_new_tokens: 40}\n", "job.yaml"
+    )
     plan = plan_job(unset, load_config(demo_model_dir / "config.json"), None, device, prompt_tokens=opening)
     assert plan.sequence_tokens["student"] == opening + AGENT_TURNS_ASSUMED * (40 + TOOL_RESULT_TOKENS)
     assert "assumed; set task.max_turns" in plan.choices.reasons["sequence_tokens"]

@@ -62,8 +62,9 @@ def test_an_agent_job_runs_records_trajectories_and_resumes(tmp_path, fresh_data
         trained = sorted(s["trained_tokens"] for s in samples if s["step"] == step and s["advantage"] != 0.0)
         assert metrics[step - 1]["trained_tokens"] == (sum(trained) if informative else 0)
 
-    resumed = run_job(_spec(tmp_path, fresh_data_dir, short, 3), fresh_data_dir, job_dir, job_file_dir=tmp_path,
-                      resume=True)
+    resumed = run_job(
+        _spec(tmp_path, fresh_data_dir, short, 3), fresh_data_dir, job_dir, job_file_dir=tmp_path, resume=True
+    )
     assert (resumed.status, resumed.step) == ("completed", 3)
     assert [m["step"] for m in read_jsonl(job_dir / "metrics.jsonl")] == [1, 2, 3]
     assert json.loads((job_dir / "checkpoints" / "step-000003" / "state.json").read_text())["step"] == 3
@@ -90,8 +91,7 @@ def test_an_external_job_waiting_for_trajectories_stops_when_asked(tmp_path, fre
 
     def run() -> None:
         try:
-            box["result"] = run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path,
-                                    stop_requested=stop_requested)
+            box["result"] = run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path, stop_requested=stop_requested)
         except Exception as error:  # surfaced below
             box["result"] = error
 

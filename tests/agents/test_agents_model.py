@@ -56,11 +56,14 @@ def engine(demo_model_dir):
     engine.close()
 
 
-@pytest.mark.parametrize("name, options", [
-    ("builtin:calculator", {"held_out": 50}),
-    ("builtin:email_search", {}),
-    ("builtin:game2048", {"max_turns": 2}),
-])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("builtin:calculator", {"held_out": 50}),
+        ("builtin:email_search", {}),
+        ("builtin:game2048", {"max_turns": 2}),
+    ],
+)
 def test_the_bundled_model_plays_a_few_turns(engine, tmp_path, name, options):
     environment = load_environment(name, tmp_path, options)
     environment.max_turns = 2  # the scripted call, then one model turn: keeps this under a minute
@@ -83,7 +86,7 @@ def test_the_bundled_model_plays_a_few_turns(engine, tmp_path, name, options):
         assert [tokenized.logprobs[i] for i in sampled_at] == generated.sampled.logprobs
         assert all(tokenized.assistant_mask[i] for i in sampled_at)
         # the model's turn trains in the context it was generated from: the engine's own prompt ids
-        assert tokenized.input_ids[:sampled_at[0]] == generated.sampled.prompt_token_ids
+        assert tokenized.input_ids[: sampled_at[0]] == generated.sampled.prompt_token_ids
         assert tokenized.context_mismatches == 0
         assert tokenized.context_tokens > tokenized.trained_tokens > 0
         if number:

@@ -51,16 +51,19 @@ def test_calculator_agent_improves_sampled_held_out_success(tmp_path, fresh_data
     job_file = tmp_path / "job.yaml"
     job_file.write_text(JOB)
     job_dir = fresh_data_dir / "jobs" / "calculator-learning"
-    result = run_job(load_checked_job(job_file, fresh_data_dir), fresh_data_dir, job_dir, job_file_dir=tmp_path,
-                     evaluate=True)
+    result = run_job(
+        load_checked_job(job_file, fresh_data_dir), fresh_data_dir, job_dir, job_file_dir=tmp_path, evaluate=True
+    )
     summary = json.loads((job_dir / "eval.json").read_text())
     before, after = summary["before"], summary["after"]
     metrics = read_jsonl(job_dir / "metrics.jsonl")
-    print(f"held-out success at temperature 1 ({before['draws']} episodes) {before['accuracy']:.3f} -> "
-          f"{after['accuracy']:.3f}, tool use {before['format_compliance']:.3f} -> {after['format_compliance']:.3f}, "
-          f"reward {before['reward_means']['total']:.3f} -> {after['reward_means']['total']:.3f}, rewards per step "
-          f"{[round(m['reward_mean'], 3) for m in metrics]}, eval seconds {before['seconds']:.0f} + "
-          f"{after['seconds']:.0f}, step seconds {[round(m['seconds']['step']) for m in metrics]}")
+    print(
+        f"held-out success at temperature 1 ({before['draws']} episodes) {before['accuracy']:.3f} -> "
+        f"{after['accuracy']:.3f}, tool use {before['format_compliance']:.3f} -> {after['format_compliance']:.3f}, "
+        f"reward {before['reward_means']['total']:.3f} -> {after['reward_means']['total']:.3f}, rewards per step "
+        f"{[round(m['reward_mean'], 3) for m in metrics]}, eval seconds {before['seconds']:.0f} + "
+        f"{after['seconds']:.0f}, step seconds {[round(m['seconds']['step']) for m in metrics]}"
+    )
 
     # The run: every step, its reward logged, trajectory records with the trained mask.
     assert (result.status, result.step) == ("completed", STEPS)
@@ -81,8 +84,11 @@ def test_calculator_agent_improves_sampled_held_out_success(tmp_path, fresh_data
 
     # The evaluation: the same 80 sampled episodes before and after, and the margin.
     for evaluation in (before, after):
-        assert (evaluation["problems"], evaluation["samples"], evaluation["temperature"]) == \
-            (HELD_OUT_SCENARIOS, SAMPLES_PER_SCENARIO, 1.0)
+        assert (evaluation["problems"], evaluation["samples"], evaluation["temperature"]) == (
+            HELD_OUT_SCENARIOS,
+            SAMPLES_PER_SCENARIO,
+            1.0,
+        )
         assert evaluation["draws"] == HELD_OUT_SCENARIOS * SAMPLES_PER_SCENARIO
     assert [e["scenario"] for e in before["examples"]] == [e["scenario"] for e in after["examples"]]
     assert after["accuracy"] - before["accuracy"] >= MIN_SUCCESS_GAIN

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import stat
 
-from appliance.agents.endpoint_file import (ENDPOINT_FILE, PreviousEndpoint, previous_endpoint, read_endpoint_file,
-                                            write_endpoint)
+from appliance.agents.endpoint_file import (
+    ENDPOINT_FILE,
+    PreviousEndpoint,
+    previous_endpoint,
+    read_endpoint_file,
+    write_endpoint,
+)
 
 TOKEN = "t" * 43
 

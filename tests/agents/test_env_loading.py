@@ -58,8 +58,7 @@ def data_dir(tmp_path):
 
 
 def test_builtin_environments_load_with_options(data_dir):
-    environment = load_environment("builtin:calculator", data_dir, {"operand_min": 2, "operand_max": 9,
-                                                                    "held_out": 10})
+    environment = load_environment("builtin:calculator", data_dir, {"operand_min": 2, "operand_max": 9, "held_out": 10})
     assert isinstance(environment, CalculatorEnvironment)
     assert len(environment.scenarios("train", 1000, seed=0)) == 64 - 10
     assert load_environment("builtin:game2048", data_dir).name == "game2048"
@@ -73,17 +72,20 @@ def test_a_plugin_from_the_data_dir_runs(data_dir):
     assert groups[0].trajectories[0].messages[-1].content == "kiwi"
 
 
-@pytest.mark.parametrize("name, options, message", [
-    ("builtin:calculater", {}, "unknown environment 'builtin:calculater'; did you mean 'builtin:calculator'?"),
-    ("builtin:chess", {}, "built in: builtin:calculator, builtin:email_search, builtin:game2048"),
-    ("calculator", {}, "is neither 'builtin:NAME'"),
-    ("builtin:calculator", {"operands": 3}, "does not take these options"),
-    ("missing.py:Env", {}, "environment plugin 'missing.py:Env': file "),
-    ("echo_env.py:Parrot", {}, "has no function 'Parrot' (functions defined there: helper)"),
-    ("echo_env.py:NotAnEnvironment", {}, "lacks scenarios, rollout"),
-    ("../echo_env.py:Echo", {}, "plugins are files inside"),
-    ("/etc/echo_env.py:Echo", {}, "plugins are files inside"),
-])
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("builtin:calculater", {}, "unknown environment 'builtin:calculater'; did you mean 'builtin:calculator'?"),
+        ("builtin:chess", {}, "built in: builtin:calculator, builtin:email_search, builtin:game2048"),
+        ("calculator", {}, "is neither 'builtin:NAME'"),
+        ("builtin:calculator", {"operands": 3}, "does not take these options"),
+        ("missing.py:Env", {}, "environment plugin 'missing.py:Env': file "),
+        ("echo_env.py:Parrot", {}, "has no function 'Parrot' (functions defined there: helper)"),
+        ("echo_env.py:NotAnEnvironment", {}, "lacks scenarios, rollout"),
+        ("../echo_env.py:Echo", {}, "plugins are files inside"),
+        ("/etc/echo_env.py:Echo", {}, "plugins are files inside"),
+    ],
+)
 def test_bad_environment_names_get_one_clear_error(data_dir, name, options, message):
     with pytest.raises(AgentEnvironmentError) as caught:
         load_environment(name, data_dir, options)

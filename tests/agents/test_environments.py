@@ -73,6 +73,7 @@ def play(environment, policy, scenarios, group_size=1):
 
 # --- calculator -------------------------------------------------------------------------------------------------
 
+
 def test_calculator_rollouts_run_concurrently_and_score_the_right_answer():
     environment = CalculatorEnvironment()
     scenarios = environment.scenarios("train", 4, seed=1)
@@ -85,13 +86,26 @@ def test_calculator_rollouts_run_concurrently_and_score_the_right_answer():
             a, b = scenario.data["a"], scenario.data["b"]
             roles = [m.role for m in trajectory.messages]
             # the worked episode (question, call, result, answer: context) comes before the scenario's question
-            assert roles == ["system", *["user", "assistant", "tool", "assistant"] * 2, "user", "assistant", "tool",
-                             "assistant"]
+            assert roles == [
+                "system",
+                *["user", "assistant", "tool", "assistant"] * 2,
+                "user",
+                "assistant",
+                "tool",
+                "assistant",
+            ]
             assert trajectory.context_messages == 9 and len(trajectory.assistant_turns()) == 2
             assert trajectory.messages[11].content == str(a * b)
             assert trajectory.reward == pytest.approx(1.2)
-            assert trajectory.metrics == {"turns": 2.0, "tool_calls": 1.0, "malformed_calls": 0.0,
-                                          "invalid_calls": 0.0, "correct": 1.0, "used_tool": 1.0, "success": 1.0}
+            assert trajectory.metrics == {
+                "turns": 2.0,
+                "tool_calls": 1.0,
+                "malformed_calls": 0.0,
+                "invalid_calls": 0.0,
+                "correct": 1.0,
+                "used_tool": 1.0,
+                "success": 1.0,
+            }
 
 
 def test_calculator_splits_are_disjoint_and_seeded():
@@ -197,8 +211,11 @@ def test_email_search_rewards_fewer_steps_and_penalises_bad_ids():
 
 def test_an_episode_without_an_answer_scores_nothing():
     environment = EmailSearchEnvironment()
-    trajectory = only(play(environment, lambda m: call("search", '{"keywords": "meeting"}'),
-                             environment.scenarios("train", 1, seed=0))[0])
+    trajectory = only(
+        play(
+            environment, lambda m: call("search", '{"keywords": "meeting"}'), environment.scenarios("train", 1, seed=0)
+        )[0]
+    )
     assert trajectory.metrics["turns"] == environment.max_turns and trajectory.metrics["answered"] == 0
     assert trajectory.reward <= 0
 
@@ -219,13 +236,17 @@ def test_the_mailbox_is_seeded_and_every_question_has_one_right_email():
 
 # --- 2048 -----------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("row, expected, merged", [
-    ([2, 2, 2, 2], [4, 4, 0, 0], 8),
-    ([2, 2, 4, 0], [4, 4, 0, 0], 4),  # a merged tile does not merge again in the same move
-    ([4, 0, 4, 8], [8, 8, 0, 0], 8),
-    ([0, 0, 0, 2], [2, 0, 0, 0], 0),
-    ([2, 4, 8, 16], [2, 4, 8, 16], 0),
-])
+
+@pytest.mark.parametrize(
+    "row, expected, merged",
+    [
+        ([2, 2, 2, 2], [4, 4, 0, 0], 8),
+        ([2, 2, 4, 0], [4, 4, 0, 0], 4),  # a merged tile does not merge again in the same move
+        ([4, 0, 4, 8], [8, 8, 0, 0], 8),
+        ([0, 0, 0, 2], [2, 0, 0, 0], 0),
+        ([2, 4, 8, 16], [2, 4, 8, 16], 0),
+    ],
+)
 def test_2048_rows_slide_and_merge_once(row, expected, merged):
     assert slide_row_left(row) == (expected, merged)
 
@@ -250,11 +271,17 @@ def test_2048_games_are_seeded_per_scenario_and_scored_from_the_board():
     for group in groups:
         first = group.trajectories[0]
         # the same moves on the same scenario give the same game (call ids aside)
-        assert all([m.content for m in t.messages] == [m.content for m in first.messages]
-                   and t.reward == first.reward for t in group.trajectories)
+        assert all(
+            [m.content for m in t.messages] == [m.content for m in first.messages] and t.reward == first.reward
+            for t in group.trajectories
+        )
         m = first.metrics
-        expected = (0.6 * math.log2(m["largest_tile"]) / 6 + 0.4 * min(1.0, m["merged"] / 64) + m["won"]
-                    - 0.1 * (m["invalid_calls"] + m["malformed_calls"]))
+        expected = (
+            0.6 * math.log2(m["largest_tile"]) / 6
+            + 0.4 * min(1.0, m["merged"] / 64)
+            + m["won"]
+            - 0.1 * (m["invalid_calls"] + m["malformed_calls"])
+        )
         assert first.reward == pytest.approx(expected) and m["merged"] > 0 and m["turns"] == 12
     assert groups[0].trajectories[0].messages[1] != groups[1].trajectories[0].messages[1]
     held_out = {s.data["seed"] for s in environment.scenarios("held_out", 20, seed=0)}
@@ -284,6 +311,7 @@ def test_scenario_ids_are_stable():
 
 
 # --- worked examples (environment option worked_examples) -----------------------------------------------------------
+
 
 def test_email_search_worked_episode_is_real_context_and_leaves_the_training_split():
     plain, shown = EmailSearchEnvironment(), EmailSearchEnvironment(worked_examples=1)

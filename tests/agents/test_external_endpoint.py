@@ -39,18 +39,41 @@ def source(tiny_engine, tmp_path):
 
 
 def run_agent(source: ExternalSource, out: Path, seed: int = 0) -> dict:
-    done = subprocess.run([sys.executable, str(AGENT), "--url", source.url, "--token", source.token, "--model",
-                           "student", "--out", str(out), "--max-tokens", "8", "--seed", str(seed)],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(AGENT),
+            "--url",
+            source.url,
+            "--token",
+            source.token,
+            "--model",
+            "student",
+            "--out",
+            str(out),
+            "--max-tokens",
+            "8",
+            "--seed",
+            str(seed),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=REPO_ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
 
 def submit(source: ExternalSource, groups: list, token: str | None = None) -> httpx.Response:
     base = source.url.removesuffix("/v1")
-    return httpx.post(base + SUBMIT_ROUTE, json={"groups": groups}, timeout=120,
-                      headers={"Authorization": f"Bearer {token or source.token}"})
+    return httpx.post(
+        base + SUBMIT_ROUTE,
+        json={"groups": groups},
+        timeout=120,
+        headers={"Authorization": f"Bearer {token or source.token}"},
+    )
 
 
 def collect_in_thread(source: ExternalSource, step: int, scenarios: int) -> tuple[threading.Thread, dict]:
@@ -78,8 +101,9 @@ def test_an_external_agent_plays_and_its_groups_are_collected(source, tmp_path):
     groups = played["groups"]
     assert len(groups) == 1 and len(groups[0]["trajectories"]) == 2
     # the worked examples (the first context_messages) are context: every turn after them was served
-    turns = [m for t in groups[0]["trajectories"] for m in t["messages"][t["context_messages"]:]
-             if m["role"] == "assistant"]
+    turns = [
+        m for t in groups[0]["trajectories"] for m in t["messages"][t["context_messages"] :] if m["role"] == "assistant"
+    ]
     assert turns and all(turn["sampled"]["token_ids"] and turn["sampled"]["prompt_token_ids"] for turn in turns)
     # the tools were described in the prompt the endpoint rendered, as in process
     assert "<tools>" in source.service.engine.tokenizer.decode(turns[0]["sampled"]["prompt_token_ids"])
@@ -87,13 +111,16 @@ def test_an_external_agent_plays_and_its_groups_are_collected(source, tmp_path):
 
     forged = json.loads(json.dumps(groups))
     forged_trajectory = forged[0]["trajectories"][1]
-    first = next(m for m in forged_trajectory["messages"][forged_trajectory["context_messages"]:]
-                 if m["role"] == "assistant")
+    first = next(
+        m for m in forged_trajectory["messages"][forged_trajectory["context_messages"] :] if m["role"] == "assistant"
+    )
     first["sampled"]["token_ids"][0] = (first["sampled"]["token_ids"][0] + 1) % 1000
     refused = submit(source, forged)
     assert refused.status_code == 422
-    assert "group 0" in refused.json()["error"]["message"] and "trajectory 1, assistant turn 0" in \
-        refused.json()["error"]["message"]
+    assert (
+        "group 0" in refused.json()["error"]["message"]
+        and "trajectory 1, assistant turn 0" in refused.json()["error"]["message"]
+    )
     assert "not served by this job's endpoint" in refused.json()["error"]["message"]
     assert source.accepted_total == 0 and "groups" not in box
 
@@ -114,10 +141,12 @@ def test_chat_waits_while_the_trainer_holds_the_model(source):
     answered: dict = {}
 
     def ask() -> None:
-        answered["response"] = httpx.post(source.url + "/chat/completions", timeout=120,
-                                          headers={"Authorization": f"Bearer {source.token}"},
-                                          json={"model": "student", "max_tokens": 4,
-                                                "messages": [{"role": "user", "content": "hi"}]})
+        answered["response"] = httpx.post(
+            source.url + "/chat/completions",
+            timeout=120,
+            headers={"Authorization": f"Bearer {source.token}"},
+            json={"model": "student", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        )
         answered["at"] = time.monotonic()
 
     asker = threading.Thread(target=ask, daemon=True)
@@ -138,17 +167,31 @@ def test_chat_waits_while_the_trainer_holds_the_model(source):
 
 def test_tool_calls_come_back_in_the_openai_shape(source):
     text = 'Let me compute. <tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call>'
-    completion = Completion(prompt_index=0, prompt_token_ids=[1, 2, 3], token_ids=[4, 5], text=text,
-                            logprobs=[-0.1, -0.2], finish_reason="stop")
+    completion = Completion(
+        prompt_index=0,
+        prompt_token_ids=[1, 2, 3],
+        token_ids=[4, 5],
+        text=text,
+        logprobs=[-0.1, -0.2],
+        finish_reason="stop",
+    )
     extra = source.service.hooks.reply([1, 2, 3], completion, "call_x_0")
     assert extra["finish_reason"] == "tool_calls"
-    assert extra["message"]["tool_calls"] == [{"id": "call_x_0_1", "type": "function", "function": {
-        "name": "multiply", "arguments": json.dumps({"a": 12, "b": 34})}}]
+    assert extra["message"]["tool_calls"] == [
+        {
+            "id": "call_x_0_1",
+            "type": "function",
+            "function": {"name": "multiply", "arguments": json.dumps({"a": 12, "b": 34})},
+        }
+    ]
     assert len(source.ledger) == 1  # what was served is on record
     rendered = source.service.hooks.template(
-        [{"role": "user", "content": "What is 12 * 34?"},
-         {"role": "assistant", "content": text, "tool_calls": extra["message"]["tool_calls"]},
-         {"role": "tool", "tool_call_id": "call_x_0_1", "content": "408"}],
-        [{"type": "function", "function": {"name": "multiply", "parameters": {"type": "object"}}}])
+        [
+            {"role": "user", "content": "What is 12 * 34?"},
+            {"role": "assistant", "content": text, "tool_calls": extra["message"]["tool_calls"]},
+            {"role": "tool", "tool_call_id": "call_x_0_1", "content": "408"},
+        ],
+        [{"type": "function", "function": {"name": "multiply", "parameters": {"type": "object"}}}],
+    )
     assert rendered[0]["role"] == "system" and "<tools>" in rendered[0]["content"]
     assert rendered[2] == {"role": "assistant", "content": text} and rendered[3] == {"role": "tool", "content": "408"}

@@ -69,14 +69,18 @@ def play(source: ExternalSource, groups: int, tmp_path: Path) -> list[dict]:
 
 
 def submit(source: ExternalSource, groups: list) -> httpx.Response:
-    return httpx.post(source.url.removesuffix("/v1") + SUBMIT_ROUTE, json={"groups": groups}, timeout=120,
-                      headers={"Authorization": f"Bearer {source.token}"})
+    return httpx.post(
+        source.url.removesuffix("/v1") + SUBMIT_ROUTE,
+        json={"groups": groups},
+        timeout=120,
+        headers={"Authorization": f"Bearer {source.token}"},
+    )
 
 
 def forged(group: dict) -> dict:
     copy = json.loads(json.dumps(group))
     trajectory = copy["trajectories"][0]
-    turn = next(m for m in trajectory["messages"][trajectory["context_messages"]:] if m["role"] == "assistant")
+    turn = next(m for m in trajectory["messages"][trajectory["context_messages"] :] if m["role"] == "assistant")
     turn["sampled"]["token_ids"][0] = (turn["sampled"]["token_ids"][0] + 1) % 1000
     return copy
 
@@ -97,12 +101,18 @@ def test_a_restarted_worker_keeps_queued_groups_and_checks_what_the_dead_one_ser
     # ...the worker dies before step 1 is checkpointed; played[2] was served and never submitted
     crash(first)
     assert sorted(p.name for p in submitted_groups_dir(job_dir).iterdir()) == [
-        "000000000000.step-000001.json", "000000000001.json"]
+        "000000000000.step-000001.json",
+        "000000000001.json",
+    ]
 
     second = start(job_dir)
     assert (second.token, second.url) == (first.token, first.url)  # same job: same token, the port was free
-    assert read_endpoint_file(job_dir) == {"url": first.url, "token": first.token, "model": "student",
-                                           "pid": os.getpid()}
+    assert read_endpoint_file(job_dir) == {
+        "url": first.url,
+        "token": first.token,
+        "model": "student",
+        "pid": os.getpid(),
+    }
     assert second.queued == 2  # both accepted groups are back (checked first: collect would wait for them)
     # resumed at step 0 (no checkpoint): step 1 trains the same group again, then the queued one
     assert [g.model_dump(mode="json") for g in second.collect(1, 1, 2)] == played[:1]

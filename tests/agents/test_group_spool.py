@@ -16,8 +16,11 @@ from appliance.paths import submitted_groups_dir
 
 
 def group(name: str) -> TrajectoryGroup:
-    trajectory = Trajectory(scenario_id=name, reward=1.0,
-                            messages=[UserMessage(content=f"question {name}"), AssistantMessage(content="answer")])
+    trajectory = Trajectory(
+        scenario_id=name,
+        reward=1.0,
+        messages=[UserMessage(content=f"question {name}"), AssistantMessage(content="answer")],
+    )
     return TrajectoryGroup(scenario_id=name, trajectories=[trajectory, trajectory.model_copy()])
 
 

@@ -9,8 +9,14 @@ import json
 import pytest
 
 from appliance.agents.toolcalls import function_tool
-from appliance.agents.trajectory import (AssistantMessage, SystemMessage, ToolMessage, Trajectory, TrajectoryGroup,
-                                         UserMessage)
+from appliance.agents.trajectory import (
+    AssistantMessage,
+    SystemMessage,
+    ToolMessage,
+    Trajectory,
+    TrajectoryGroup,
+    UserMessage,
+)
 from appliance.config.schema import JudgeSpec
 from appliance.grpo.trajectories import score_trajectories
 from appliance.rewards.registry import WeightedReward
@@ -22,11 +28,20 @@ MULTIPLY = function_tool("multiply", "Multiply.", {"a": {"type": "integer"}, "b"
 
 def _trajectory(a: int, b: int, answer: int, with_tool: bool) -> Trajectory:
     call = f'<tool_call>{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
-    turns = ([AssistantMessage(content=call), ToolMessage(tool_call_id="call_1_1", content=str(a * b))]
-             if with_tool else [])
-    return Trajectory(scenario_id=f"multiply-{a}x{b}", tools=[MULTIPLY], reward=0.0, messages=[
-        SystemMessage(content="Use the multiply tool, then answer as <answer>N</answer>."),
-        UserMessage(content=f"What is {a} * {b}?"), *turns, AssistantMessage(content=f"<answer>{answer}</answer>")])
+    turns = (
+        [AssistantMessage(content=call), ToolMessage(tool_call_id="call_1_1", content=str(a * b))] if with_tool else []
+    )
+    return Trajectory(
+        scenario_id=f"multiply-{a}x{b}",
+        tools=[MULTIPLY],
+        reward=0.0,
+        messages=[
+            SystemMessage(content="Use the multiply tool, then answer as <answer>N</answer>."),
+            UserMessage(content=f"What is {a} * {b}?"),
+            *turns,
+            AssistantMessage(content=f"<answer>{answer}</answer>"),
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +57,32 @@ def test_the_judge_ranks_a_group_of_trajectories_in_one_call(judge_engine, token
     from appliance.judge.judge import Judge
 
     groups = [
-        TrajectoryGroup(scenario_id="multiply-12x34", trajectories=[
-            _trajectory(12, 34, 408, True), _trajectory(12, 34, 400, False), _trajectory(12, 34, 12, False)]),
-        TrajectoryGroup(scenario_id="multiply-21x43", trajectories=[
-            _trajectory(21, 43, 903, True), _trajectory(21, 43, 64, False), _trajectory(21, 43, 903, False)]),
+        TrajectoryGroup(
+            scenario_id="multiply-12x34",
+            trajectories=[
+                _trajectory(12, 34, 408, True),
+                _trajectory(12, 34, 400, False),
+                _trajectory(12, 34, 12, False),
+            ],
+        ),
+        TrajectoryGroup(
+            scenario_id="multiply-21x43",
+            trajectories=[
+                _trajectory(21, 43, 903, True),
+                _trajectory(21, 43, 64, False),
+                _trajectory(21, 43, 903, False),
+            ],
+        ),
     ]
     judge = Judge(JudgeSpec(model="smollm2-135m-instruct", mode="group"), judge_engine, log_path=tmp_path / "j.jsonl")
-    scored = score_trajectories("builtin:calculator", groups, tokenizer, [WeightedReward("judge", 1.0, judge)],
-                                scale_rewards=True, max_tokens=None)
+    scored = score_trajectories(
+        "builtin:calculator",
+        groups,
+        tokenizer,
+        [WeightedReward("judge", 1.0, judge)],
+        scale_rewards=True,
+        max_tokens=None,
+    )
 
     assert judge.outcomes["ok"] >= 1, judge.outcomes  # at least one group really judged, not the neutral fallback
     scores = scored.scores.per_function["judge"]
@@ -64,7 +97,7 @@ def test_the_judge_ranks_a_group_of_trajectories_in_one_call(judge_engine, token
     assert all(len(call["scores"]) == 3 for call in ok)
     # The judge's scores are the trajectories' rewards: group advantages follow them.
     for group in range(2):
-        values = scores[3 * group:3 * group + 3]
+        values = scores[3 * group : 3 * group + 3]
         advantages = scored.advantages.advantages[group].tolist()
         if max(values) > min(values):
             assert advantages.index(max(advantages)) == values.index(max(values))

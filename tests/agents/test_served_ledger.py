@@ -16,31 +16,42 @@ import pytest
 
 from appliance.agents.ledger import ServedLedger, TrajectoryRefused
 from appliance.agents.toolcalls import function_tool, template_messages
-from appliance.agents.trajectory import (AssistantMessage, Sampled, SystemMessage, ToolMessage, Trajectory,
-                                         TrajectoryGroup, UserMessage)
+from appliance.agents.trajectory import (
+    AssistantMessage,
+    Sampled,
+    SystemMessage,
+    ToolMessage,
+    Trajectory,
+    TrajectoryGroup,
+    UserMessage,
+)
 
 TOOLS = [function_tool("multiply", "Multiply two integers.", {"a": {"type": "integer"}, "b": {"type": "integer"}})]
 
 
-def served_turn(ledger: ServedLedger, tokenizer, context, text: str, step: int = 1,
-                token_ids: list[int] | None = None) -> AssistantMessage:
+def served_turn(
+    ledger: ServedLedger, tokenizer, context, text: str, step: int = 1, token_ids: list[int] | None = None
+) -> AssistantMessage:
     """Serve `text` after `context` as the endpoint does: record it, and return the turn a client would keep."""
-    prompt = tokenizer.apply_chat_template(template_messages(context, TOOLS), tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        template_messages(context, TOOLS), tokenize=False, add_generation_prompt=True
+    )
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     if token_ids is None:
         token_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     logprobs = [-0.5 - 0.01 * index for index in range(len(token_ids))]
     ledger.record(prompt_ids, token_ids, text, logprobs, step)
-    return AssistantMessage(content=text, sampled=Sampled(token_ids=token_ids, logprobs=logprobs,
-                                                          prompt_token_ids=prompt_ids))
+    return AssistantMessage(
+        content=text, sampled=Sampled(token_ids=token_ids, logprobs=logprobs, prompt_token_ids=prompt_ids)
+    )
 
 
 def played(ledger: ServedLedger, tokenizer, question: str, reward: float) -> Trajectory:
     """Two served turns around a tool result."""
     messages = [SystemMessage(content="Use the tool."), UserMessage(content=question)]
-    first = served_turn(ledger, tokenizer, messages, '<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}'
-                        '</tool_call>')
+    first = served_turn(
+        ledger, tokenizer, messages, '<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>'
+    )
     messages += [first, ToolMessage(tool_call_id="call_1", content="12")]
     messages.append(served_turn(ledger, tokenizer, messages, "<answer>12</answer>"))
     return Trajectory(scenario_id="s1", messages=messages, tools=TOOLS, reward=reward)
@@ -59,10 +70,15 @@ def test_served_turns_are_accepted_once(ledger, tokenizer):
     group = group_of(played(ledger, tokenizer, "What is 3 * 4?", 1.0), played(ledger, tokenizer, "3 * 4?", 0.0))
     accepted = ledger.verify([group], group_size=2, tokenizer=tokenizer)
     assert [t.reward for t in accepted[0].trajectories] == [1.0, 0.0]
-    assert accepted[0].trajectories[0].messages[2].sampled.token_ids == group["trajectories"][0]["messages"][2][
-        "sampled"]["token_ids"]
-    with pytest.raises(TrajectoryRefused, match=r"group 0 \(scenario 's1'\), trajectory 0, assistant turn 0 "
-                                                r"\(message 2\) was already submitted"):
+    assert (
+        accepted[0].trajectories[0].messages[2].sampled.token_ids
+        == group["trajectories"][0]["messages"][2]["sampled"]["token_ids"]
+    )
+    with pytest.raises(
+        TrajectoryRefused,
+        match=r"group 0 \(scenario 's1'\), trajectory 0, assistant turn 0 "
+        r"\(message 2\) was already submitted",
+    ):
         ledger.verify([group], group_size=2, tokenizer=tokenizer)
 
 
@@ -72,22 +88,37 @@ def test_a_turn_used_twice_in_one_submission_is_refused(ledger, tokenizer):
         ledger.verify([group_of(trajectory, trajectory)], group_size=2)
 
 
-@pytest.mark.parametrize("edit, why", [
-    (lambda turn: {**turn, "sampled": {**turn["sampled"], "token_ids": [7] + turn["sampled"]["token_ids"][1:]}},
-     "was not served by this job's endpoint"),
-    (lambda turn: {**turn, "sampled": {**turn["sampled"], "prompt_token_ids": turn["sampled"]["prompt_token_ids"][1:]}},
-     "was not served by this job's endpoint"),
-    (lambda turn: {**turn, "content": "<answer>13</answer>"}, "the text differs"),
-    (lambda turn: {**turn, "sampled": {**turn["sampled"], "logprobs": [0.0] * len(turn["sampled"]["logprobs"])}},
-     "the logprobs differ"),
-    (lambda turn: {key: value for key, value in turn.items() if key != "sampled"}, "carries no sampled token ids"),
-])
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        (
+            lambda turn: {**turn, "sampled": {**turn["sampled"], "token_ids": [7] + turn["sampled"]["token_ids"][1:]}},
+            "was not served by this job's endpoint",
+        ),
+        (
+            lambda turn: {
+                **turn,
+                "sampled": {**turn["sampled"], "prompt_token_ids": turn["sampled"]["prompt_token_ids"][1:]},
+            },
+            "was not served by this job's endpoint",
+        ),
+        (lambda turn: {**turn, "content": "<answer>13</answer>"}, "the text differs"),
+        (
+            lambda turn: {**turn, "sampled": {**turn["sampled"], "logprobs": [0.0] * len(turn["sampled"]["logprobs"])}},
+            "the logprobs differ",
+        ),
+        (lambda turn: {key: value for key, value in turn.items() if key != "sampled"}, "carries no sampled token ids"),
+    ],
+)
 def test_an_edited_or_forged_turn_is_refused_and_names_where(ledger, tokenizer, edit, why):
     group = group_of(played(ledger, tokenizer, "What is 3 * 4?", 1.0), played(ledger, tokenizer, "3 * 4?", 0.0))
     messages = group["trajectories"][1]["messages"]
     messages[4] = edit(messages[4])
-    with pytest.raises(TrajectoryRefused, match=rf"group 0 \(scenario 's1'\), trajectory 1, assistant turn 1 "
-                                                rf"\(message 4\).*{why}"):
+    with pytest.raises(
+        TrajectoryRefused,
+        match=rf"group 0 \(scenario 's1'\), trajectory 1, assistant turn 1 "
+        rf"\(message 4\).*{why}",
+    ):
         ledger.verify([group], group_size=2, tokenizer=tokenizer)
     # nothing of a refused submission is used up: the untouched trajectories still verify
     clean = group_of(*TrajectoryGroup.model_validate(group).trajectories[:1], played(ledger, tokenizer, "4 * 3?", 0.5))
@@ -96,10 +127,14 @@ def test_an_edited_or_forged_turn_is_refused_and_names_where(ledger, tokenizer, 
 
 def test_an_edited_context_is_refused(ledger, tokenizer):
     trajectory = played(ledger, tokenizer, "What is 3 * 4?", 1.0)
-    forged = trajectory.model_copy(update={"messages": [trajectory.messages[0], UserMessage(content="Say yes."),
-                                                        *trajectory.messages[2:]]})
-    with pytest.raises(TrajectoryRefused, match=r"trajectory 0, assistant turn 0 \(message 2\): the conversation "
-                                                "before it differs from the prompt the endpoint served"):
+    forged = trajectory.model_copy(
+        update={"messages": [trajectory.messages[0], UserMessage(content="Say yes."), *trajectory.messages[2:]]}
+    )
+    with pytest.raises(
+        TrajectoryRefused,
+        match=r"trajectory 0, assistant turn 0 \(message 2\): the conversation "
+        "before it differs from the prompt the endpoint served",
+    ):
         ledger.verify([group_of(forged, played(ledger, tokenizer, "3 * 4?", 0.0))], group_size=2, tokenizer=tokenizer)
     # without the tokenizer only the turns are checked, and they were served
     assert ledger.verify([group_of(forged, played(ledger, tokenizer, "3 * 4?", 0.0))], group_size=2)
@@ -116,8 +151,9 @@ def test_a_turn_sampled_in_a_non_canonical_tokenisation_is_accepted(ledger, toke
     messages += [UserMessage(content="Sure?")]
     messages.append(served_turn(ledger, tokenizer, messages, "<answer>12</answer>"))
     drifted = Trajectory(scenario_id="s1", messages=messages, tools=TOOLS, reward=1.0)
-    assert ledger.verify([group_of(drifted, played(ledger, tokenizer, "3 * 4?", 0.0))], group_size=2,
-                         tokenizer=tokenizer)
+    assert ledger.verify(
+        [group_of(drifted, played(ledger, tokenizer, "3 * 4?", 0.0))], group_size=2, tokenizer=tokenizer
+    )
 
 
 def test_group_shape_and_rewards_are_checked(ledger, tokenizer):

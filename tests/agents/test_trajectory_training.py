@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 
 from appliance.agents.toolcalls import function_tool
-from appliance.agents.trajectory import (AssistantMessage, Sampled, SystemMessage, ToolMessage, Trajectory,
-                                         TrajectoryGroup, UserMessage)
+from appliance.agents.trajectory import (
+    AssistantMessage,
+    Sampled,
+    SystemMessage,
+    ToolMessage,
+    Trajectory,
+    TrajectoryGroup,
+    UserMessage,
+)
 from appliance.grpo.student import pack_batch
 from appliance.grpo.trajectories import EnvironmentReward, score_trajectories
 from appliance.rewards.registry import WeightedReward
@@ -22,17 +29,32 @@ def _sampled(tokenizer, text: str, first_logprob: float) -> Sampled:
 
 
 def _trajectory(tokenizer, answer: str, reward: float) -> Trajectory:
-    return Trajectory(scenario_id="multiply-12x34", tools=[MULTIPLY], reward=reward, metrics={"turns": 2.0}, messages=[
-        SystemMessage(content="Use tools."), UserMessage(content="What is 12 * 34?"),
-        AssistantMessage(content=CALL, sampled=_sampled(tokenizer, CALL, -0.5)),
-        ToolMessage(tool_call_id="call_1_1", content="408"),
-        AssistantMessage(content=answer, sampled=_sampled(tokenizer, answer, -1.5))])
+    return Trajectory(
+        scenario_id="multiply-12x34",
+        tools=[MULTIPLY],
+        reward=reward,
+        metrics={"turns": 2.0},
+        messages=[
+            SystemMessage(content="Use tools."),
+            UserMessage(content="What is 12 * 34?"),
+            AssistantMessage(content=CALL, sampled=_sampled(tokenizer, CALL, -0.5)),
+            ToolMessage(tool_call_id="call_1_1", content="408"),
+            AssistantMessage(content=answer, sampled=_sampled(tokenizer, answer, -1.5)),
+        ],
+    )
 
 
 @pytest.fixture
 def scored(tokenizer):
-    groups = [TrajectoryGroup(scenario_id="multiply-12x34", trajectories=[
-        _trajectory(tokenizer, "<answer>408</answer>", 1.2), _trajectory(tokenizer, "<answer>400</answer>", 0.2)])]
+    groups = [
+        TrajectoryGroup(
+            scenario_id="multiply-12x34",
+            trajectories=[
+                _trajectory(tokenizer, "<answer>408</answer>", 1.2),
+                _trajectory(tokenizer, "<answer>400</answer>", 0.2),
+            ],
+        )
+    ]
     rewards = [WeightedReward("environment", 1.0, EnvironmentReward())]
     return score_trajectories("builtin:calculator", groups, tokenizer, rewards, scale_rewards=True, max_tokens=None)
 
@@ -52,8 +74,12 @@ def test_a_trajectory_trains_as_one_sample_with_only_its_sampled_tokens_masked_i
         assert kept == sampled[0].logprobs + sampled[1].logprobs  # sampled logprobs kept as sampled
         assert "408" in tokenizer.decode([t for t, m in zip(sample.completion_ids, sample.train_mask) if not m])
 
-    batch = pack_batch([s.prompt_ids for s in samples], [s.completion_ids for s in samples], tokenizer.pad_token_id,
-                       [s.train_mask for s in samples])
+    batch = pack_batch(
+        [s.prompt_ids for s in samples],
+        [s.completion_ids for s in samples],
+        tokenizer.pad_token_id,
+        [s.train_mask for s in samples],
+    )
     for row, sample in enumerate(samples):
         width = len(sample.train_mask)
         assert batch.completion_mask[row, :width].tolist() == sample.train_mask
@@ -71,13 +97,32 @@ def test_sample_records_show_the_trained_mask_as_segments(tokenizer, scored):
     records = scored.sample_records(step=3, tokenizer=tokenizer, limit=8)
     assert len(records) == 2
     record = records[0]
-    assert set(record) == {"step", "kind", "environment", "scenario", "reward", "rewards", "advantage", "metrics",
-                           "messages", "segments", "trained_tokens", "context_tokens"}
+    assert set(record) == {
+        "step",
+        "kind",
+        "environment",
+        "scenario",
+        "reward",
+        "rewards",
+        "advantage",
+        "metrics",
+        "messages",
+        "segments",
+        "trained_tokens",
+        "context_tokens",
+    }
     assert (record["step"], record["kind"], record["environment"], record["scenario"]) == (
-        3, "trajectory", "builtin:calculator", "multiply-12x34")
+        3,
+        "trajectory",
+        "builtin:calculator",
+        "multiply-12x34",
+    )
     assert record["rewards"] == {"environment": 1.2} and record["reward"] == pytest.approx(1.2)
     assert record["messages"][2]["role"] == "assistant" and record["messages"][3] == {
-        "role": "tool", "tool_call_id": "call_1_1", "content": "408"}
+        "role": "tool",
+        "tool_call_id": "call_1_1",
+        "content": "408",
+    }
     trained = [s["text"] for s in record["segments"] if s["trained"]]
     assert trained == [CALL + "<|im_end|>", "<answer>408</answer><|im_end|>"]
     assert [s["trained"] for s in record["segments"]] == [False, True, False, True, False]
@@ -87,13 +132,20 @@ def test_sample_records_show_the_trained_mask_as_segments(tokenizer, scored):
 
 
 def test_an_overlong_trajectory_is_cut_at_the_bound(tokenizer):
-    group = TrajectoryGroup(scenario_id="multiply-12x34", trajectories=[
-        _trajectory(tokenizer, "<answer>408</answer>", 1.0), _trajectory(tokenizer, "<answer>1</answer>", 0.0)])
-    full = score_trajectories("c", [group], tokenizer, [WeightedReward("environment", 1.0, EnvironmentReward())],
-                              True, max_tokens=None)
+    group = TrajectoryGroup(
+        scenario_id="multiply-12x34",
+        trajectories=[
+            _trajectory(tokenizer, "<answer>408</answer>", 1.0),
+            _trajectory(tokenizer, "<answer>1</answer>", 0.0),
+        ],
+    )
+    full = score_trajectories(
+        "c", [group], tokenizer, [WeightedReward("environment", 1.0, EnvironmentReward())], True, max_tokens=None
+    )
     bound = len(full.tokens[0].tokens.input_ids) - 5  # inside the second assistant turn
-    cut = score_trajectories("c", [group], tokenizer, [WeightedReward("environment", 1.0, EnvironmentReward())],
-                             True, max_tokens=bound)
+    cut = score_trajectories(
+        "c", [group], tokenizer, [WeightedReward("environment", 1.0, EnvironmentReward())], True, max_tokens=bound
+    )
     assert cut.truncated == 2
     samples = cut.train_samples(use_engine_logprobs=True)
     assert all(len(s.prompt_ids) + len(s.completion_ids) == bound for s in samples)

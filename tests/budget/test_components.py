@@ -65,9 +65,8 @@ def test_lora_all_linear_and_an_unknown_target():
 
 def test_logits_are_batch_x_completion_x_vocab_x_4_bytes_per_copy():
     qwen = shape("Qwen2.5-7B")
-    one_more_logit_token = (
-        c.activation_bytes(qwen, 4, 1024, 513, 2, True, ATTENTION)
-        - c.activation_bytes(qwen, 4, 1024, 512, 2, True, ATTENTION)
+    one_more_logit_token = c.activation_bytes(qwen, 4, 1024, 513, 2, True, ATTENTION) - c.activation_bytes(
+        qwen, 4, 1024, 512, 2, True, ATTENTION
     )
     assert one_more_logit_token == c.LOGITS_COPIES_IN_TRAINING * 4 * 152064 * 4
 
@@ -107,10 +106,12 @@ def test_nf4_weights_match_what_bitsandbytes_allocates_for_the_bundled_model(dem
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     config = json.loads((demo_model_dir / "config.json").read_text())
-    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                      bnb_4bit_compute_dtype=torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(str(demo_model_dir), quantization_config=quantization,
-                                                 dtype=torch.float32, device_map="cpu")
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        str(demo_model_dir), quantization_config=quantization, dtype=torch.float32, device_map="cpu"
+    )
     allocated, seen = 0, set()  # tied lm_head and embeddings share one tensor
     for module in model.modules():
         for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
@@ -131,4 +132,5 @@ def test_transformers_generation_keeps_every_steps_scores_and_vllm_does_not():
     kept = c.generation_working_bytes(llama, 32, 100, 4, "hf", new_tokens=128)
     assert kept - without == 128 * 32 * llama.vocab * 4
     assert c.generation_working_bytes(llama, 32, 100, 4, "vllm", new_tokens=128) == c.generation_working_bytes(
-        llama, 32, 100, 4, "vllm")
+        llama, 32, 100, 4, "vllm"
+    )

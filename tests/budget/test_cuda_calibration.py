@@ -35,11 +35,22 @@ GB = 10**9
 TOLERANCE = 0.15
 
 # The measured shape: the test's input.
-H100_SHAPE = {"fixture": "Llama-3.1-8B", "vocab_size": 49152, "prompts": 4, "group_size": 8, "new_tokens": 128,
-              "prompt_tokens": 33, "micro_batch": 32, "compute_dtype": "bfloat16", "gradient_checkpointing": False}
+H100_SHAPE = {
+    "fixture": "Llama-3.1-8B",
+    "vocab_size": 49152,
+    "prompts": 4,
+    "group_size": 8,
+    "new_tokens": 128,
+    "prompt_tokens": 33,
+    "micro_batch": 32,
+    "compute_dtype": "bfloat16",
+    "gradient_checkpointing": False,
+}
 # rollout_weights -> (max_memory_allocated, max_memory_reserved, nvidia-smi) at the train phase's peak, bytes.
-H100_MEASURED = {"shared": (43.83 * GB, 46.55 * GB, 45193 * 2**20),
-                 "merged_copy": (63.96 * GB, 66.69 * GB, 64391 * 2**20)}
+H100_MEASURED = {
+    "shared": (43.83 * GB, 46.55 * GB, 45193 * 2**20),
+    "merged_copy": (63.96 * GB, 66.69 * GB, 64391 * 2**20),
+}
 H100_ACTIVATIONS = 38.9 * GB
 
 

@@ -6,7 +6,12 @@ import mmap
 import pytest
 
 from appliance.budget.device import (
-    cgroup_limit_bytes, cpu_total_bytes, peak_bytes, probe_device, process_rss_bytes, reset_peak,
+    cgroup_limit_bytes,
+    cpu_total_bytes,
+    peak_bytes,
+    probe_device,
+    process_rss_bytes,
+    reset_peak,
 )
 
 MEMINFO = "MemTotal:       24683520 kB\nMemFree:        16000000 kB\n"

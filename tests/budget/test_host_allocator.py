@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-PROBE = textwrap.dedent('''
+PROBE = textwrap.dedent("""
     import ctypes, sys
     from appliance.budget.host_allocator import pin_mmap_threshold
     def rss_mib():
@@ -29,7 +29,7 @@ PROBE = textwrap.dedent('''
     peak = rss_mib()
     del blocks
     print(pinned, round(peak), round(rss_mib()))
-''')
+""")
 
 
 def probe(mode: str) -> tuple[bool, float, float]:
@@ -43,5 +43,5 @@ def test_pinned_threshold_returns_freed_6_mib_blocks_and_the_default_keeps_them(
     pinned, peak, after = probe("pin")
     default_pinned, default_peak, default_after = probe("default")
     assert pinned and not default_pinned
-    assert peak - after >= 300                  # the 384 MiB went back to the OS
-    assert default_peak - default_after < 100   # the default kept them in the heap
+    assert peak - after >= 300  # the 384 MiB went back to the OS
+    assert default_peak - default_after < 100  # the default kept them in the heap

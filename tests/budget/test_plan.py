@@ -100,7 +100,8 @@ def test_suggestions_combine_changes_when_no_single_one_is_enough(configs):
         "judge: {model: /models/Qwen3-8B, quantization: none}\nrewards: [{name: judge}]\n"
         "grpo: {group_size: 16, prompts_per_step: 16, max_new_tokens: 1024, max_prompt_tokens: 1024}\n"
         "student: {model: /models/Qwen2.5-7B-Instruct, gradient_checkpointing: false}\n".replace(
-            "student: {model: /models/Qwen2.5-7B-Instruct}\n", "", 1)
+            "student: {model: /models/Qwen2.5-7B-Instruct}\n", "", 1
+        )
     )
     plan = plan_job(job, *configs, gpu(16))
     assert not plan.fits
@@ -120,8 +121,12 @@ def test_judge_sharing_the_student_base_holds_no_judge_weights(configs):
 
 
 def test_auto_fit_batches_grow_with_the_budget(job, configs):
-    plans = [plan_job(job.model_copy(update={"judge": job.judge.model_copy(update={"quantization": "nf4"})}),
-                      *configs, gpu(gib)) for gib in (24, 40, 80, 192)]
+    plans = [
+        plan_job(
+            job.model_copy(update={"judge": job.judge.model_copy(update={"quantization": "nf4"})}), *configs, gpu(gib)
+        )
+        for gib in (24, 40, 80, 192)
+    ]
     assert all(plan.fits for plan in plans)
     micro = [plan.choices.micro_batch_size for plan in plans]
     rollout = [plan.choices.rollout_batch for plan in plans]
@@ -131,8 +136,11 @@ def test_auto_fit_batches_grow_with_the_budget(job, configs):
     # counts the fp32 LoRA input copies of a bf16 student, 160 GiB is no longer enough for both).
     assert not plans[-1].choices.time_share
     assert plans[-1].choices.rollout_weights == "merged_copy"
-    assert all(set(plan.choices.reasons) >= {"micro_batch_size", "gradient_checkpointing", "rollout_weights",
-                                             "time_share", "rollout_batch"} for plan in plans)
+    assert all(
+        set(plan.choices.reasons)
+        >= {"micro_batch_size", "gradient_checkpointing", "rollout_weights", "time_share", "rollout_batch"}
+        for plan in plans
+    )
 
 
 def test_checkpointing_is_chosen_only_when_needed(configs):
@@ -167,7 +175,15 @@ def test_a_memory_budget_in_bytes_is_used_as_given(configs):
 def test_to_dict_carries_every_number_in_bytes(job, configs):
     document = plan_job(job, *configs, gpu(80)).to_dict()
     assert document["fits"] is True
-    assert set(document["components"]) >= {"student_weights", "student_lora", "optimizer", "activations",
-                                            "rollout_kv", "judge_weights", "judge_kv", "runtime"}
+    assert set(document["components"]) >= {
+        "student_weights",
+        "student_lora",
+        "optimizer",
+        "activations",
+        "rollout_kv",
+        "judge_weights",
+        "judge_kv",
+        "runtime",
+    }
     assert document["choices"]["rollout_kv_bytes"] == document["phases"]["generate"]["resident"]["rollout_kv"]
     assert all(isinstance(v, int) for v in document["components"].values())

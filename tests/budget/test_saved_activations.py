@@ -30,9 +30,16 @@ def tiny_llama(source, target):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=1024, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                         tie_word_embeddings=False, pad_token_id=2)
+    config = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        tie_word_embeddings=False,
+        pad_token_id=2,
+    )
     LlamaForCausalLM(config).save_pretrained(target)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(source / name, target / name)
@@ -64,8 +71,14 @@ def saved_bytes_per_layer(student: Student) -> dict[int, int]:
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_saved_tensors_match_the_activation_model(dtype, demo_model_dir, tmp_path):
     config = tiny_llama(demo_model_dir, tmp_path)
-    spec = StudentSpec.model_validate({"model": str(tmp_path), "quantization": "nf4", "compute_dtype": dtype,
-                                       "lora": {"rank": 16, "alpha": 32, "target_modules": TARGETS}})
+    spec = StudentSpec.model_validate(
+        {
+            "model": str(tmp_path),
+            "quantization": "nf4",
+            "compute_dtype": dtype,
+            "lora": {"rank": 16, "alpha": 32, "target_modules": TARGETS},
+        }
+    )
     per_layer = saved_bytes_per_layer(Student(spec, tmp_path, "cpu"))
     tokens = BATCH * (PROMPT + COMPLETION)
     planned = c._saved_per_token_per_layer(shape_from_config(config), TARGETS, 4 if dtype == "float32" else 2)

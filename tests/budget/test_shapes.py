@@ -21,9 +21,15 @@ def test_kv_bytes_per_token_in_bf16_match_the_model_cards(name, kib):
 
 
 # Totals published on the model cards (Llama 8.03B, Qwen2.5 7.61B, Qwen3 8.19B, Gemma-2 9.24B).
-@pytest.mark.parametrize(("name", "billions"), [
-    ("Llama-3.1-8B", 8.03), ("Qwen2.5-7B", 7.61), ("Qwen3-8B", 8.19), ("Gemma-2-9B", 9.24),
-])
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [
+        ("Llama-3.1-8B", 8.03),
+        ("Qwen2.5-7B", 7.61),
+        ("Qwen3-8B", 8.19),
+        ("Gemma-2-9B", 9.24),
+    ],
+)
 def test_parameter_counts_match_the_model_cards(name, billions):
     assert shape(name).total_params / 1e9 == pytest.approx(billions, abs=0.01)
 
@@ -72,10 +78,15 @@ def test_bundled_model_shape_matches_its_safetensors(demo_model_dir):
     assert smol.kv_bytes_per_token(4) == 2 * 30 * 3 * 64 * 4
 
 
-@pytest.mark.parametrize(("reference", "fixture"), [
-    ("/models/Qwen2.5-7B-Instruct", "Qwen2.5-7B"), ("qwen3-8b", "Qwen3-8B"),
-    ("meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B"), ("/models/gemma-2-9b-it/", "Gemma-2-9B"),
-])
+@pytest.mark.parametrize(
+    ("reference", "fixture"),
+    [
+        ("/models/Qwen2.5-7B-Instruct", "Qwen2.5-7B"),
+        ("qwen3-8b", "Qwen3-8B"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B"),
+        ("/models/gemma-2-9b-it/", "Gemma-2-9B"),
+    ],
+)
 def test_model_references_find_their_shipped_shape(reference, fixture):
     assert fixture_for(reference).stem == fixture
 

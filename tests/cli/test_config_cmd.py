@@ -65,8 +65,17 @@ def test_three_mistakes_give_three_lines(files, store_data_dir, capsys):
 
 
 def test_several_files_report_every_error_of_every_file(files, store_data_dir, capsys):
-    code = main(["config", "check", str(files["three"]), str(files["valid"]), str(files["empty"]),
-                 "--data-dir", str(store_data_dir)])
+    code = main(
+        [
+            "config",
+            "check",
+            str(files["three"]),
+            str(files["valid"]),
+            str(files["empty"]),
+            "--data-dir",
+            str(store_data_dir),
+        ]
+    )
 
     out, err = capsys.readouterr()
     assert code == EXIT_BAD_INPUT
@@ -76,8 +85,9 @@ def test_several_files_report_every_error_of_every_file(files, store_data_dir, c
 
 
 def test_json_document_lists_errors_per_file(files, store_data_dir, capsys):
-    code = main(["config", "check", str(files["valid"]), str(files["three"]), "--json",
-                 "--data-dir", str(store_data_dir)])
+    code = main(
+        ["config", "check", str(files["valid"]), str(files["three"]), "--json", "--data-dir", str(store_data_dir)]
+    )
 
     out, err = capsys.readouterr()
     document = json.loads(out)
@@ -87,17 +97,22 @@ def test_json_document_lists_errors_per_file(files, store_data_dir, capsys):
     assert valid == {"file": str(files["valid"]), "valid": True, "name": "ok-job", "errors": []}
     assert three["valid"] is False and three["name"] is None
     assert [(e["line"], e["key"]) for e in three["errors"]] == [
-        (4, "student.quantisation"), (6, "grpo.epsilon"), (9, "rewards[0].name")]
+        (4, "student.quantisation"),
+        (6, "grpo.epsilon"),
+        (9, "rewards[0].name"),
+    ]
 
 
 def test_no_model_check_accepts_models_of_another_box(tmp_path, capsys):
     job = tmp_path / "gpu.yaml"
-    job.write_text(textwrap.dedent("""\
+    job.write_text(
+        textwrap.dedent("""\
         name: gpu
         student: {model: /models/Qwen2.5-7B-Instruct}
         task: {dataset: builtin:gsm8k}
         rewards: [{name: correctness}]
-        """))
+        """)
+    )
     empty_data_dir = tmp_path / "data"
 
     checked = main(["config", "check", str(job), "--data-dir", str(empty_data_dir)])
@@ -105,8 +120,10 @@ def test_no_model_check_accepts_models_of_another_box(tmp_path, capsys):
     skipped = main(["config", "check", str(job), "--no-model-check", "--data-dir", str(empty_data_dir)])
 
     assert checked == EXIT_BAD_INPUT
-    assert checked_err == f"{job}:2:student.model: model folder /models/Qwen2.5-7B-Instruct does not exist; " \
-                          "give a Hugging Face model folder or a name from the model store\n"
+    assert (
+        checked_err == f"{job}:2:student.model: model folder /models/Qwen2.5-7B-Instruct does not exist; "
+        "give a Hugging Face model folder or a name from the model store\n"
+    )
     assert skipped == EXIT_OK
 
 

@@ -31,8 +31,9 @@ def test_greedy_samples_are_refused_naming_the_flags(tmp_path, store_data_dir, c
     code = main(["eval", str(job), "--samples", "3", "--data-dir", str(store_data_dir)])
     error = capsys.readouterr().err
     assert code == EXIT_BAD_INPUT
-    assert error.startswith("error: --temperature 0 with --samples 3") and "greedy samples would all be the same" \
-        in error
+    assert (
+        error.startswith("error: --temperature 0 with --samples 3") and "greedy samples would all be the same" in error
+    )
 
 
 def test_an_agent_job_takes_no_dataset(tmp_path, store_data_dir, capsys):
@@ -45,8 +46,9 @@ def test_an_agent_job_takes_no_dataset(tmp_path, store_data_dir, capsys):
 
 
 @pytest.mark.model
-def test_an_agent_job_is_evaluated_on_its_environment_sampled_as_asked(tiny_model_dir, tmp_path, fresh_data_dir,
-                                                                      capsys):
+def test_an_agent_job_is_evaluated_on_its_environment_sampled_as_asked(
+    tiny_model_dir, tmp_path, fresh_data_dir, capsys
+):
     job = yaml.safe_load(tiny_job(tiny_model_dir, tmp_path).read_text())
     job["task"] = {"environment": "builtin:calculator", "max_turns": 1}
     job["rewards"] = [{"name": "environment"}]
@@ -59,8 +61,23 @@ def test_an_agent_job_is_evaluated_on_its_environment_sampled_as_asked(tiny_mode
     assert (from_keys["problems"], from_keys["samples"], from_keys["draws"], from_keys["temperature"]) == (2, 3, 6, 1.0)
     assert from_keys["adapter"] is None and from_keys["examples"][0]["messages"][0]["role"] == "system"
 
-    assert main(["eval", str(path), "--temperature", "0", "--samples", "1", "--limit", "1",
-                 "--data-dir", str(fresh_data_dir)]) == EXIT_OK
+    assert (
+        main(
+            [
+                "eval",
+                str(path),
+                "--temperature",
+                "0",
+                "--samples",
+                "1",
+                "--limit",
+                "1",
+                "--data-dir",
+                str(fresh_data_dir),
+            ]
+        )
+        == EXIT_OK
+    )
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("tiny (base model) on 1 scenarios: success ") and "temperature" not in line
 
@@ -71,4 +88,3 @@ def test_question_job_keys_are_read_from_the_job(tmp_path, store_data_dir, capsy
     job.write_text(QUESTION_JOB + "checkpoint: {eval_samples: 2}\n")
     assert main(["eval", str(job), "--data-dir", str(store_data_dir)]) == EXIT_BAD_INPUT
     assert "checkpoint: eval_samples: 2 greedy samples would all be the same" in capsys.readouterr().err
-

@@ -28,8 +28,7 @@ def test_24gib_exits_3_with_the_overflow_and_a_change_that_fits(capsys, tmp_path
     captured = capsys.readouterr()
     assert "overflowing: judge_weights 15.26 GiB" in captured.out
     assert "judge.quantization: nf4" in captured.out
-    assert "more than the 21.60 GiB budget (overflowing: judge_weights); change judge.quantization: nf4" \
-        in captured.err
+    assert "more than the 21.60 GiB budget (overflowing: judge_weights); change judge.quantization: nf4" in captured.err
 
 
 def test_24gib_with_the_suggested_change_fits_time_shared(capsys, tmp_path):
@@ -49,8 +48,12 @@ def test_8gib_refuses(capsys, tmp_path):
 def test_json_is_one_document_in_bytes(capsys, tmp_path):
     assert main(["plan", GPU_EXAMPLE, "--device-memory", "80GiB", "--json", "--data-dir", str(tmp_path)]) == EXIT_OK
     document = json.loads(capsys.readouterr().out)
-    assert document["device"] == {"kind": "cuda", "name": "(--device-memory)", "total_bytes": 80 * 2**30,
-                                  "used_bytes": 0}
+    assert document["device"] == {
+        "kind": "cuda",
+        "name": "(--device-memory)",
+        "total_bytes": 80 * 2**30,
+        "used_bytes": 0,
+    }
     assert document["budget_bytes"] == int(0.9 * 80 * 2**30)
     assert document["peak_bytes"] <= document["budget_bytes"]
     assert document["model_configs"]["judge"] == "shipped shape Qwen3-8B"
@@ -59,8 +62,19 @@ def test_json_is_one_document_in_bytes(capsys, tmp_path):
 def test_model_config_overrides_the_shipped_shape(capsys, tmp_path):
     # Plan the Qwen2.5 student with Llama-3.1-8B's shape: its 128 KiB per token KV cache shows up.
     llama = fixture_for("Llama-3.1-8B")
-    assert main(["plan", GPU_EXAMPLE, "--device-memory", "80GiB", "--json", "--data-dir", str(tmp_path),
-                 "--model-config", f"/models/Qwen2.5-7B-Instruct={llama}"]) in (EXIT_OK, EXIT_DOES_NOT_FIT)
+    assert main(
+        [
+            "plan",
+            GPU_EXAMPLE,
+            "--device-memory",
+            "80GiB",
+            "--json",
+            "--data-dir",
+            str(tmp_path),
+            "--model-config",
+            f"/models/Qwen2.5-7B-Instruct={llama}",
+        ]
+    ) in (EXIT_OK, EXIT_DOES_NOT_FIT)
     document = json.loads(capsys.readouterr().out)
     assert document["model_configs"]["student"] == str(llama)
     choices = document["choices"]
@@ -68,8 +82,19 @@ def test_model_config_overrides_the_shipped_shape(capsys, tmp_path):
 
 
 def test_the_bundled_model_is_planned_from_the_model_store_on_the_cpu(capsys, store_data_dir):
-    code = main(["plan", str(EXAMPLES / "multiply-judge.yaml"), "--device", "cpu", "--device-memory", "16GiB",
-                 "--json", "--data-dir", str(store_data_dir)])
+    code = main(
+        [
+            "plan",
+            str(EXAMPLES / "multiply-judge.yaml"),
+            "--device",
+            "cpu",
+            "--device-memory",
+            "16GiB",
+            "--json",
+            "--data-dir",
+            str(store_data_dir),
+        ]
+    )
     assert code == EXIT_OK
     document = json.loads(capsys.readouterr().out)
     assert document["model_configs"]["student"].endswith("smollm2-135m-instruct/config.json")
@@ -84,10 +109,13 @@ def test_a_model_without_a_config_says_how_to_supply_one(capsys, tmp_path):
     assert "student.model" in err and "--model-config /models/Mistral-7B-v0.3=path/to/config.json" in err
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--device-memory", "lots"], "--device-memory: 'lots' is not a size"),
-    (["--device-memory", "80GiB", "--model-config", "nonsense"], "write NAME=path/to/config.json"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--device-memory", "lots"], "--device-memory: 'lots' is not a size"),
+        (["--device-memory", "80GiB", "--model-config", "nonsense"], "write NAME=path/to/config.json"),
+    ],
+)
 def test_bad_arguments_exit_2_naming_the_option(capsys, tmp_path, args, message):
     assert main(["plan", GPU_EXAMPLE, "--data-dir", str(tmp_path), *args]) == EXIT_BAD_INPUT
     assert message in capsys.readouterr().err

@@ -19,8 +19,9 @@ NOISE = ("Loading weights", "it/s]")
 def _in_a_terminal(argv: list[str], timeout: float = 600) -> str:
     """Run argv with a pseudo-terminal as stdout and stderr (as a person at an SSH prompt would) and read it all."""
     controller, terminal = pty.openpty()
-    process = subprocess.Popen(argv, stdout=terminal, stderr=terminal, stdin=subprocess.DEVNULL,
-                               env={**os.environ, "COLUMNS": "120"})
+    process = subprocess.Popen(
+        argv, stdout=terminal, stderr=terminal, stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "120"}
+    )
     os.close(terminal)
     chunks = []
     try:
@@ -40,12 +41,16 @@ def _in_a_terminal(argv: list[str], timeout: float = 600) -> str:
 
 
 def test_the_terminal_shows_steps_and_a_progress_bar_and_the_log_keeps_the_library_output(
-        tiny_model_dir, tmp_path, fresh_data_dir):
+    tiny_model_dir, tmp_path, fresh_data_dir
+):
     job = tiny_job(tiny_model_dir, tmp_path, grpo={"steps": 2})
     shown = _in_a_terminal([sys.executable, "-m", "appliance", "train", str(job), "--data-dir", str(fresh_data_dir)])
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)  # cursor and colour codes of the bar
-    lines = [line.strip() for line in plain.replace("\r", "\n").splitlines()
-             if line.strip() and not line.strip().startswith("training ")]  # the bar's own renders
+    lines = [
+        line.strip()
+        for line in plain.replace("\r", "\n").splitlines()
+        if line.strip() and not line.strip().startswith("training ")
+    ]  # the bar's own renders
     assert lines[0].startswith("job 'tiny' in ") and "2 steps" in lines[0]
     assert any(line.startswith("step    1/2  reward") for line in lines)
     assert any(line.startswith("step    2/2  reward") for line in lines)
@@ -58,8 +63,12 @@ def test_the_terminal_shows_steps_and_a_progress_bar_and_the_log_keeps_the_libra
 
 def test_verbose_lets_the_library_output_through(tiny_model_dir, tmp_path, fresh_data_dir):
     job = tiny_job(tiny_model_dir, tmp_path, grpo={"steps": 1})
-    done = subprocess.run([sys.executable, "-m", "appliance", "train", str(job), "--data-dir", str(fresh_data_dir),
-                           "--verbose"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "appliance", "train", str(job), "--data-dir", str(fresh_data_dir), "--verbose"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Loading weights" in done.stdout + done.stderr
     assert "step    1/1  reward" in done.stdout and "ETA" not in done.stdout  # no bar when stdout is not a terminal

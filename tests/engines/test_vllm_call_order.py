@@ -75,7 +75,11 @@ class RecordingLLM:
                     token_ids=[5, 6, 2],
                     text="ok",
                     # vLLM returns one {token_id: Logprob} dict per position.
-                    logprobs=[{5: SimpleNamespace(logprob=-0.5)}, {6: SimpleNamespace(logprob=-1.0)}, {2: SimpleNamespace(logprob=-0.25)}],
+                    logprobs=[
+                        {5: SimpleNamespace(logprob=-0.5)},
+                        {6: SimpleNamespace(logprob=-1.0)},
+                        {2: SimpleNamespace(logprob=-0.25)},
+                    ],
                     finish_reason="stop",
                 )
                 for _ in range(params.n)
@@ -86,7 +90,10 @@ class RecordingLLM:
 
 def fake_vllm_api():
     return SimpleNamespace(
-        LLM=RecordingLLM, SamplingParams=lambda **kw: SimpleNamespace(**kw), LoRARequest=FakeLoRARequest, TokensPrompt=dict
+        LLM=RecordingLLM,
+        SamplingParams=lambda **kw: SimpleNamespace(**kw),
+        LoRARequest=FakeLoRARequest,
+        TokensPrompt=dict,
     )
 
 
@@ -196,7 +203,12 @@ def test_generate_returns_sampled_token_logprobs_and_counts_tokens(model_dir):
 
     assert [len(group) for group in results] == [2, 2]
     first = results[1][0]
-    assert (first.prompt_index, first.token_ids, first.logprobs, first.finish_reason) == (1, [5, 6, 2], [-0.5, -1.0, -0.25], "stop")
+    assert (first.prompt_index, first.token_ids, first.logprobs, first.finish_reason) == (
+        1,
+        [5, 6, 2],
+        [-0.5, -1.0, -0.25],
+        "stop",
+    )
     assert engine.counters.generated_tokens == 12
     assert engine.counters.prompt_tokens == 8
     assert engine.counters.calls == 1
@@ -245,7 +257,11 @@ def test_engines_for_a_job_take_rank_lengths_and_kv_from_the_job_and_plan(model_
     judge = VLLMEngine.for_judge(spec, model_dir, kv_cache_bytes=2 * GIB, device="cuda", vllm_api=fake_vllm_api())
 
     s, j = student.llm.llm_args, judge.llm.llm_args
-    assert (s["max_lora_rank"], s["max_model_len"], s["kv_cache_memory_bytes"]) == (8, 256 + 32, 5 * GIB)  # rank 4 -> vLLM's 8
+    assert (s["max_lora_rank"], s["max_model_len"], s["kv_cache_memory_bytes"]) == (
+        8,
+        256 + 32,
+        5 * GIB,
+    )  # rank 4 -> vLLM's 8
     assert (s["served_model_name"], j["served_model_name"]) == ("smollm2-135m-instruct", "smollm2-135m-instruct-judge")
     # Group mode: the judge's prompt carries the whole group, then it writes its verdict.
     assert (j["max_model_len"], j["kv_cache_memory_bytes"], j["enable_lora"]) == (256 + 4 * 32 + 64, 2 * GIB, False)

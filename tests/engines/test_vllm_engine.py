@@ -74,7 +74,9 @@ def test_sampled_logprobs_match_transformers(engine, hf_model):
 
     prompts = [engine.render_chat([{"role": "user", "content": question}]) for question in QUESTIONS]
     tokens_before = engine.counters.generated_tokens
-    metric_before = sample_value(engine.metrics_snapshot()["families"], "vllm:generation_tokens_total", model_name="student")
+    metric_before = sample_value(
+        engine.metrics_snapshot()["families"], "vllm:generation_tokens_total", model_name="student"
+    )
 
     results = engine.generate(prompts, Sampling(max_new_tokens=16, n=2, temperature=TEMPERATURE, seed=1))
 
@@ -97,7 +99,9 @@ def test_sampled_logprobs_match_transformers(engine, hf_model):
 
     generated = sum(len(c.token_ids) for group in results for c in group)
     assert engine.counters.generated_tokens - tokens_before == generated
-    metric_after = sample_value(engine.metrics_snapshot()["families"], "vllm:generation_tokens_total", model_name="student")
+    metric_after = sample_value(
+        engine.metrics_snapshot()["families"], "vllm:generation_tokens_total", model_name="student"
+    )
     assert metric_after - (metric_before or 0.0) == generated
 
 
@@ -157,8 +161,12 @@ def test_judge_engine_beside_the_student_keeps_metrics_apart(engine, demo_model_
     from appliance.engines.vllm_engine import VLLMEngine
     from appliance.engines.vllm_metrics import sample_value
 
-    student_before = sample_value(engine.metrics_snapshot()["families"], "vllm:generation_tokens_total", model_name="student")
-    judge = VLLMEngine(demo_model_dir, model_name="judge", kv_cache_bytes=GIB, max_model_len=512, dtype="float32", enable_lora=False)
+    student_before = sample_value(
+        engine.metrics_snapshot()["families"], "vllm:generation_tokens_total", model_name="student"
+    )
+    judge = VLLMEngine(
+        demo_model_dir, model_name="judge", kv_cache_bytes=GIB, max_model_len=512, dtype="float32", enable_lora=False
+    )
     try:
         print(f"\njudge engine start: {judge.start_seconds:.1f} s")
         prompt = judge.render_chat([{"role": "user", "content": "Score this answer from 0 to 10: 56"}])
@@ -169,10 +177,15 @@ def test_judge_engine_beside_the_student_keeps_metrics_apart(engine, demo_model_
 
     assert len(group[0].token_ids) >= 1
     assert judge_snapshot["model_name"] == "judge"
-    assert sample_value(judge_snapshot["families"], "vllm:generation_tokens_total", model_name="judge") == len(group[0].token_ids)
+    assert sample_value(judge_snapshot["families"], "vllm:generation_tokens_total", model_name="judge") == len(
+        group[0].token_ids
+    )
     assert sample_value(judge_snapshot["families"], "vllm:generation_tokens_total", model_name="student") is None
     assert student_before is not None
-    assert sample_value(student_snapshot["families"], "vllm:generation_tokens_total", model_name="student") == student_before
+    assert (
+        sample_value(student_snapshot["families"], "vllm:generation_tokens_total", model_name="student")
+        == student_before
+    )
 
 
 # Probability scoring: expected scores on 0..1. Both sides are fp32 and the per-token
@@ -183,8 +196,9 @@ def test_judge_engine_beside_the_student_keeps_metrics_apart(engine, demo_model_
 EXPECTED_SCORE_BOUND = 2e-3
 
 
-def test_judge_probability_scores_match_transformers_and_reasoned_answers_are_constrained(engine, hf_model,
-                                                                                        demo_model_dir):
+def test_judge_probability_scores_match_transformers_and_reasoned_answers_are_constrained(
+    engine, hf_model, demo_model_dir
+):
     from appliance.config.schema import JudgeSpec
     from appliance.engines.hf import HFEngine
     from appliance.judge import Judge
@@ -196,8 +210,10 @@ def test_judge_probability_scores_match_transformers_and_reasoned_answers_are_co
         engine.update_adapter(None, engine.adapter_version + 1)  # judge with the base weights, like transformers
     reference = HFEngine(hf_model, load_tokenizer(demo_model_dir), "reference")
     rows = load_rows(shipped_set_path())[:4]  # two multiply questions, two answers each
-    samples = [RewardSample(prompt=r.question, completion=r.response, reference=r.reference, group=i // 2)
-               for i, r in enumerate(rows)]
+    samples = [
+        RewardSample(prompt=r.question, completion=r.response, reference=r.reference, group=i // 2)
+        for i, r in enumerate(rows)
+    ]
     gaps = []
     for mode in ("pointwise", "group"):
         spec = JudgeSpec(model="smollm2-135m-instruct", mode=mode, scoring="probabilities", cache=False)
@@ -249,19 +265,27 @@ def test_the_student_endpoint_serves_over_vllm_and_its_ledger_checks_what_vllm_s
 
         played = [group.model_dump(mode="json") for group in asyncio.run(rollouts())]
         assert engine.counters.calls - calls_before == 2  # one vLLM generate per chat request
-        turns = [m for t in played[0]["trajectories"] for m in t["messages"][t["context_messages"]:]
-                 if m["role"] == "assistant"]
+        turns = [
+            m
+            for t in played[0]["trajectories"]
+            for m in t["messages"][t["context_messages"] :]
+            if m["role"] == "assistant"
+        ]
         assert len(turns) == 2 and all(turn["sampled"]["token_ids"] for turn in turns)
         assert all(len(t["sampled"]["logprobs"]) == len(t["sampled"]["token_ids"]) for t in turns)
         assert "<tools>" in engine.tokenizer.decode(turns[0]["sampled"]["prompt_token_ids"])
 
         def submit(groups):
-            return httpx.post(source.url.removesuffix("/v1") + SUBMIT_ROUTE, json={"groups": groups}, timeout=120,
-                              headers={"Authorization": f"Bearer {source.token}"})
+            return httpx.post(
+                source.url.removesuffix("/v1") + SUBMIT_ROUTE,
+                json={"groups": groups},
+                timeout=120,
+                headers={"Authorization": f"Bearer {source.token}"},
+            )
 
         forged = json.loads(json.dumps(played))
         trajectory = forged[0]["trajectories"][1]
-        turn = next(m for m in trajectory["messages"][trajectory["context_messages"]:] if m["role"] == "assistant")
+        turn = next(m for m in trajectory["messages"][trajectory["context_messages"] :] if m["role"] == "assistant")
         turn["sampled"]["logprobs"][0] += 0.5
         refused = submit(forged)
         assert refused.status_code == 422 and "the logprobs differ" in refused.json()["error"]["message"]

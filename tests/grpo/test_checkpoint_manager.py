@@ -20,6 +20,7 @@ def payload(size: int = 1000):
         for name in PAYLOAD:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_bytes(b"x" * size)
+
     return write
 
 
@@ -75,8 +76,10 @@ def test_a_damaged_state_file_is_skipped_and_missing_payload_is_reported(tmp_pat
 def test_best_is_a_symlink_flipped_atomically_and_never_missing(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=2)
     for step, value in ((1, 0.2), (4, 0.5)):
-        manager.update_best(lambda folder, s=step: (folder / "adapter_model.safetensors").write_text(f"v{s}"),
-                            {"step": step, "value": value, "metric": "reward_mean"})
+        manager.update_best(
+            lambda folder, s=step: (folder / "adapter_model.safetensors").write_text(f"v{s}"),
+            {"step": step, "value": value, "metric": "reward_mean"},
+        )
         assert manager.best_dir.is_symlink()
         assert (manager.best_dir / "adapter_model.safetensors").read_text() == f"v{step}"
     assert manager.best_state() == {"step": 4, "value": 0.5, "metric": "reward_mean"}
@@ -87,16 +90,21 @@ def test_best_is_a_symlink_flipped_atomically_and_never_missing(tmp_path):
 def test_resume_reconciles_a_dangling_best_from_the_checkpoint_state(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=3)
     write = payload()
-    manager.save(2, lambda folder: (write(folder), (folder / "adapter" / "adapter_model.safetensors")
-                                    .write_text("adapter at 2")), {"best": {"step": 2, "value": 0.7}})
-    manager.update_best(lambda folder: (folder / "adapter_model.safetensors").write_text("later"),
-                        {"step": 3, "value": 0.9})
+    manager.save(
+        2,
+        lambda folder: (write(folder), (folder / "adapter" / "adapter_model.safetensors").write_text("adapter at 2")),
+        {"best": {"step": 2, "value": 0.7}},
+    )
+    manager.update_best(
+        lambda folder: (folder / "adapter_model.safetensors").write_text("later"), {"step": 3, "value": 0.9}
+    )
     shutil.rmtree(manager.best_versions)  # best/ now dangles
     state = manager.reconcile_best(manager.latest())
     assert state == {"step": 2, "value": 0.7}
     assert (manager.best_dir / "adapter_model.safetensors").read_text() == "adapter at 2"
-    manager.update_best(lambda folder: (folder / "adapter_model.safetensors").write_text("v5"),
-                        {"step": 5, "value": 1.0})
+    manager.update_best(
+        lambda folder: (folder / "adapter_model.safetensors").write_text("v5"), {"step": 5, "value": 1.0}
+    )
     assert manager.reconcile_best(manager.latest()) == {"step": 5, "value": 1.0}  # a readable best/ is kept
 
 
@@ -115,10 +123,13 @@ def test_too_little_free_space_is_refused_before_writing_naming_folder_and_bytes
     assert _steps(manager) == [1] and not list(manager.root.glob(".tmp-*"))
 
 
-@pytest.mark.parametrize("failure", [
-    OSError(errno.ENOSPC, "No space left on device"),
-    RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4160 vs 4054"),
-])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4160 vs 4054"),
+    ],
+)
 def test_a_write_that_fails_for_space_becomes_disk_full_and_keeps_the_last_checkpoint(tmp_path, failure):
     manager = CheckpointManager(tmp_path, keep_last=3)
     manager.save(1, payload(), {})

@@ -14,16 +14,21 @@ NORMALIZER = StepNormalizer(sequences=2, tokens=5, micro_batches=1, max_new_toke
 
 def _on_policy_loss(loss_type):
     logp = torch.zeros(2, 3, requires_grad=True)
-    return logp, policy_loss(logp, logp.detach(), ADVANTAGES, MASK, loss_type, NORMALIZER, epsilon=0.2, epsilon_high=0.28)
+    return logp, policy_loss(
+        logp, logp.detach(), ADVANTAGES, MASK, loss_type, NORMALIZER, epsilon=0.2, epsilon_high=0.28
+    )
 
 
 # With ratio 1 every token's loss is -A: row 0 gives [-1, -1], row 1 gives [2, 2, 2]; masked sum 4.
-@pytest.mark.parametrize("loss_type, expected", [
-    ("grpo", (-1.0 + 2.0) / 2),      # mean of per-sequence token means
-    ("bnpo", 4.0 / 5),               # over the 5 real tokens of the batch
-    ("dr_grpo", 4.0 / (2 * 4)),      # over N * max_new_tokens
-    ("dapo", 4.0 / 5),               # over the step's 5 tokens
-])
+@pytest.mark.parametrize(
+    "loss_type, expected",
+    [
+        ("grpo", (-1.0 + 2.0) / 2),  # mean of per-sequence token means
+        ("bnpo", 4.0 / 5),  # over the 5 real tokens of the batch
+        ("dr_grpo", 4.0 / (2 * 4)),  # over N * max_new_tokens
+        ("dapo", 4.0 / 5),  # over the step's 5 tokens
+    ],
+)
 def test_aggregations(loss_type, expected):
     _, output = _on_policy_loss(loss_type)
     assert float(output.loss.detach()) == pytest.approx(expected)
@@ -50,8 +55,12 @@ def test_micro_batches_add_up_to_the_whole_step():
     for loss_type in ("grpo", "dr_grpo", "dapo"):
         whole = policy_loss(logp, old, ADVANTAGES, MASK, loss_type, NORMALIZER, 0.2, 0.28).loss
         split = StepNormalizer(2, 5, 2, 4)
-        parts = sum(policy_loss(logp[i:i + 1], old[i:i + 1], ADVANTAGES[i:i + 1], MASK[i:i + 1], loss_type, split, 0.2,
-                                0.28).loss for i in range(2))
+        parts = sum(
+            policy_loss(
+                logp[i : i + 1], old[i : i + 1], ADVANTAGES[i : i + 1], MASK[i : i + 1], loss_type, split, 0.2, 0.28
+            ).loss
+            for i in range(2)
+        )
         assert float(parts) == pytest.approx(float(whole)), loss_type
 
 
@@ -71,8 +80,8 @@ def test_clipping_is_asymmetric_with_epsilon_high():
 def test_clipping_only_binds_in_the_direction_of_the_advantage():
     mask = torch.ones(1, 1)
     zero = torch.zeros(1, 1)
-    high = torch.tensor([[0.5]])   # ratio e^0.5 = 1.6487
-    low = torch.tensor([[-0.5]])   # ratio e^-0.5 = 0.6065
+    high = torch.tensor([[0.5]])  # ratio e^0.5 = 1.6487
+    low = torch.tensor([[-0.5]])  # ratio e^-0.5 = 0.6065
     loss, _, _, clipped = per_token_loss(high, zero, torch.tensor([1.0]), mask, 0.2, 0.28)
     assert float(loss) == pytest.approx(-1.28) and bool(clipped)
     loss, _, _, clipped = per_token_loss(high, zero, torch.tensor([-1.0]), mask, 0.2, 0.28)
@@ -84,14 +93,23 @@ def test_clipping_only_binds_in_the_direction_of_the_advantage():
 def test_k3_kl_term():
     logp = torch.zeros(1, 2)
     ref = torch.tensor([[0.5, 0.0]])
-    loss, kl, _, _ = per_token_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), 0.2, 0.28, beta=0.1, ref_logp=ref)
+    loss, kl, _, _ = per_token_loss(
+        logp, logp, torch.tensor([0.0]), torch.ones(1, 2), 0.2, 0.28, beta=0.1, ref_logp=ref
+    )
     assert kl[0].tolist() == pytest.approx([math.exp(0.5) - 0.5 - 1.0, 0.0])
     assert loss[0].tolist() == pytest.approx([0.1 * (math.exp(0.5) - 1.5), 0.0])
 
 
 def test_importance_weights_scale_the_surrogate():
-    loss, _, _, _ = per_token_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([2.0]), torch.ones(1, 2), 0.2, 0.28,
-                                   importance_weights=torch.tensor([[0.5, 1.0]]))
+    loss, _, _, _ = per_token_loss(
+        torch.zeros(1, 2),
+        torch.zeros(1, 2),
+        torch.tensor([2.0]),
+        torch.ones(1, 2),
+        0.2,
+        0.28,
+        importance_weights=torch.tensor([[0.5, 1.0]]),
+    )
     assert loss[0].tolist() == pytest.approx([-1.0, -2.0])
 
 

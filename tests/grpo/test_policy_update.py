@@ -22,8 +22,9 @@ PROMPT = [{"role": "user", "content": "What is 3 * 4?"}]
 
 def _student(model_dir, dropout: float = 0.0, checkpointing: bool = False, seed: int = 0) -> Student:
     torch.manual_seed(seed)
-    spec = StudentSpec.model_validate({"model": str(model_dir), "quantization": "none",
-                                       "lora": {"rank": 4, "alpha": 8, "dropout": dropout}})
+    spec = StudentSpec.model_validate(
+        {"model": str(model_dir), "quantization": "none", "lora": {"rank": 4, "alpha": 8, "dropout": dropout}}
+    )
     student = Student(spec, model_dir, "cpu", gradient_checkpointing=checkpointing)
     with torch.no_grad():  # a non-zero B, so the adapter (and its dropout) changes the output
         for name, parameter in student.model.named_parameters():
@@ -36,9 +37,15 @@ def _samples(student: Student, count: int = 4, tokens: int = 10, with_engine: bo
     engine = HFEngine(student.model, student.tokenizer, name="tiny")
     prompt = engine.render_chat(PROMPT)
     completions = engine.generate([prompt], Sampling(max_new_tokens=tokens, n=count, temperature=1.0, seed=3))[0]
-    return [TrainSample(c.prompt_token_ids, c.token_ids, advantage=1.0 if i % 2 else -1.0,
-                        engine_logprobs=list(c.logprobs) if with_engine else None)
-            for i, c in enumerate(completions)]
+    return [
+        TrainSample(
+            c.prompt_token_ids,
+            c.token_ids,
+            advantage=1.0 if i % 2 else -1.0,
+            engine_logprobs=list(c.logprobs) if with_engine else None,
+        )
+        for i, c in enumerate(completions)
+    ]
 
 
 def _updater(student: Student, **grpo) -> GrpoUpdater:
@@ -113,12 +120,15 @@ def test_a_nan_loss_skips_the_optimizer_step_and_leaves_the_adapter_unchanged(ti
 
 def test_rollouts_sample_the_trainers_policy_despite_the_models_generation_config(demo_model_dir, tmp_path):
     # Qwen2.5-Instruct-style defaults: a repetition penalty and top-k in generation_config.json.
-    model_dir = make_tiny_model(demo_model_dir, tmp_path / "tiny-penalised",
-                                generation={"repetition_penalty": 1.8, "top_k": 3, "do_sample": True})
+    model_dir = make_tiny_model(
+        demo_model_dir,
+        tmp_path / "tiny-penalised",
+        generation={"repetition_penalty": 1.8, "top_k": 3, "do_sample": True},
+    )
     student = _student(model_dir)
     samples = _samples(student, count=4, tokens=16, with_engine=True)
     with torch.no_grad():
         trainer_logp = student.completion_logprobs(_batch(student, samples), 1.0)
     for row, sample in enumerate(samples):
         engine = torch.tensor(sample.engine_logprobs)
-        assert torch.allclose(engine, trainer_logp[row, :len(engine)], atol=1e-4), (row, engine, trainer_logp[row])
+        assert torch.allclose(engine, trainer_logp[row, : len(engine)], atol=1e-4), (row, engine, trainer_logp[row])

@@ -18,8 +18,12 @@ def test_demo_job_prompts_are_measured_with_the_chat_template(store_data_dir, de
     tokenizer = load_tokenizer(demo_model_dir)
     # Independently: render each prompt as text, then count its tokens.
     expected = max(
-        len(tokenizer(tokenizer.apply_chat_template(task.messages(problem), tokenize=False, add_generation_prompt=True),
-                      add_special_tokens=False)["input_ids"])
+        len(
+            tokenizer(
+                tokenizer.apply_chat_template(task.messages(problem), tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
         for problem in task.train
     )
     measured = measure_prompt_tokens(spec, demo_model_dir, REPO_ROOT / "examples")

@@ -18,8 +18,13 @@ pytestmark = pytest.mark.model
 JOB = {
     "name": "resume-check",
     "student": {"model": "smollm2-135m-instruct", "quantization": "nf4", "lora": {"rank": 8, "alpha": 16}},
-    "task": {"dataset": "builtin:multiply", "operand_min": 2, "operand_max": 20, "held_out": 100,
-             "system_prompt": "Reply with the answer in the form <answer>N</answer>."},
+    "task": {
+        "dataset": "builtin:multiply",
+        "operand_min": 2,
+        "operand_max": 20,
+        "held_out": 100,
+        "system_prompt": "Reply with the answer in the form <answer>N</answer>.",
+    },
     "rewards": [{"name": "correctness", "weight": 1.0}, {"name": "answer_format", "weight": 0.5}],
     "grpo": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 8, "learning_rate": 5.0e-4, "steps": 4},
     "checkpoint": {"every": 2, "keep_last": 2},
@@ -27,8 +32,12 @@ JOB = {
 
 
 def _train(job_file: Path, data_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "appliance", "train", str(job_file), "--data-dir", str(data_dir), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "appliance", "train", str(job_file), "--data-dir", str(data_dir), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _steps(job_dir: Path, table: str) -> dict[int, list[dict]]:
@@ -69,12 +78,16 @@ def test_kill_after_checkpoint_and_resume_matches_uninterrupted_run(tmp_path, st
     expected, got = _steps(straight_dir, "samples.jsonl"), _steps(resumed_dir, "samples.jsonl")
     assert sorted(got) == [1, 2, 3, 4]
     for step in (3, 4):
-        assert [(r["question"], r["completion"], r["reward"]) for r in got[step]] == \
-               [(r["question"], r["completion"], r["reward"]) for r in expected[step]]
+        assert [(r["question"], r["completion"], r["reward"]) for r in got[step]] == [
+            (r["question"], r["completion"], r["reward"]) for r in expected[step]
+        ]
     expected_metrics, got_metrics = _steps(straight_dir, "metrics.jsonl"), _steps(resumed_dir, "metrics.jsonl")
     for step in (3, 4):
         assert len(got_metrics[step]) == 1  # the killed step left no duplicate line
         assert got_metrics[step][0]["reward_mean"] == expected_metrics[step][0]["reward_mean"]
         assert got_metrics[step][0]["loss"] == pytest.approx(expected_metrics[step][0]["loss"], abs=1e-6)
     final = json.loads((resumed_dir / "checkpoints" / "step-000004" / "state.json").read_text())
-    assert final["data_cursor"] == json.loads((straight_dir / "checkpoints" / "step-000004" / "state.json").read_text())["data_cursor"]
+    assert (
+        final["data_cursor"]
+        == json.loads((straight_dir / "checkpoints" / "step-000004" / "state.json").read_text())["data_cursor"]
+    )

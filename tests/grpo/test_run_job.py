@@ -32,22 +32,34 @@ def test_a_stop_request_checkpoints_the_last_step_and_resume_finishes_the_run(ti
     spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, checkpoint={"every": 10})
     job_dir = fresh_data_dir / "jobs" / "tiny"
     steps, events = [], []
-    result = run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path, on_step=steps.append,
-                     on_event=events.append, stop_requested=lambda: "pause" if steps else None)
+    result = run_job(
+        spec,
+        fresh_data_dir,
+        job_dir,
+        job_file_dir=tmp_path,
+        on_step=steps.append,
+        on_event=events.append,
+        stop_requested=lambda: "pause" if steps else None,
+    )
     assert (result.status, result.step, result.stop_reason) == ("stopped", 1, "pause")
     assert (job_dir / "checkpoints" / "step-000001" / "state.json").is_file()  # not a checkpoint step: written on stop
     kinds = {event.kind for event in events}
     assert {"phase", "checkpoint", "log", "memory"} <= kinds
-    assert [e.data["phase"] for e in events if e.kind == "phase" and e.data["state"] == "start"][:4] == \
-        ["generate", "reward", "train", "sync"]
+    assert [e.data["phase"] for e in events if e.kind == "phase" and e.data["state"] == "start"][:4] == [
+        "generate",
+        "reward",
+        "train",
+        "sync",
+    ]
 
     resumed = run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path, resume=True, on_step=steps.append)
     assert (resumed.status, resumed.step) == ("completed", 3)
     records = _metrics(job_dir)
     assert [r.step for r in records] == [1, 2, 3]
     assert records[-1].seconds["checkpoint"] > 0 and records[-1].seconds["step"] >= records[-1].seconds["train"]
-    assert (job_dir / "best").is_symlink() and json.loads((job_dir / "best" / "best.json").read_text())["metric"] == \
-        "reward_mean"
+    assert (job_dir / "best").is_symlink() and json.loads((job_dir / "best" / "best.json").read_text())[
+        "metric"
+    ] == "reward_mean"
     assert resumed.best == json.loads((job_dir / "best" / "best.json").read_text())
 
 
@@ -64,8 +76,13 @@ def test_resume_falls_back_past_a_damaged_newest_checkpoint(tiny_model_dir, tmp_
 
 
 def test_iterations_and_kl_with_held_out_evaluation_choosing_best(tiny_model_dir, tmp_path, fresh_data_dir):
-    spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, grpo={"steps": 2, "iterations": 2, "beta": 0.1},
-                 checkpoint={"every": 2, "eval_every": 1, "eval_limit": 4})
+    spec = _spec(
+        tiny_model_dir,
+        tmp_path,
+        fresh_data_dir,
+        grpo={"steps": 2, "iterations": 2, "beta": 0.1},
+        checkpoint={"every": 2, "eval_every": 1, "eval_limit": 4},
+    )
     job_dir = fresh_data_dir / "jobs" / "tiny"
     run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path)
     first, second = _metrics(job_dir)
@@ -76,19 +93,29 @@ def test_iterations_and_kl_with_held_out_evaluation_choosing_best(tiny_model_dir
     assert best["metric"] == "eval.accuracy" and best["step"] in (1, 2)
 
 
-def test_sampled_held_out_evaluation_is_recorded_with_its_temperature_and_samples(tiny_model_dir, tmp_path,
-                                                                                    fresh_data_dir):
+def test_sampled_held_out_evaluation_is_recorded_with_its_temperature_and_samples(
+    tiny_model_dir, tmp_path, fresh_data_dir
+):
     """checkpoint.eval_temperature / eval_samples reach every evaluation: before, during (eval_every), after;
     --eval without a limit evaluates checkpoint.eval_limit problems."""
-    spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, grpo={"steps": 1},
-                 checkpoint={"every": 1, "eval_every": 1, "eval_limit": 2, "eval_temperature": 1.0, "eval_samples": 3})
+    spec = _spec(
+        tiny_model_dir,
+        tmp_path,
+        fresh_data_dir,
+        grpo={"steps": 1},
+        checkpoint={"every": 1, "eval_every": 1, "eval_limit": 2, "eval_temperature": 1.0, "eval_samples": 3},
+    )
     job_dir = fresh_data_dir / "jobs" / "tiny"
     events = []
     result = run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path, evaluate=True, on_event=events.append)
     summary = json.loads((job_dir / "eval.json").read_text())
     for when in ("before", "after"):
-        assert {key: summary[when][key] for key in ("problems", "samples", "draws", "temperature")} == \
-            {"problems": 2, "samples": 3, "draws": 6, "temperature": 1.0}
+        assert {key: summary[when][key] for key in ("problems", "samples", "draws", "temperature")} == {
+            "problems": 2,
+            "samples": 3,
+            "draws": 6,
+            "temperature": 1.0,
+        }
     assert (result.eval_before.samples, result.eval_after.temperature) == (3, 1.0)
     (record,) = _metrics(job_dir)
     assert (record.eval.problems, record.eval.samples, record.eval.temperature) == (2, 3, 1.0)
@@ -100,8 +127,9 @@ def _adapter(trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for p in trainer.student.trainable_parameters()]
 
 
-def test_an_out_of_memory_error_after_the_first_update_does_not_apply_it_twice(tiny_model_dir, tmp_path,
-                                                                                fresh_data_dir, monkeypatch):
+def test_an_out_of_memory_error_after_the_first_update_does_not_apply_it_twice(
+    tiny_model_dir, tmp_path, fresh_data_dir, monkeypatch
+):
     spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, grpo={"steps": 1, "iterations": 2, "micro_batch_size": 8})
     clean = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "clean")
     clean.train_step()
@@ -128,8 +156,9 @@ def test_an_out_of_memory_error_after_the_first_update_does_not_apply_it_twice(t
     retried.close()
 
 
-def test_steps_without_finite_gradients_are_skipped_and_stop_the_job(tiny_model_dir, tmp_path, fresh_data_dir,
-                                                                     monkeypatch):
+def test_steps_without_finite_gradients_are_skipped_and_stop_the_job(
+    tiny_model_dir, tmp_path, fresh_data_dir, monkeypatch
+):
     spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, grpo={"steps": 6}, checkpoint={"every": 1, "keep_last": 6})
     trainer = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "tiny")
     trainer.train_step()  # one healthy step
@@ -156,15 +185,22 @@ def test_steps_without_finite_gradients_are_skipped_and_stop_the_job(tiny_model_
     trainer.close()
 
 
-def test_a_resume_without_any_checkpoint_runs_from_step_one_and_records_each_step_once(tiny_model_dir, tmp_path,
-                                                                                      fresh_data_dir):
+def test_a_resume_without_any_checkpoint_runs_from_step_one_and_records_each_step_once(
+    tiny_model_dir, tmp_path, fresh_data_dir
+):
     import shutil
 
     spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, checkpoint={"every": 10})
     job_dir = fresh_data_dir / "jobs" / "tiny"
     steps = []
-    run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path, on_step=steps.append,
-            stop_requested=lambda: "pause" if steps else None)
+    run_job(
+        spec,
+        fresh_data_dir,
+        job_dir,
+        job_file_dir=tmp_path,
+        on_step=steps.append,
+        stop_requested=lambda: "pause" if steps else None,
+    )
     # The first attempt died before its first checkpoint reached the disk: its step 1 is recorded, nothing saved.
     for saved in ("checkpoints", ".best", "best"):
         path = job_dir / saved

@@ -26,18 +26,29 @@ LOGPROB_BOUND = 1e-2
 
 
 def _spec() -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "vllm-run",
-        "student": {"model": "smollm2-135m-instruct", "quantization": "none", "lora": {"rank": 8, "alpha": 16}},
-        "task": {"dataset": "builtin:multiply", "held_out": 100,
-                 "system_prompt": "Reply with the answer in the form <answer>N</answer>.",
-                 "few_shot": [{"question": "What is 2 * 9?", "answer": "2 * 9 = 18, so <answer>18</answer>"}]},
-        "rewards": [{"name": "correctness", "weight": 1.0}, {"name": "answer_format", "weight": 0.5}],
-        "grpo": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 12, "steps": 2, "learning_rate": 1.0e-3,
-                 "micro_batch_size": 8},
-        "engine": {"rollout": "vllm"},
-        "checkpoint": {"every": 2},
-    })
+    return JobSpec.model_validate(
+        {
+            "name": "vllm-run",
+            "student": {"model": "smollm2-135m-instruct", "quantization": "none", "lora": {"rank": 8, "alpha": 16}},
+            "task": {
+                "dataset": "builtin:multiply",
+                "held_out": 100,
+                "system_prompt": "Reply with the answer in the form <answer>N</answer>.",
+                "few_shot": [{"question": "What is 2 * 9?", "answer": "2 * 9 = 18, so <answer>18</answer>"}],
+            },
+            "rewards": [{"name": "correctness", "weight": 1.0}, {"name": "answer_format", "weight": 0.5}],
+            "grpo": {
+                "group_size": 4,
+                "prompts_per_step": 2,
+                "max_new_tokens": 12,
+                "steps": 2,
+                "learning_rate": 1.0e-3,
+                "micro_batch_size": 8,
+            },
+            "engine": {"rollout": "vllm"},
+            "checkpoint": {"every": 2},
+        }
+    )
 
 
 def _trainer_logprobs(student, prompt_ids, continuation):
@@ -54,7 +65,9 @@ def test_two_vllm_steps_sync_the_adapter_and_agree_with_the_trainer(tmp_path, fr
     try:
         assert engine.kind == "vllm"
         problem = trainer.task.train[0]
-        prompt_ids = student.tokenizer(engine.render_chat(trainer.task.messages(problem)), add_special_tokens=False)["input_ids"]
+        prompt_ids = student.tokenizer(engine.render_chat(trainer.task.messages(problem)), add_special_tokens=False)[
+            "input_ids"
+        ]
         continuation = student.tokenizer(f"<answer>{problem.answer}</answer>", add_special_tokens=False)["input_ids"]
         served_before = sum(engine.continuation_logprobs(prompt_ids, continuation))
         trained_before = sum(_trainer_logprobs(student, prompt_ids, continuation))
@@ -70,8 +83,10 @@ def test_two_vllm_steps_sync_the_adapter_and_agree_with_the_trainer(tmp_path, fr
         assert trained, "no informative group in two steps"
         for record in trained:
             assert record.logprob_diff_mean < LOGPROB_BOUND
-            print(f"step {record.step}: mean |vLLM - trainer| logprob {record.logprob_diff_mean:.2e}, "
-                  f"max {record.logprob_diff_max:.2e}")
+            print(
+                f"step {record.step}: mean |vLLM - trainer| logprob {record.logprob_diff_mean:.2e}, "
+                f"max {record.logprob_diff_max:.2e}"
+            )
 
         served_after = sum(engine.continuation_logprobs(prompt_ids, continuation))
         trained_after = sum(_trainer_logprobs(student, prompt_ids, continuation))

@@ -23,10 +23,17 @@ def _job(share_student_base: bool) -> dict:
     return {
         "name": "judge-run",
         "student": {"model": "smollm2-135m-instruct", "quantization": "nf4", "lora": {"rank": 8, "alpha": 16}},
-        "judge": {"model": "smollm2-135m-instruct", "mode": "group", "scoring": "probabilities",
-                  "share_student_base": share_student_base},
-        "task": {"dataset": "builtin:multiply", "held_out": 100,
-                 "system_prompt": "Reply with the answer in the form <answer>N</answer>."},
+        "judge": {
+            "model": "smollm2-135m-instruct",
+            "mode": "group",
+            "scoring": "probabilities",
+            "share_student_base": share_student_base,
+        },
+        "task": {
+            "dataset": "builtin:multiply",
+            "held_out": 100,
+            "system_prompt": "Reply with the answer in the form <answer>N</answer>.",
+        },
         "rewards": [{"name": "correctness", "weight": 1.0}, {"name": "judge", "weight": 1.0}],
         "grpo": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 12, "steps": 2, "micro_batch_size": 8},
         "checkpoint": {"every": 2},

@@ -41,8 +41,9 @@ class MountedImage:
     def env(self) -> dict[str, str]:
         return dict(item.split("=", 1) for item in self.config.get("Env", []))
 
-    def run(self, *argv: str, binds: dict[Path, str] | None = None, user: str = "appliance",
-            timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(
+        self, *argv: str, binds: dict[Path, str] | None = None, user: str = "appliance", timeout: float = 300
+    ) -> subprocess.CompletedProcess:
         """argv inside the image root as `user`, with the image's environment and the given
         read-only bind mounts (host path -> path in the image), in a private mount namespace
         so that nothing stays mounted and the image's files are never written."""
@@ -54,8 +55,9 @@ class MountedImage:
         env = [f"{key}={value}" for key, value in self.env.items()] + [f"HOME={self.config.get('WorkingDir', '/')}"]
         command = ["chroot", f"--userspec={ids}", str(self.root), "/usr/bin/env", "-i", *env, *argv]
         script = " && ".join(mounts + ["exec " + shlex.join(command)])
-        return subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            ["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=timeout
+        )
 
     def passwd_entry(self, name: str) -> list[str]:
         for line in (self.root / "etc" / "passwd").read_text().splitlines():

@@ -27,8 +27,19 @@ def run(*argv, **kwargs) -> subprocess.CompletedProcess:
 def bundle(image, store_data_dir: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "appliance-bundle"
     env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(REPO_ROOT / "images" / "ci" / "storage.conf")}
-    made = run(REPO_ROOT / "images" / "bundle", "--out", out, "--image", image.tag, "--model", DEMO_MODEL_NAME,
-               "--data-dir", store_data_dir, env=env, timeout=900)
+    made = run(
+        REPO_ROOT / "images" / "bundle",
+        "--out",
+        out,
+        "--image",
+        image.tag,
+        "--model",
+        DEMO_MODEL_NAME,
+        "--data-dir",
+        store_data_dir,
+        env=env,
+        timeout=900,
+    )
     assert made.returncode == 0, made.stderr[-3000:]
     return out
 
@@ -38,10 +49,20 @@ def test_the_bundle_holds_image_model_client_units_and_monitoring(bundle: Path):
     on_disk = {str(path.relative_to(bundle)) for path in bundle.rglob("*") if path.is_file()} - {"MANIFEST.sha256"}
 
     assert listed == on_disk
-    assert {"image/appliance.tar", f"models/{DEMO_MODEL_NAME}/manifest.json", "wheels/client/requirements.txt",
-            "systemd/appliance.container", "systemd/appliance.service", "systemd/appliance.sysusers.conf",
-            "systemd/appliance.tmpfiles.conf", "monitoring/prometheus.yml", "monitoring/alerts.yml",
-            "monitoring/grafana-dashboard.json", "docs/operator-guide.md", "install-bundle"} <= listed
+    assert {
+        "image/appliance.tar",
+        f"models/{DEMO_MODEL_NAME}/manifest.json",
+        "wheels/client/requirements.txt",
+        "systemd/appliance.container",
+        "systemd/appliance.service",
+        "systemd/appliance.sysusers.conf",
+        "systemd/appliance.tmpfiles.conf",
+        "monitoring/prometheus.yml",
+        "monitoring/alerts.yml",
+        "monitoring/grafana-dashboard.json",
+        "docs/operator-guide.md",
+        "install-bundle",
+    } <= listed
     # The format of coreutils: an administrator can run sha256sum -c by hand (the image's hash is
     # checked by the dry-run below; reading 4 GB twice is left out here).
     lines = [line for line in (bundle / "MANIFEST.sha256").read_text().splitlines() if "image/" not in line]
@@ -81,7 +102,9 @@ def test_a_missing_or_added_file_is_refused_by_name(bundle: Path, tmp_path: Path
     refused_missing = run(missing / "install-bundle", "--dry-run", "--runtime", "podman")
     refused_added = run(added / "install-bundle", "--dry-run", "--runtime", "podman")
 
-    assert refused_missing.returncode == 1 and "missing from the bundle: monitoring/alerts.yml" in refused_missing.stderr
+    assert (
+        refused_missing.returncode == 1 and "missing from the bundle: monitoring/alerts.yml" in refused_missing.stderr
+    )
     assert refused_added.returncode == 1 and "systemd/override.conf" in refused_added.stderr
 
 
@@ -89,8 +112,19 @@ def test_client_wheels_install_offline_without_torch(bundle: Path, tmp_path: Pat
     wheels = bundle / "wheels" / "client"
     venv = tmp_path / "client"
     run(sys.executable, "-m", "venv", venv).check_returncode()
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-           "--find-links", wheels, "--requirement", wheels / "requirements.txt"]
+    pip = [
+        venv / "bin" / "python",
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-index",
+        "--no-deps",
+        "--find-links",
+        wheels,
+        "--requirement",
+        wheels / "requirements.txt",
+    ]
     offline = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PIP_CONSTRAINT": ""}
 
     installed = run(*pip, env=offline, timeout=300)

@@ -35,10 +35,28 @@ def test_an_unknown_model_is_named_with_the_store(tmp_path: Path, store_data_dir
     (tmp_path / "manifest.json").write_text("[]")
     subprocess.run(["tar", "-cf", archive, "-C", tmp_path, "manifest.json"], check=True)
 
-    result = bundle("--out", tmp_path / "b", "--image-archive", archive, "--model", "smollm2",
-                    "--data-dir", store_data_dir, "--dry-run")
-    named = bundle("--out", tmp_path / "b", "--image-archive", archive, "--model", "smollm2-135m-instruct",
-                   "--data-dir", store_data_dir, "--dry-run")
+    result = bundle(
+        "--out",
+        tmp_path / "b",
+        "--image-archive",
+        archive,
+        "--model",
+        "smollm2",
+        "--data-dir",
+        store_data_dir,
+        "--dry-run",
+    )
+    named = bundle(
+        "--out",
+        tmp_path / "b",
+        "--image-archive",
+        archive,
+        "--model",
+        "smollm2-135m-instruct",
+        "--data-dir",
+        store_data_dir,
+        "--dry-run",
+    )
 
     assert result.returncode == 2
     assert "model 'smollm2' is not in the store at" in result.stderr

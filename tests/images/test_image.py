@@ -13,6 +13,7 @@ import pytest
 
 from appliance import __version__
 from appliance.offline import OFFLINE_ENVIRONMENT
+
 pytestmark = pytest.mark.image
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -22,6 +23,7 @@ GPU_EXAMPLES = {"gsm8k-qwen7b-gpu.yaml"}  # name folders under the GPU box's /mo
 def readable_copy(models: Path, into: Path) -> Path:
     """The provisioned store as the appliance user may read it: hard links (no 500 MB copy) under
     directories opened to others, as images/install-bundle leaves the box's store."""
+
     def link(source, target):
         try:
             os.link(source, target)
@@ -108,8 +110,7 @@ def test_healthcheck_asks_the_daemon(image):
     assert "control.sock" in result.stderr
 
 
-def test_config_check_passes_on_every_example_against_the_read_only_store(image, store_data_dir: Path,
-                                                                         tmp_path: Path):
+def test_config_check_passes_on_every_example_against_the_read_only_store(image, store_data_dir: Path, tmp_path: Path):
     models = readable_copy(store_data_dir / "models", tmp_path / "models")
     cpu = sorted(f"/mnt/{path.name}" for path in EXAMPLES.glob("*.yaml") if path.name not in GPU_EXAMPLES)
     gpu = sorted(f"/mnt/{name}" for name in GPU_EXAMPLES)
@@ -125,9 +126,11 @@ def test_config_check_passes_on_every_example_against_the_read_only_store(image,
 
 def test_the_daemon_and_the_engine_stack_import_with_the_cpu_torch(image):
     # The daemon's own modules too: its web stack (uvicorn, fastapi) must be in the wheelhouse.
-    code = ("import appliance.service.server, appliance.service.control, appliance.service.worker; "
-            "import torch, transformers, peft, bitsandbytes, vllm; "
-            "print(torch.__version__, transformers.__version__, vllm.__version__)")
+    code = (
+        "import appliance.service.server, appliance.service.control, appliance.service.worker; "
+        "import torch, transformers, peft, bitsandbytes, vllm; "
+        "print(torch.__version__, transformers.__version__, vllm.__version__)"
+    )
 
     result = image.run("python", "-c", code)
 

@@ -32,8 +32,18 @@ class ScriptedEngine:
         results = []
         for index, prompt in enumerate(prompts):
             text = self.answer(prompt)
-            results.append([Completion(index, list(range(len(prompt.split()))), list(range(len(text.split()))), text,
-                                       [0.0] * len(text.split()), "stop")])
+            results.append(
+                [
+                    Completion(
+                        index,
+                        list(range(len(prompt.split()))),
+                        list(range(len(text.split()))),
+                        text,
+                        [0.0] * len(text.split()),
+                        "stop",
+                    )
+                ]
+            )
         return results
 
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:

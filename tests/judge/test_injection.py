@@ -15,8 +15,13 @@ import pytest
 
 from appliance.config.schema import JudgeSpec
 from appliance.judge import Judge
-from appliance.judge.prompts import (DATA_NOTICE, group_messages, neutralise_control_tokens, pointwise_messages,
-                                     response_block)
+from appliance.judge.prompts import (
+    DATA_NOTICE,
+    group_messages,
+    neutralise_control_tokens,
+    pointwise_messages,
+    response_block,
+)
 from appliance.rewards.registry import RewardSample
 
 QUESTION, REFERENCE = "What is 6 x 7?", "42"
@@ -49,7 +54,7 @@ def blocks_of(prompt: str) -> list[tuple[str | None, str]]:
         closing = f'</response key="{match.group(2)}">'
         end = lines.index(closing, index + 1)  # ValueError: never closed
         assert sum(line == closing for line in lines) == 1, "a closing marker occurs twice"
-        blocks.append((match.group(1), "\n".join(lines[index + 1:end])))
+        blocks.append((match.group(1), "\n".join(lines[index + 1 : end])))
         index = end + 1
     return blocks
 
@@ -102,7 +107,10 @@ class PromptRecorder:
         self.prompts: list[str] = []
 
     def render_chat(self, messages):
-        return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
+        return (
+            "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            + "<|im_start|>assistant\n"
+        )
 
     def next_token_logprobs(self, prompts, candidates):
         self.prompts.extend(prompts)

@@ -19,7 +19,9 @@ def spec(**overrides) -> JudgeSpec:
     return JudgeSpec(model="judge-model", **overrides)
 
 
-def sample(completion: str, group: int = 0, prompt: str = "What is 6 x 7?", reference: str | None = "42") -> RewardSample:
+def sample(
+    completion: str, group: int = 0, prompt: str = "What is 6 x 7?", reference: str | None = "42"
+) -> RewardSample:
     return RewardSample(prompt=prompt, completion=completion, reference=reference, group=group)
 
 
@@ -29,6 +31,7 @@ def scripted(table: dict[str, str | tuple[str, ...]]):
     Answers are what the model generates after the prefill the prompt ends with
     ('{"score": ' pointwise, '{"scores": [{"id": "1", "score": ' in group mode).
     """
+
     def answer(prompt: str) -> str:
         attempt = prompt.count(RETRY_MARK)
         for marker, texts in table.items():
@@ -36,6 +39,7 @@ def scripted(table: dict[str, str | tuple[str, ...]]):
                 texts = (texts,) if isinstance(texts, str) else texts
                 return texts[min(attempt, len(texts) - 1)]
         raise AssertionError(f"no scripted answer for prompt: {prompt[:200]}")
+
     return answer
 
 
@@ -45,8 +49,11 @@ def advantages(scores: list[float], groups: list[int]) -> list[float]:
 
 
 def test_pointwise_judges_a_step_in_one_generate_call(scripted_engine):
-    engine = scripted_engine(scripted({"A1": '9, "reason": "right"}', "A2": '2, "reason": "wrong"}\nDone.',
-                                       "B1": '```json\n{"score": 5}\n```'}))
+    engine = scripted_engine(
+        scripted(
+            {"A1": '9, "reason": "right"}', "A2": '2, "reason": "wrong"}\nDone.', "B1": '```json\n{"score": 5}\n```'}
+        )
+    )
     judge = Judge(spec(), engine, log_path=None)
     scores = judge([sample("A1"), sample("A2"), sample("B1", group=1, prompt="What is 2 x 3?", reference="6")])
     assert scores == pytest.approx([0.9, 0.2, 0.5])
@@ -58,7 +65,7 @@ def test_pointwise_judges_a_step_in_one_generate_call(scripted_engine):
 
 
 def test_a_bad_answer_is_retried_at_lower_temperature_with_the_problem_fed_back(scripted_engine):
-    engine = scripted_engine(scripted({"A1": ('15}', '8, "reason": "ok"}'), "A2": '4}'}))
+    engine = scripted_engine(scripted({"A1": ("15}", '8, "reason": "ok"}'), "A2": "4}"}))
     judge = Judge(spec(temperature=0.8, retries=2), engine, log_path=None)
     assert judge([sample("A1"), sample("A2")]) == pytest.approx([0.8, 0.4])
     assert [sampling.temperature for _, sampling in engine.calls] == pytest.approx([0.8, 0.4])
@@ -68,12 +75,18 @@ def test_a_bad_answer_is_retried_at_lower_temperature_with_the_problem_fed_back(
 
 
 def test_exhausted_retries_fall_back_to_a_score_with_zero_advantage(scripted_engine):
-    engine = scripted_engine(scripted({"A1": '9}', "A2": '3}', "A3": "I think it is fine.",
-                                       "B1": 'NaN}', "B2": '"high"}'}))
+    engine = scripted_engine(
+        scripted({"A1": "9}", "A2": "3}", "A3": "I think it is fine.", "B1": "NaN}", "B2": '"high"}'})
+    )
     judge = Judge(spec(retries=2), engine, log_path=None)
     groups = [0, 0, 0, 1, 1]
-    samples = [sample("A1"), sample("A2"), sample("A3"),
-               sample("B1", group=1, prompt="2 x 3?", reference="6"), sample("B2", group=1, prompt="2 x 3?", reference="6")]
+    samples = [
+        sample("A1"),
+        sample("A2"),
+        sample("A3"),
+        sample("B1", group=1, prompt="2 x 3?", reference="6"),
+        sample("B2", group=1, prompt="2 x 3?", reference="6"),
+    ]
     scores = judge(samples)
     assert len(engine.calls) == 3  # the first try and two retries; the failures never raise
     assert judge.outcomes == {"ok": 2, "parse_error": 3, "timeout": 0}
@@ -86,7 +99,7 @@ def test_exhausted_retries_fall_back_to_a_score_with_zero_advantage(scripted_eng
 
 
 def test_zero_retries_means_one_attempt(scripted_engine):
-    engine = scripted_engine(scripted({"A1": "", "A2": '6}'}))
+    engine = scripted_engine(scripted({"A1": "", "A2": "6}"}))
     judge = Judge(spec(retries=0), engine, log_path=None)
     assert judge([sample("A1"), sample("A2")]) == pytest.approx([0.6, 0.6])
     assert len(engine.calls) == 1 and judge.outcomes["parse_error"] == 1
@@ -94,8 +107,7 @@ def test_zero_retries_means_one_attempt(scripted_engine):
 
 def test_no_retry_starts_after_the_timeout(scripted_engine):
     now = [1000.0]
-    engine = scripted_engine(scripted({"A1": '99}', "A2": '1}'}),
-                             on_generate=lambda: now.__setitem__(0, now[0] + 30.0))
+    engine = scripted_engine(scripted({"A1": "99}", "A2": "1}"}), on_generate=lambda: now.__setitem__(0, now[0] + 30.0))
     judge = Judge(spec(retries=3, timeout_seconds=20.0), engine, log_path=None, clock=lambda: now[0])
     scores = judge([sample("A1"), sample("A2")])
     assert len(engine.calls) == 1
@@ -107,13 +119,19 @@ GROUP_ANSWER = '2, "explanation": "wrong"}, {"id": "2", "score": 10, "explanatio
 
 
 def test_group_mode_sends_each_group_once_with_response_blocks(scripted_engine):
-    engine = scripted_engine(scripted({"What is 6 x 7?": GROUP_ANSWER,
-                                       "What is 2 x 3?": '7}, {"id": 2, "score": 7}, {"id": 3, "score": 0},]}'}))
+    engine = scripted_engine(
+        scripted(
+            {"What is 6 x 7?": GROUP_ANSWER, "What is 2 x 3?": '7}, {"id": 2, "score": 7}, {"id": 3, "score": 0},]}'}
+        )
+    )
     judge = Judge(spec(mode="group", max_new_tokens=50), engine, log_path=None)
-    samples = [sample("forty"), sample("42"),
-               sample("6", group=1, prompt="What is 2 x 3?", reference="6"),
-               sample("six", group=1, prompt="What is 2 x 3?", reference="6"),
-               sample("5", group=1, prompt="What is 2 x 3?", reference="6")]
+    samples = [
+        sample("forty"),
+        sample("42"),
+        sample("6", group=1, prompt="What is 2 x 3?", reference="6"),
+        sample("six", group=1, prompt="What is 2 x 3?", reference="6"),
+        sample("5", group=1, prompt="What is 2 x 3?", reference="6"),
+    ]
     assert judge(samples) == pytest.approx([0.2, 1.0, 0.7, 0.7, 0.0])
     prompts, sampling = engine.calls[0]
     assert len(engine.calls) == 1 and len(prompts) == 2
@@ -125,7 +143,7 @@ def test_group_mode_sends_each_group_once_with_response_blocks(scripted_engine):
 
 
 def test_group_with_a_missing_id_is_retried_then_scored_as_a_constant(scripted_engine):
-    engine = scripted_engine(scripted({"What is 6 x 7?": '9}]}'}))
+    engine = scripted_engine(scripted({"What is 6 x 7?": "9}]}"}))
     judge = Judge(spec(mode="group", retries=1), engine, log_path=None)
     scores = judge([sample("a"), sample("b"), sample("c")])
     assert "missing ids: 2, 3" in engine.calls[1][0][0]
@@ -134,7 +152,7 @@ def test_group_with_a_missing_id_is_retried_then_scored_as_a_constant(scripted_e
 
 
 def test_identical_pairs_are_judged_once_per_job(scripted_engine):
-    engine = scripted_engine(scripted({"A1": '9}', "A2": '3}'}))
+    engine = scripted_engine(scripted({"A1": "9}", "A2": "3}"}))
     judge = Judge(spec(), engine, log_path=None)
     assert judge([sample("A1"), sample("A1"), sample("A2")]) == pytest.approx([0.9, 0.9, 0.3])
     assert len(engine.calls[0][0]) == 2
@@ -153,7 +171,7 @@ def test_failures_are_not_cached(scripted_engine):
 
 
 def test_cache_off_judges_every_sample(scripted_engine):
-    engine = scripted_engine(scripted({"A1": '9}'}))
+    engine = scripted_engine(scripted({"A1": "9}"}))
     judge = Judge(spec(cache=False), engine, log_path=None)
     judge([sample("A1"), sample("A1")])
     judge([sample("A1")])
@@ -170,7 +188,7 @@ def test_group_cache_is_keyed_by_the_whole_group(scripted_engine):
 
 
 def test_log_has_one_line_per_request_with_its_fields(scripted_engine, tmp_path):
-    engine = scripted_engine(scripted({"A1": ("oops", '7, "reason": "ok"}'), "A2": '1}'}))
+    engine = scripted_engine(scripted({"A1": ("oops", '7, "reason": "ok"}'), "A2": "1}"}))
     log_path = tmp_path / "jobs" / "7" / "judge.jsonl"
     judge = Judge(spec(), engine, log_path=log_path)
     judge.set_step(12)
@@ -179,8 +197,18 @@ def test_log_has_one_line_per_request_with_its_fields(scripted_engine, tmp_path)
     lines = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert len(lines) == 2
     first = lines[0]
-    assert {"step", "mode", "prompt", "raw_output", "scores", "outcome", "retries", "latency_seconds",
-            "tokens_in", "tokens_out"} <= set(first)
+    assert {
+        "step",
+        "mode",
+        "prompt",
+        "raw_output",
+        "scores",
+        "outcome",
+        "retries",
+        "latency_seconds",
+        "tokens_in",
+        "tokens_out",
+    } <= set(first)
     assert (first["step"], first["mode"], first["outcome"], first["retries"]) == (12, "pointwise", "ok", 1)
     assert first["raw_output"] == '{"score": 7, "reason": "ok"}' and first["earlier_outputs"] == ['{"score": oops']
     assert "A1" in first["prompt"] and first["scores"] == [0.7]
@@ -189,7 +217,7 @@ def test_log_has_one_line_per_request_with_its_fields(scripted_engine, tmp_path)
 
 
 def test_counters_for_metrics(scripted_engine):
-    engine = scripted_engine(scripted({"A1": "one two three", "A2": '1}'}))
+    engine = scripted_engine(scripted({"A1": "one two three", "A2": "1}"}))
     judge = Judge(spec(retries=1), engine, log_path=None)
     judge([sample("A1"), sample("A2")])
     stats = judge.stats()
@@ -200,7 +228,7 @@ def test_counters_for_metrics(scripted_engine):
 
 
 def test_judge_is_the_judge_batch_reward(scripted_engine, tmp_path):
-    engine = scripted_engine(scripted({"A1": '10}', "A2": '0}'}))
+    engine = scripted_engine(scripted({"A1": "10}", "A2": "0}"}))
     judge = Judge(spec(), engine, log_path=None)
     assert isinstance(judge, BatchReward) and judge.name == "judge"
     rewards = build_rewards([RewardSpec(name="judge", weight=2.0)], tmp_path, judge=judge)

@@ -19,8 +19,18 @@ from appliance.rewards.registry import RewardSample
 pytestmark = pytest.mark.model
 
 QUESTIONS = [("What is 7 x 8?", "56"), ("What is 12 x 3?", "36")]
-LOG_FIELDS = {"step", "mode", "prompt", "raw_output", "scores", "outcome", "retries", "latency_seconds",
-              "tokens_in", "tokens_out"}
+LOG_FIELDS = {
+    "step",
+    "mode",
+    "prompt",
+    "raw_output",
+    "scores",
+    "outcome",
+    "retries",
+    "latency_seconds",
+    "tokens_in",
+    "tokens_out",
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +47,11 @@ def completions(engine) -> list[RewardSample]:
     """Two sampled answers to each question from the same model acting as the student."""
     prompts = [engine.render_chat([{"role": "user", "content": f"{q} Answer with the number."}]) for q, _ in QUESTIONS]
     outputs = engine.generate(prompts, Sampling(max_new_tokens=24, n=2, temperature=1.0, seed=3))
-    return [RewardSample(prompt=q, completion=c.text, reference=r, group=g)
-            for g, ((q, r), group) in enumerate(zip(QUESTIONS, outputs)) for c in group]
+    return [
+        RewardSample(prompt=q, completion=c.text, reference=r, group=g)
+        for g, ((q, r), group) in enumerate(zip(QUESTIONS, outputs))
+        for c in group
+    ]
 
 
 def read_log(path):
@@ -53,8 +66,9 @@ def check_scores(scores, samples):
 @pytest.mark.parametrize("mode", ["pointwise", "group"])
 def test_bundled_model_judges_real_completions(engine, completions, tmp_path, mode):
     log_path = tmp_path / "jobs" / "1" / "judge.jsonl"
-    spec = JudgeSpec(model="smollm2-135m-instruct", mode=mode, scoring="generate", max_new_tokens=24, retries=1,
-                     timeout_seconds=3600)
+    spec = JudgeSpec(
+        model="smollm2-135m-instruct", mode=mode, scoring="generate", max_new_tokens=24, retries=1, timeout_seconds=3600
+    )
     judge = Judge(spec, engine, log_path=log_path)
     judge.set_step(3)
     scores = judge(completions)

@@ -23,8 +23,11 @@ def test_rotates_and_keeps_only_the_configured_backups(tmp_path):
     assert files == ["judge.jsonl", "judge.jsonl.1", "judge.jsonl.2"]
     assert all(p.stat().st_size <= 1000 for p in tmp_path.iterdir())
     # Newest records are in judge.jsonl, every line whole JSON, and the three files are consecutive.
-    indices = [json.loads(line)["index"] for name in ("judge.jsonl.2", "judge.jsonl.1", "judge.jsonl")
-               for line in (tmp_path / name).read_text().splitlines()]
+    indices = [
+        json.loads(line)["index"]
+        for name in ("judge.jsonl.2", "judge.jsonl.1", "judge.jsonl")
+        for line in (tmp_path / name).read_text().splitlines()
+    ]
     assert indices[-1] == 99 and indices == list(range(indices[0], 100))
 
 

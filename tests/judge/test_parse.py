@@ -15,7 +15,7 @@ POINTWISE_CASES = [
     ("json fence", '```json\n{"score": 8, "reason": "good"}\n```', 0.8),
     ("bare fence", '```\n{"score": 3, "reason": "weak"}\n```', 0.3),
     ("prose around", 'Here is my verdict: {"score": 6, "reason": "fine"} I hope this helps!', 0.6),
-    ("prose with apostrophe first", "Let's see. It's fine.\n{\"score\": 9, \"reason\": \"clear\"}", 0.9),
+    ("prose with apostrophe first", 'Let\'s see. It\'s fine.\n{"score": 9, "reason": "clear"}', 0.9),
     ("single quotes", "{'score': 4, 'reason': 'it is partly right'}", 0.4),
     ("trailing comma", '{"score": 5, "reason": "half",}', 0.5),
     ("bare keys", "{score: 2, reason: wrong answer}", 0.2),
@@ -42,7 +42,9 @@ POINTWISE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("raw, expected", [case[1:] for case in POINTWISE_CASES], ids=[case[0] for case in POINTWISE_CASES])
+@pytest.mark.parametrize(
+    "raw, expected", [case[1:] for case in POINTWISE_CASES], ids=[case[0] for case in POINTWISE_CASES]
+)
 def test_pointwise_outputs(raw, expected):
     if isinstance(expected, float):
         assert parse_pointwise(raw).score == pytest.approx(expected)
@@ -58,31 +60,49 @@ def test_pointwise_keeps_the_reason():
 IDS = ["1", "2", "3"]
 
 GROUP_CASES = [
-    ("well-formed",
-     '{"scores": [{"id": "1", "score": 7, "explanation": "a"}, {"id": "2", "score": 10, "explanation": "b"},'
-     ' {"id": "3", "score": 0, "explanation": "c"}]}',
-     [0.7, 1.0, 0.0]),
-    ("integer ids, out of order",
-     '{"scores": [{"id": 3, "score": 1}, {"id": 1, "score": 2}, {"id": 2, "score": 3}]}',
-     [0.2, 0.3, 0.1]),
-    ("bare list in a fence with prose",
-     'Scores:\n```json\n[{"id": "1", "score": 5}, {"id": "2", "score": 6}, {"id": "3", "score": 7},]\n```\nDone.',
-     [0.5, 0.6, 0.7]),
+    (
+        "well-formed",
+        '{"scores": [{"id": "1", "score": 7, "explanation": "a"}, {"id": "2", "score": 10, "explanation": "b"},'
+        ' {"id": "3", "score": 0, "explanation": "c"}]}',
+        [0.7, 1.0, 0.0],
+    ),
+    (
+        "integer ids, out of order",
+        '{"scores": [{"id": 3, "score": 1}, {"id": 1, "score": 2}, {"id": 2, "score": 3}]}',
+        [0.2, 0.3, 0.1],
+    ),
+    (
+        "bare list in a fence with prose",
+        'Scores:\n```json\n[{"id": "1", "score": 5}, {"id": "2", "score": 6}, {"id": "3", "score": 7},]\n```\nDone.',
+        [0.5, 0.6, 0.7],
+    ),
     ("mapping of id to score", '{"1": 4, "2": {"score": 8, "explanation": "x"}, "3": 9}', [0.4, 0.8, 0.9]),
-    ("single quotes and response_id",
-     "{'scores': [{'response_id': '1', 'score': 2}, {'response_id': '2', 'score': 2}, {'response_id': '3', 'score': 2}]}",
-     [0.2, 0.2, 0.2]),
+    (
+        "single quotes and response_id",
+        "{'scores': [{'response_id': '1', 'score': 2}, {'response_id': '2', 'score': 2}, {'response_id': '3', 'score': 2}]}",
+        [0.2, 0.2, 0.2],
+    ),
     ("missing id", '{"scores": [{"id": "1", "score": 7}, {"id": "2", "score": 5}]}', "missing ids: 3"),
-    ("duplicated id",
-     '{"scores": [{"id": "1", "score": 7}, {"id": "1", "score": 5}, {"id": "2", "score": 5}, {"id": "3", "score": 1}]}',
-     "more than once: 1"),
-    ("extra id",
-     '{"scores": [{"id": "1", "score": 7}, {"id": "2", "score": 5}, {"id": "3", "score": 1}, {"id": "4", "score": 1}]}',
-     "unknown ids: 4"),
-    ("score 15", '{"scores": [{"id": "1", "score": 15}, {"id": "2", "score": 5}, {"id": "3", "score": 1}]}',
-     "score of id 1 15 is outside"),
-    ("NaN score", '{"scores": [{"id": "1", "score": NaN}, {"id": "2", "score": 5}, {"id": "3", "score": 1}]}',
-     "score of id 1 must be a number"),
+    (
+        "duplicated id",
+        '{"scores": [{"id": "1", "score": 7}, {"id": "1", "score": 5}, {"id": "2", "score": 5}, {"id": "3", "score": 1}]}',
+        "more than once: 1",
+    ),
+    (
+        "extra id",
+        '{"scores": [{"id": "1", "score": 7}, {"id": "2", "score": 5}, {"id": "3", "score": 1}, {"id": "4", "score": 1}]}',
+        "unknown ids: 4",
+    ),
+    (
+        "score 15",
+        '{"scores": [{"id": "1", "score": 15}, {"id": "2", "score": 5}, {"id": "3", "score": 1}]}',
+        "score of id 1 15 is outside",
+    ),
+    (
+        "NaN score",
+        '{"scores": [{"id": "1", "score": NaN}, {"id": "2", "score": 5}, {"id": "3", "score": 1}]}',
+        "score of id 1 must be a number",
+    ),
     ("entries without ids", '{"scores": [{"score": 1}, {"score": 2}, {"score": 3}]}', 'no "scores" list'),
     ("truncated", '{"scores": [{"id": "1", "score": 7}, {"id": "2", "sc', "cut off or malformed"),
     ("empty", "", "empty"),
@@ -102,8 +122,11 @@ def test_group_outputs(raw, expected):
 
 
 def test_group_keeps_explanations_by_id():
-    verdicts = parse_group('{"scores": [{"id": "2", "score": 1, "explanation": "wrong"}, {"id": "1", "score": 9, '
-                           '"explanation": "right"}]}', ["1", "2"])
+    verdicts = parse_group(
+        '{"scores": [{"id": "2", "score": 1, "explanation": "wrong"}, {"id": "1", "score": 9, '
+        '"explanation": "right"}]}',
+        ["1", "2"],
+    )
     assert verdicts["1"].reason == "right"
     assert verdicts["2"].reason == "wrong"
 

@@ -80,7 +80,7 @@ json_like = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
-alphabet = st.sampled_from(list('{}[]"\':,\\`\n -0123456789.eE') + ["score", "scores", "id", "```json", "NaN", "null"])
+alphabet = st.sampled_from(list("{}[]\"':,\\`\n -0123456789.eE") + ["score", "scores", "id", "```json", "NaN", "null"])
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

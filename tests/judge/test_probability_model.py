@@ -47,8 +47,10 @@ def reference_logprobs(engine, prompt: str) -> dict[str, float]:
 def test_next_token_logprobs_match_a_plain_forward_pass(engine):
     shared = engine.render_chat([{"role": "user", "content": "Rate these answers to 7 x 8: A) 56 B) 54 C) 65."}])
     group = [shared + group_item_prefill(i) for i in ("1", "2", "3")]  # one shared prefix: run once, then repeated
-    mixed = [engine.render_chat([{"role": "user", "content": text}]) + '{"score": '
-             for text in ("Is 2 + 2 = 4? Score it.", "Grade: the sky is green.")]  # different lengths: padding
+    mixed = [
+        engine.render_chat([{"role": "user", "content": text}]) + '{"score": '
+        for text in ("Is 2 + 2 = 4? Score it.", "Grade: the sky is green.")
+    ]  # different lengths: padding
     for prompts in (group, mixed):
         got = engine.next_token_logprobs(prompts, list(PROBABILITY_SCALE))
         assert len(got) == len(prompts)
@@ -62,8 +64,10 @@ def test_next_token_logprobs_match_a_plain_forward_pass(engine):
 @pytest.mark.parametrize("mode", ["pointwise", "group"])
 def test_every_row_is_scored_with_a_logged_distribution(engine, tmp_path, mode):
     rows = load_rows(shipped_set_path())[134:146]  # 6 questions, 2 answers each: 3 multiply, 3 GSM8K
-    samples = [RewardSample(prompt=r.question, completion=r.response, reference=r.reference, group=i // 2)
-               for i, r in enumerate(rows)]
+    samples = [
+        RewardSample(prompt=r.question, completion=r.response, reference=r.reference, group=i // 2)
+        for i, r in enumerate(rows)
+    ]
     spec = JudgeSpec(model="smollm2-135m-instruct", mode=mode, cache=False)
     judge = Judge(spec, engine, log_path=tmp_path / "judge.jsonl")
     judge.set_step(1)
@@ -88,14 +92,32 @@ def test_every_row_is_scored_with_a_logged_distribution(engine, tmp_path, mode):
 
 
 def test_judge_eval_cli_reports_every_probability_mode(store_data_dir, capsys):
-    code = main(["judge", "eval", "shipped", "--limit", "8", "--mode", "pointwise,group",
-                 "--scoring", "probabilities", "--json", "--data-dir", str(store_data_dir)])
+    code = main(
+        [
+            "judge",
+            "eval",
+            "shipped",
+            "--limit",
+            "8",
+            "--mode",
+            "pointwise,group",
+            "--scoring",
+            "probabilities",
+            "--json",
+            "--data-dir",
+            str(store_data_dir),
+        ]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
-    assert [(r["mode"], r["scoring"]) for r in report["reports"]] == [("pointwise", "probabilities"),
-                                                                      ("group", "probabilities")]
+    assert [(r["mode"], r["scoring"]) for r in report["reports"]] == [
+        ("pointwise", "probabilities"),
+        ("group", "probabilities"),
+    ]
     for r in report["reports"]:
         assert r["rows"] == 8 and r["failures"] == 0 and r["failure_rate"] == 0.0
         assert r["requests"] == (8 if r["mode"] == "pointwise" else 4)
-        assert r["score_std"] > 0 and r["prompt_tokens_per_completion"] > 100 and r["generated_tokens_per_completion"] == 0
+        assert (
+            r["score_std"] > 0 and r["prompt_tokens_per_completion"] > 100 and r["generated_tokens_per_completion"] == 0
+        )
         assert 0.0 <= r["auc"] <= 1.0 and r["latency_p95_seconds"] >= r["latency_p50_seconds"] > 0

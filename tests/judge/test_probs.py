@@ -53,8 +53,11 @@ def test_spearman_uses_average_ranks():
 
 def test_batches_keep_a_questions_rows_together(tmp_path):
     path = tmp_path / "rows.jsonl"
-    path.write_text("".join(f'{{"question": "q{i // 3}", "reference": "1", "response": "r{i}", "label": {i % 2}}}\n'
-                            for i in range(9)))
+    path.write_text(
+        "".join(
+            f'{{"question": "q{i // 3}", "reference": "1", "response": "r{i}", "label": {i % 2}}}\n' for i in range(9)
+        )
+    )
     rows = load_rows(path)
     assert batches(rows, 4) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     assert batches(rows, 6) == [[0, 1, 2, 3, 4, 5], [6, 7, 8]]

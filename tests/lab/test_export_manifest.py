@@ -31,11 +31,14 @@ def test_manifest_accepts_the_folder_it_describes(tmp_path):
     assert manifest["files"]["README.md"]["bytes"] == len("# card\n")
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda f: (f / "adapter_config.json").write_text('{"r": 9}\n'), "adapter_config.json was changed"),
-    (lambda f: (f / "README.md").unlink(), "README.md is missing"),
-    (lambda f: (f / "extra.safetensors").write_bytes(b"x"), "extra.safetensors is not listed"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda f: (f / "adapter_config.json").write_text('{"r": 9}\n'), "adapter_config.json was changed"),
+        (lambda f: (f / "README.md").unlink(), "README.md is missing"),
+        (lambda f: (f / "extra.safetensors").write_bytes(b"x"), "extra.safetensors is not listed"),
+    ],
+)
 def test_manifest_names_each_changed_missing_or_added_file(tmp_path, change, message):
     folder = export_folder(tmp_path)
     change(folder)
@@ -63,8 +66,9 @@ def job_folder(data_dir: Path, name: str = "unit-job") -> Path:
         adapter.mkdir(parents=True)
         (adapter / "adapter_model.safetensors").write_bytes(b"w")
         (adapter / "adapter_config.json").write_text("{}")
-        (adapter.parent / "state.json").write_text(json.dumps(
-            {"step": step, "best_metric": "reward_mean", "metrics": {"reward_mean": reward}}))
+        (adapter.parent / "state.json").write_text(
+            json.dumps({"step": step, "best_metric": "reward_mean", "metrics": {"reward_mean": reward}})
+        )
     (job / "checkpoints" / ".tmp-step-000006" / "adapter").mkdir(parents=True)  # an unfinished checkpoint
     best = job / "best"
     best.mkdir()

@@ -33,7 +33,9 @@ def held_out_accuracy(trained_job, model, tokenizer) -> float:
     spec = load_job(trained_job.job_file)
     task = load_task(spec.task, trained_job.job_file.parent)
     tokenizer.padding_side = "left"
-    return evaluate(HFEngine(model, tokenizer, name="export"), task, task.held_out, [], spec.grpo.max_new_tokens).accuracy
+    return evaluate(
+        HFEngine(model, tokenizer, name="export"), task, task.held_out, [], spec.grpo.max_new_tokens
+    ).accuracy
 
 
 def noise(accuracy: float, problems: int) -> float:
@@ -66,7 +68,10 @@ def test_adapter_export_has_manifest_card_and_reproduces_accuracy(trained_job, a
     assert manifest["source"]["job"] == "lab-tiny" and manifest["source"]["step"] == 1
     assert manifest["source"]["metric"]["name"] == "reward_mean"
     store_model = ModelStore(trained_job.data_dir).get("smollm2-135m-instruct")
-    assert manifest["base_model"]["files"]["model.safetensors"] == store_model.manifest["files"]["model.safetensors"]["sha256"]
+    assert (
+        manifest["base_model"]["files"]["model.safetensors"]
+        == store_model.manifest["files"]["model.safetensors"]["sha256"]
+    )
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "README.md"} <= set(manifest["files"])
     config = json.loads((adapter_export / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "smollm2-135m-instruct"
@@ -79,9 +84,13 @@ def test_adapter_export_has_manifest_card_and_reproduces_accuracy(trained_job, a
     # Elsewhere: transformers + peft, the base quantized as the job trained it (export.json says how).
     assert manifest["base_model"]["training_quantization"] == "nf4"
     base = AutoModelForCausalLM.from_pretrained(
-        str(store_model.path), dtype=torch.float32, device_map={"": "cpu"},
-        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                               bnb_4bit_compute_dtype=torch.float32))
+        str(store_model.path),
+        dtype=torch.float32,
+        device_map={"": "cpu"},
+        quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+        ),
+    )
     model = PeftModel.from_pretrained(base, str(adapter_export))
     accuracy = held_out_accuracy(trained_job, model, AutoTokenizer.from_pretrained(str(adapter_export)))
     after = recorded["after"]["accuracy"]
@@ -107,8 +116,10 @@ def test_merged_export_is_made_from_the_original_weights(trained_job, merged_exp
     assert lora_b.abs().max() > 0  # training moved the adapter
     expected = original["model.layers.0.self_attn.q_proj.weight"] + (16 / 8) * lora_b @ lora_a
     assert torch.allclose(merged["model.layers.0.self_attn.q_proj.weight"].float(), expected, atol=1e-2, rtol=1e-2)
-    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"],
-                           original["model.layers.0.self_attn.q_proj.weight"].to(torch.bfloat16))
+    assert not torch.equal(
+        merged["model.layers.0.self_attn.q_proj.weight"],
+        original["model.layers.0.self_attn.q_proj.weight"].to(torch.bfloat16),
+    )
 
 
 def test_merged_export_loads_with_transformers_alone_and_reproduces_accuracy(trained_job, merged_export):

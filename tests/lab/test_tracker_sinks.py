@@ -63,11 +63,11 @@ def wandb_records(path):
         if room < 7:  # the rest of a block too small for a header is padding
             position += room
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[position:position + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[position : position + 7])
         if length == 0 and kind == 0:
             position += room
             continue
-        pending += data[position + 7:position + 7 + length]
+        pending += data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind in (1, 4):  # FULL or LAST
             record = wandb_internal_pb2.Record()
@@ -96,11 +96,25 @@ def test_wandb_offline_run_folder_holds_the_steps(trained_job):
 
 
 def test_flatten_names_nested_scalars_and_drops_text():
-    flat = flatten_record({"step": 3, "job": "x", "reward_mean": 0.5, "nonfinite": False,
-                           "rewards": {"correctness": {"mean": 1.0, "std": 0.0}},
-                           "eval": None, "seconds": {"train": 2}, "loss": float("nan")})
-    assert flat == {"reward_mean": 0.5, "nonfinite": 0.0, "rewards/correctness/mean": 1.0,
-                    "rewards/correctness/std": 0.0, "seconds/train": 2.0}
+    flat = flatten_record(
+        {
+            "step": 3,
+            "job": "x",
+            "reward_mean": 0.5,
+            "nonfinite": False,
+            "rewards": {"correctness": {"mean": 1.0, "std": 0.0}},
+            "eval": None,
+            "seconds": {"train": 2},
+            "loss": float("nan"),
+        }
+    )
+    assert flat == {
+        "reward_mean": 0.5,
+        "nonfinite": 0.0,
+        "rewards/correctness/mean": 1.0,
+        "rewards/correctness/std": 0.0,
+        "seconds/train": 2.0,
+    }
 
 
 def test_missing_packages_give_one_clear_line_and_no_sink(tmp_path, monkeypatch):
@@ -114,8 +128,14 @@ def test_missing_packages_give_one_clear_line_and_no_sink(tmp_path, monkeypatch)
     for module in [m for m in sys.modules if m.startswith(("appliance.trackers.", "wandb", "tensorboard"))]:
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setattr(builtins, "__import__", without_trackers)
-    spec = JobSpec.model_validate({"name": "t", "student": {"model": "m"}, "rewards": [{"name": "correctness"}],
-                                   "tracking": {"tensorboard": True, "wandb": True}})
+    spec = JobSpec.model_validate(
+        {
+            "name": "t",
+            "student": {"model": "m"},
+            "rewards": [{"name": "correctness"}],
+            "tracking": {"tensorboard": True, "wandb": True},
+        }
+    )
     lines: list[str] = []
     trackers = open_trackers(spec, tmp_path, lines.append)
     assert trackers.sinks == []
@@ -123,11 +143,27 @@ def test_missing_packages_give_one_clear_line_and_no_sink(tmp_path, monkeypatch)
     assert "tracking.tensorboard is on but the tensorboard package is not installed" in lines[0]
     assert "tracking.wandb is on but the wandb package is not installed" in lines[1]
     assert all("pip install 'appliance[trackers]'" in line for line in lines)
-    record = StepRecord.from_dict({"step": 1, "time": 0.0, "reward_mean": 0.0, "reward_std": 0.0, "loss": 0.0, "kl": 0.0,
-                                   "clip_ratio": 0.0, "grad_norm": 0.0, "learning_rate": 0.0,
-                                   "groups_informative": 0, "groups_total": 0, "trained_sequences": 0,
-                                   "trained_tokens": 0, "micro_batch_size": 1, "completions": 0,
-                                   "completion_length_mean": 0.0, "completion_length_max": 0})
+    record = StepRecord.from_dict(
+        {
+            "step": 1,
+            "time": 0.0,
+            "reward_mean": 0.0,
+            "reward_std": 0.0,
+            "loss": 0.0,
+            "kl": 0.0,
+            "clip_ratio": 0.0,
+            "grad_norm": 0.0,
+            "learning_rate": 0.0,
+            "groups_informative": 0,
+            "groups_total": 0,
+            "trained_sequences": 0,
+            "trained_tokens": 0,
+            "micro_batch_size": 1,
+            "completions": 0,
+            "completion_length_mean": 0.0,
+            "completion_length_max": 0,
+        }
+    )
     trackers.write(record)  # no sink, no error
     trackers.close()
 

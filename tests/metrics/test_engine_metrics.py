@@ -13,12 +13,19 @@ def engine_snapshot(model_name: str, generated: int, running: int, latencies: li
     """What VLLMEngine.metrics_snapshot() returns, built from vLLM-style collectors in their own registry."""
     registry = CollectorRegistry()
     labels = {"model_name": model_name, "engine": "0"}
-    Counter("vllm:generation_tokens", "Number of generation tokens processed.", list(labels),
-            registry=registry).labels(**labels).inc(generated)
-    Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", list(labels),
-          registry=registry).labels(**labels).set(running)
-    latency = Histogram("vllm:e2e_request_latency_seconds", "End to end request latency in seconds.", list(labels),
-                        buckets=(0.5, 1.0, 5.0), registry=registry).labels(**labels)
+    Counter("vllm:generation_tokens", "Number of generation tokens processed.", list(labels), registry=registry).labels(
+        **labels
+    ).inc(generated)
+    Gauge(
+        "vllm:num_requests_running", "Number of requests in model execution batches.", list(labels), registry=registry
+    ).labels(**labels).set(running)
+    latency = Histogram(
+        "vllm:e2e_request_latency_seconds",
+        "End to end request latency in seconds.",
+        list(labels),
+        buckets=(0.5, 1.0, 5.0),
+        registry=registry,
+    ).labels(**labels)
     for seconds in latencies:
         latency.observe(seconds)
     return {"model_name": model_name, "families": snapshot_collectors(capture_vllm_collectors(registry))}
@@ -47,8 +54,11 @@ def test_a_later_snapshot_of_the_same_model_replaces_the_earlier(metrics, scrape
     metrics.add_engine_snapshot(engine_snapshot("student", generated=1500, running=0, latencies=[0.2, 0.3]))
     got = scrape()
 
-    assert [s.value for s in got.families["vllm:generation_tokens"].samples
-            if s.name.endswith("_total") and s.labels["model_name"] == "student"] == [1500]
+    assert [
+        s.value
+        for s in got.families["vllm:generation_tokens"].samples
+        if s.name.endswith("_total") and s.labels["model_name"] == "student"
+    ] == [1500]
     assert got.value("vllm:num_requests_running", model_name="student", engine="0") == 0
     assert got.value("vllm:e2e_request_latency_seconds_count", model_name="student", engine="0") == 2
     assert got.value("vllm:generation_tokens_total", model_name="judge", engine="0") == 120

@@ -28,13 +28,16 @@ def test_close_stops_serving_and_frees_the_port(metrics):
     again.close()
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("127.0.0.1:9464", ("127.0.0.1", 9464)),
-    ("0.0.0.0:9100", ("0.0.0.0", 9100)),
-    (":9464", ("127.0.0.1", 9464)),
-    ("[::1]:9464", ("::1", 9464)),
-    ("localhost:0", ("localhost", 0)),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+        ("0.0.0.0:9100", ("0.0.0.0", 9100)),
+        (":9464", ("127.0.0.1", 9464)),
+        ("[::1]:9464", ("::1", 9464)),
+        ("localhost:0", ("localhost", 0)),
+    ],
+)
 def test_metrics_addr_is_host_and_port(text, expected):
     assert parse_metrics_addr(text) == expected
 

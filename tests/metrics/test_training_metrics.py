@@ -28,15 +28,38 @@ def step_record(step: int, checkpoint: bool = False, judge_outcomes: dict | None
     if checkpoint:
         seconds["checkpoint"] = 1.5
     values = dict(
-        job="multiply-demo", step=step, steps_total=30, time=1.79e9 + step, reward_mean=0.25 * step, reward_std=0.4,
+        job="multiply-demo",
+        step=step,
+        steps_total=30,
+        time=1.79e9 + step,
+        reward_mean=0.25 * step,
+        reward_std=0.4,
         rewards={"correctness": RewardStats(0.1 * step, 0.3), "answer_format": RewardStats(0.9, 0.1)},
-        loss=-0.012 * step, kl=0.003 * step, clip_ratio=0.05, grad_norm=0.8, learning_rate=2e-4, nonfinite=False,
-        groups_informative=3, groups_total=4, trained_sequences=24, trained_tokens=600, micro_batch_size=8,
-        completions=32, completion_length_mean=12.5, completion_length_max=24,
-        generated_tokens={"student": 400 + step}, prompt_tokens={"student": 1200},
-        tokens_per_second={"student": 50.0 * step}, seconds=seconds,
-        memory=MemoryReading(peak_rss_bytes=3 * GiB, planned_peak_bytes=4 * GiB, device_used_bytes=None,
-                             phase_peak_bytes={}, components_used_bytes={}),
+        loss=-0.012 * step,
+        kl=0.003 * step,
+        clip_ratio=0.05,
+        grad_norm=0.8,
+        learning_rate=2e-4,
+        nonfinite=False,
+        groups_informative=3,
+        groups_total=4,
+        trained_sequences=24,
+        trained_tokens=600,
+        micro_batch_size=8,
+        completions=32,
+        completion_length_mean=12.5,
+        completion_length_max=24,
+        generated_tokens={"student": 400 + step},
+        prompt_tokens={"student": 1200},
+        tokens_per_second={"student": 50.0 * step},
+        seconds=seconds,
+        memory=MemoryReading(
+            peak_rss_bytes=3 * GiB,
+            planned_peak_bytes=4 * GiB,
+            device_used_bytes=None,
+            phase_peak_bytes={},
+            components_used_bytes={},
+        ),
         judge_outcomes=judge_outcomes or {},
     )
     values.update(overrides)
@@ -76,8 +99,9 @@ def test_two_trainer_steps_add_up_in_the_counters_and_the_gauges_show_the_last(m
 
 def test_skipped_updates_and_held_out_accuracy_reach_their_metrics(metrics, scrape):
     metrics.observe_step(step_record(1, nonfinite=True))
-    metrics.observe_step(step_record(2, eval=EvalResult(accuracy=0.62, format_compliance=0.9, reward_mean=1.1,
-                                                        problems=100)))
+    metrics.observe_step(
+        step_record(2, eval=EvalResult(accuracy=0.62, format_compliance=0.9, reward_mean=1.1, problems=100))
+    )
     metrics.observe_step(step_record(3, nonfinite=True))
     got = scrape()
     assert got.value("appliance_nonfinite_steps_total") == 2
@@ -120,10 +144,12 @@ def test_judge_counters_only_go_up_and_a_new_judge_counts_on(metrics, scrape):
     for index, (outcomes, generated, prompt, seconds) in enumerate(steps, start=1):
         record = step_record(index, judge_outcomes=outcomes)
         record = dataclasses.replace(
-            record, generated_tokens={**record.generated_tokens, "judge": generated},
+            record,
+            generated_tokens={**record.generated_tokens, "judge": generated},
             prompt_tokens={**record.prompt_tokens, "judge": prompt},
             tokens_per_second={**record.tokens_per_second, "judge": generated / seconds if seconds else 0.0},
-            seconds={**record.seconds, **({"judge": seconds} if seconds else {})})
+            seconds={**record.seconds, **({"judge": seconds} if seconds else {})},
+        )
         metrics.observe_step(record)
         got = scrape()
         seen.append({outcome: got.value("appliance_judge_requests_total", outcome=outcome) for outcome in outcomes})
@@ -142,8 +168,15 @@ def test_judge_counters_only_go_up_and_a_new_judge_counts_on(metrics, scrape):
 
 
 def test_build_info_jobs_and_no_job_or_step_label_anywhere(metrics, scrape, plan):
-    metrics.observe_step(step_record(1, checkpoint=True, judge_outcomes={"ok": 1},
-                                     generated_tokens={"student": 401, "judge": 5}, prompt_tokens={"student": 9}))
+    metrics.observe_step(
+        step_record(
+            1,
+            checkpoint=True,
+            judge_outcomes={"ok": 1},
+            generated_tokens={"student": 401, "judge": 5},
+            prompt_tokens={"student": 9},
+        )
+    )
     metrics.observe_plan(plan)
     metrics.observe_ledger(Ledger(plan))
     metrics.set_jobs({"running": 1, "queued": 2})
@@ -151,24 +184,51 @@ def test_build_info_jobs_and_no_job_or_step_label_anywhere(metrics, scrape, plan
     got = scrape()
 
     assert got.label_sets("appliance_build_info") == [
-        {"version": "0.1.0", "student_model": "smollm2-135m-instruct", "judge_model": "qwen2.5-7b-instruct"}]
-    assert got.value("appliance_build_info", version="0.1.0", student_model="smollm2-135m-instruct",
-                     judge_model="qwen2.5-7b-instruct") == 1
+        {"version": "0.1.0", "student_model": "smollm2-135m-instruct", "judge_model": "qwen2.5-7b-instruct"}
+    ]
+    assert (
+        got.value(
+            "appliance_build_info",
+            version="0.1.0",
+            student_model="smollm2-135m-instruct",
+            judge_model="qwen2.5-7b-instruct",
+        )
+        == 1
+    )
     assert got.value("appliance_jobs", state="queued") == 0
     assert got.value("appliance_jobs", state="succeeded") == 1
     assert got.value("appliance_jobs", state="running") == 1
     assert "job" not in got.all_label_names() and "step" not in got.all_label_names()
     appliance_families = {name for name in got.families if name.startswith("appliance_")}
     assert appliance_families == {
-        "appliance_generated_tokens", "appliance_prompt_tokens", "appliance_completions", "appliance_train_steps",
-        "appliance_step_duration_seconds", "appliance_generation_tokens_per_second", "appliance_reward_mean",
-        "appliance_reward_std", "appliance_kl", "appliance_loss", "appliance_clip_ratio",
-        "appliance_memory_planned_bytes", "appliance_memory_used_bytes", "appliance_memory_budget_bytes",
-        "appliance_device_memory_total_bytes", "appliance_device_memory_used_bytes", "appliance_judge_requests",
-        "appliance_jobs", "appliance_disk_free_bytes", "appliance_build_info", "appliance_eval_accuracy",
-        "appliance_nonfinite_steps", "appliance_nonfinite_steps_created",
+        "appliance_generated_tokens",
+        "appliance_prompt_tokens",
+        "appliance_completions",
+        "appliance_train_steps",
+        "appliance_step_duration_seconds",
+        "appliance_generation_tokens_per_second",
+        "appliance_reward_mean",
+        "appliance_reward_std",
+        "appliance_kl",
+        "appliance_loss",
+        "appliance_clip_ratio",
+        "appliance_memory_planned_bytes",
+        "appliance_memory_used_bytes",
+        "appliance_memory_budget_bytes",
+        "appliance_device_memory_total_bytes",
+        "appliance_device_memory_used_bytes",
+        "appliance_judge_requests",
+        "appliance_jobs",
+        "appliance_disk_free_bytes",
+        "appliance_build_info",
+        "appliance_eval_accuracy",
+        "appliance_nonfinite_steps",
+        "appliance_nonfinite_steps_created",
         # prometheus_client's creation timestamps of the counters and the histogram
-        "appliance_generated_tokens_created", "appliance_prompt_tokens_created", "appliance_completions_created",
-        "appliance_train_steps_created", "appliance_step_duration_seconds_created",
+        "appliance_generated_tokens_created",
+        "appliance_prompt_tokens_created",
+        "appliance_completions_created",
+        "appliance_train_steps_created",
+        "appliance_step_duration_seconds_created",
         "appliance_judge_requests_created",
     }

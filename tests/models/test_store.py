@@ -49,7 +49,9 @@ def test_import_copies_the_model_files_and_hashes_each(imported, demo_model_dir)
     for file_name, entry in manifest["files"].items():
         assert entry["bytes"] == (demo_model_dir / file_name).stat().st_size
         assert entry["sha256"] == sha256_file(demo_model_dir / file_name)
-    assert ModelStore(data_dir).verify("imported-smollm2").size_bytes == sum(e["bytes"] for e in manifest["files"].values())
+    assert ModelStore(data_dir).verify("imported-smollm2").size_bytes == sum(
+        e["bytes"] for e in manifest["files"].values()
+    )
 
 
 def test_import_refuses_a_name_already_taken(imported, demo_model_dir):

@@ -18,7 +18,8 @@ def exprs() -> list[str]:
 def test_the_datasource_is_a_template_variable_every_query_uses():
     variables = {var["name"]: var for var in DASHBOARD["templating"]["list"]}
     references = [panel["datasource"] for panel in DASHBOARD["panels"]] + [
-        target["datasource"] for panel in DASHBOARD["panels"] for target in panel["targets"]]
+        target["datasource"] for panel in DASHBOARD["panels"] for target in panel["targets"]
+    ]
 
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     assert all(ref == {"type": "prometheus", "uid": "${datasource}"} for ref in references)
@@ -44,12 +45,24 @@ def test_the_requested_views_are_there():
     text = "\n".join(exprs())
 
     assert re.search(r"sum by \(role\) \(rate\(appliance_generated_tokens_total", text)
-    assert "histogram_quantile(0.5, sum by (le, phase)" in text and "histogram_quantile(0.95, sum by (le, phase)" in text
-    for metric in ("appliance_reward_mean", "appliance_reward_std", "appliance_eval_accuracy", "appliance_kl",
-                   "appliance_memory_used_bytes", "appliance_memory_budget_bytes", "DCGM_FI_DEV_FB_USED",
-                   "appliance_judge_requests_total", "appliance_jobs"):
+    assert (
+        "histogram_quantile(0.5, sum by (le, phase)" in text and "histogram_quantile(0.95, sum by (le, phase)" in text
+    )
+    for metric in (
+        "appliance_reward_mean",
+        "appliance_reward_std",
+        "appliance_eval_accuracy",
+        "appliance_kl",
+        "appliance_memory_used_bytes",
+        "appliance_memory_budget_bytes",
+        "DCGM_FI_DEV_FB_USED",
+        "appliance_judge_requests_total",
+        "appliance_jobs",
+    ):
         assert metric in text, metric
-    memory = next(panel for panel in DASHBOARD["panels"] if "appliance_memory_used_bytes" in panel["targets"][0]["expr"])
+    memory = next(
+        panel for panel in DASHBOARD["panels"] if "appliance_memory_used_bytes" in panel["targets"][0]["expr"]
+    )
     assert memory["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
     assert memory["fieldConfig"]["defaults"]["unit"] == "bytes"
     # DCGM reports MiB; the panel is in bytes.

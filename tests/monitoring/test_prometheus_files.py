@@ -31,10 +31,16 @@ def test_alert_rules_are_valid():
 
 def test_each_alert_fires_when_it_should():
     tests = Path(__file__).with_name("alerts.test.yml")
-    alerts = {line.split(":", 1)[1].strip() for line in (IMAGES / "alerts.yml").read_text().splitlines()
-              if line.strip().startswith("- alert:")}
-    tested = {line.split(":", 1)[1].strip() for line in tests.read_text().splitlines()
-              if line.strip().startswith("alertname:")}
+    alerts = {
+        line.split(":", 1)[1].strip()
+        for line in (IMAGES / "alerts.yml").read_text().splitlines()
+        if line.strip().startswith("- alert:")
+    }
+    tested = {
+        line.split(":", 1)[1].strip()
+        for line in tests.read_text().splitlines()
+        if line.strip().startswith("alertname:")
+    }
 
     result = promtool("test", "rules", str(tests))
 

@@ -28,7 +28,14 @@ def samples(*completions: str, reference: str = "42") -> list[RewardSample]:
 
 def test_known_names_are_the_rules_and_the_judge():
     assert known_reward_names() == [
-        "answer_format", "correctness", "int", "length", "soft_format", "strict_format", "xmlcount", "judge",
+        "answer_format",
+        "correctness",
+        "int",
+        "length",
+        "soft_format",
+        "strict_format",
+        "xmlcount",
+        "judge",
     ]
 
 
@@ -127,7 +134,9 @@ def test_two_plugin_files_with_the_same_name_do_not_collide(tmp_path):
     for folder, value in (("a", 1.0), ("b", 2.0)):
         (tmp_path / folder).mkdir()
         write_plugin(tmp_path / folder, f"def score(prompt, completion, reference, metadata):\n    return {value}\n")
-    rewards = build_rewards([RewardSpec(name="a/my_rewards.py:score"), RewardSpec(name="b/my_rewards.py:score")], tmp_path)
+    rewards = build_rewards(
+        [RewardSpec(name="a/my_rewards.py:score"), RewardSpec(name="b/my_rewards.py:score")], tmp_path
+    )
     assert score_samples(rewards, samples("x")).total == [3.0]
 
 
@@ -138,7 +147,9 @@ def test_plugin_missing_file(tmp_path):
 
 def test_plugin_missing_function_lists_what_is_there(tmp_path):
     write_plugin(tmp_path, "def brevity(prompt, completion, reference, metadata):\n    return 0.0\n")
-    with pytest.raises(RewardError, match=r"my_rewards\.py has no function 'brevety' \(functions defined there: brevity\)"):
+    with pytest.raises(
+        RewardError, match=r"my_rewards\.py has no function 'brevety' \(functions defined there: brevity\)"
+    ):
         build_rewards([RewardSpec(name="my_rewards.py:brevety")], tmp_path)
 
 
@@ -158,7 +169,9 @@ def test_plugin_with_the_wrong_signature(tmp_path):
 def test_plugin_returning_a_non_number_is_named(tmp_path, bad_value):
     write_plugin(tmp_path, f"def score(prompt, completion, reference, metadata):\n    return {bad_value}\n")
     rewards = build_rewards([RewardSpec(name="my_rewards.py:score")], tmp_path)
-    with pytest.raises(RewardError, match=r"reward 'my_rewards\.py:score' returned .* for sample 0; it must return a finite number"):
+    with pytest.raises(
+        RewardError, match=r"reward 'my_rewards\.py:score' returned .* for sample 0; it must return a finite number"
+    ):
         score_samples(rewards, samples("x"))
 
 

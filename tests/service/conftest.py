@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 
 from daemon_support import (
-    REPO_ROOT, Daemon, daemon_env, free_port, link_model_store, run_prometheus, short_tmp_dir, tiny_job,
+    REPO_ROOT,
+    Daemon,
+    daemon_env,
+    free_port,
+    link_model_store,
+    run_prometheus,
+    short_tmp_dir,
+    tiny_job,
 )
 from service_latency import concurrent_status_requests
 
@@ -30,14 +37,21 @@ def make_daemon(tmp_path, store_data_dir):
     started: list[Daemon] = []
     folders: list[Path] = []
 
-    def make(args: list[str] | None = None, env: dict | None = None, data_dir: Path | None = None,
-             start: bool = True) -> Daemon:
+    def make(
+        args: list[str] | None = None, env: dict | None = None, data_dir: Path | None = None, start: bool = True
+    ) -> Daemon:
         folder = short_tmp_dir()
         folders.append(folder)
         if data_dir is None:
             data_dir = link_model_store(store_data_dir, tmp_path / f"data{len(started)}")
-        daemon = Daemon(data_dir, folder / "control.sock", free_port(), tmp_path / f"daemon{len(started)}.log",
-                        ["--stop-timeout", "60", *(args or [])], daemon_env(env))
+        daemon = Daemon(
+            data_dir,
+            folder / "control.sock",
+            free_port(),
+            tmp_path / f"daemon{len(started)}.log",
+            ["--stop-timeout", "60", *(args or [])],
+            daemon_env(env),
+        )
         started.append(daemon)
         return daemon.start() if start else daemon
 
@@ -69,8 +83,9 @@ def served_job(tmp_path_factory, store_data_dir):
     tmp = tmp_path_factory.mktemp("served")
     folder = short_tmp_dir()
     data_dir = link_model_store(store_data_dir, tmp / "data")
-    daemon = Daemon(data_dir, folder / "control.sock", free_port(), tmp / "daemon.log", ["--stop-timeout", "60"],
-                    daemon_env())
+    daemon = Daemon(
+        data_dir, folder / "control.sock", free_port(), tmp / "daemon.log", ["--stop-timeout", "60"], daemon_env()
+    )
     try:
         daemon.start()
         with run_prometheus([f"127.0.0.1:{daemon.metrics_port}"]) as prometheus:
@@ -79,9 +94,23 @@ def served_job(tmp_path_factory, store_data_dir):
             submitted = daemon.cli("submit", str(job_file), "--json")
             assert submitted.returncode == 0, submitted.stderr
             job_id = json.loads(submitted.stdout)["job"]["id"]
-            follow = subprocess.Popen([sys.executable, "-m", "appliance", "jobs", "logs", job_id, "--follow",
-                                       "--socket", str(daemon.socket_path)], stdout=subprocess.PIPE, text=True,
-                                      env=daemon.env, cwd=REPO_ROOT)
+            follow = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "appliance",
+                    "jobs",
+                    "logs",
+                    job_id,
+                    "--follow",
+                    "--socket",
+                    str(daemon.socket_path),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=daemon.env,
+                cwd=REPO_ROOT,
+            )
             lines: list[tuple[float, str]] = []
 
             def read_follow() -> None:

@@ -71,13 +71,22 @@ def test_audit_lines_carry_the_callers_uid_and_pid(make_daemon, tmp_path):
     calls = [["submit", str(job_file), "--dry-run"], ["cancel", "0123456789"], ["pause", "abcdefabcd"]]
     pids = []
     for call in calls:
-        proc = subprocess.Popen(command + call + ["--socket", str(daemon.socket_path)], env=daemon.env,
-                                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            command + call + ["--socket", str(daemon.socket_path)],
+            env=daemon.env,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         pids.append(proc.pid)
         proc.communicate(timeout=60)
     lines = [json.loads(line) for line in (daemon.data_dir / "audit.jsonl").read_text().splitlines()]
     assert [(line["action"], line["pid"], line["uid"]) for line in lines] == [
-        ("dry_run", pids[0], os.getuid()), ("cancel", pids[1], os.getuid()), ("pause", pids[2], os.getuid())]
+        ("dry_run", pids[0], os.getuid()),
+        ("cancel", pids[1], os.getuid()),
+        ("pause", pids[2], os.getuid()),
+    ]
     assert lines[0]["outcome"] == "ok"
     assert lines[1]["outcome"].startswith("refused: no job '0123456789'")
     assert lines[1]["job_id"] == "0123456789"
@@ -116,17 +125,32 @@ def test_no_tcp_control_port_only_the_loopback_metrics_port(make_daemon):
 
 def _as_nobody(socket_path: Path, groups: list[int]) -> subprocess.CompletedProcess:
     """A raw HTTP GET /status through the socket, run as uid 65534 with only `groups`."""
-    program = ("import socket,sys\n"
-               "s=socket.socket(socket.AF_UNIX)\n"
-               "try:\n s.connect(sys.argv[1])\n"
-               "except PermissionError:\n print('EACCES'); sys.exit(3)\n"
-               "s.sendall(b'GET /status HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n')\n"
-               "data=b''\n"
-               "while chunk:=s.recv(65536): data+=chunk\n"
-               "print(data.decode().split('\\r\\n\\r\\n',1)[1])\n")
+    program = (
+        "import socket,sys\n"
+        "s=socket.socket(socket.AF_UNIX)\n"
+        "try:\n s.connect(sys.argv[1])\n"
+        "except PermissionError:\n print('EACCES'); sys.exit(3)\n"
+        "s.sendall(b'GET /status HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n')\n"
+        "data=b''\n"
+        "while chunk:=s.recv(65536): data+=chunk\n"
+        "print(data.decode().split('\\r\\n\\r\\n',1)[1])\n"
+    )
     group_args = ["--groups", ",".join(map(str, groups))] if groups else ["--clear-groups"]
-    return subprocess.run([SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", *group_args, SYSTEM_PYTHON, "-c",
-                           program, str(socket_path)], capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [
+            SETPRIV,
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            *group_args,
+            SYSTEM_PYTHON,
+            "-c",
+            program,
+            str(socket_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SETPRIV), reason="needs root and setpriv to switch uid")
@@ -150,10 +174,12 @@ def test_a_request_without_peer_credentials_is_refused(tmp_path):
 
     daemon = Daemon(DaemonOptions(data_dir=tmp_path / "data"))
     try:
+
         async def call() -> httpx.Response:
             transport = httpx.ASGITransport(app=create_app(daemon))  # an ASGI scope with no SO_PEERCRED reading
             async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
                 return await client.get("/status")
+
         response = asyncio.run(call())
     finally:
         daemon.close()
@@ -204,7 +230,11 @@ def malformed_cases(plugins_dir: Path) -> list[tuple[str, dict, int]]:
         ("an unknown top-level key", {"yaml": GOOD + "colour: blue\n"}, 422),
         ("an unknown nested key", {"yaml": _replace("  steps: 3", "  stepz: 3")}, 422),
         ("a missing model", {"yaml": _replace("model: smollm2-135m-instruct", "model: no-such-model")}, 422),
-        ("a model folder that does not exist", {"yaml": _replace("model: smollm2-135m-instruct", "model: /nowhere/m")}, 422),
+        (
+            "a model folder that does not exist",
+            {"yaml": _replace("model: smollm2-135m-instruct", "model: /nowhere/m")},
+            422,
+        ),
         ("no student section", {"yaml": "name: x\nrewards:\n  - {name: correctness}\n"}, 422),
         ("a wrong type", {"yaml": _replace("  steps: 3", "  steps: many")}, 422),
         ("a negative group size", {"yaml": _replace("group_size: 2", "group_size: -2")}, 422),
@@ -212,14 +242,38 @@ def malformed_cases(plugins_dir: Path) -> list[tuple[str, dict, int]]:
         ("the judge reward without a judge", {"yaml": _replace("name: correctness", "name: judge")}, 422),
         ("a key given twice", {"yaml": GOOD + "name: again\n"}, 422),
         ("an unknown built-in dataset", {"yaml": _replace("builtin:multiply", "builtin:mulitply")}, 422),
-        ("a plugin outside the plugin dir (absolute)", {"yaml": _replace("name: correctness", "name: /tmp/evil.py:reward")}, 422),
-        ("a plugin escaping the plugin dir", {"yaml": _replace("name: correctness", "name: ../../evil.py:reward")}, 422),
-        ("a plugin inside the plugin dir that is missing", {"yaml": _replace("name: correctness", "name: absent.py:reward")}, 422),
+        (
+            "a plugin outside the plugin dir (absolute)",
+            {"yaml": _replace("name: correctness", "name: /tmp/evil.py:reward")},
+            422,
+        ),
+        (
+            "a plugin escaping the plugin dir",
+            {"yaml": _replace("name: correctness", "name: ../../evil.py:reward")},
+            422,
+        ),
+        (
+            "a plugin inside the plugin dir that is missing",
+            {"yaml": _replace("name: correctness", "name: absent.py:reward")},
+            422,
+        ),
         ("a plugin defining no such function", {"yaml": _replace("name: correctness", "name: installed.py:nope")}, 422),
-        ("a dataset outside the allowed roots", {"yaml": _replace(dataset, "  dataset: /etc/appliance-secret.jsonl\n")}, 422),
+        (
+            "a dataset outside the allowed roots",
+            {"yaml": _replace(dataset, "  dataset: /etc/appliance-secret.jsonl\n")},
+            422,
+        ),
         ("a dataset escaping the allowed roots", {"yaml": _replace(dataset, "  dataset: ../../../etc/x.jsonl\n")}, 422),
-        ("an upload with a line that is not JSON", {"yaml": with_file, "uploads": {"data/train.jsonl": ROWS_OK + "{oops\n"}}, 422),
-        ("an upload with an unknown row key", {"yaml": with_file, "uploads": {"data/train.jsonl": ROWS_OK + '{"questoin": "x"}\n'}}, 422),
+        (
+            "an upload with a line that is not JSON",
+            {"yaml": with_file, "uploads": {"data/train.jsonl": ROWS_OK + "{oops\n"}},
+            422,
+        ),
+        (
+            "an upload with an unknown row key",
+            {"yaml": with_file, "uploads": {"data/train.jsonl": ROWS_OK + '{"questoin": "x"}\n'}},
+            422,
+        ),
         ("an empty upload", {"yaml": with_file, "uploads": {"data/train.jsonl": ""}}, 422),
         ("an upload under another name", {"yaml": with_file, "uploads": {"other.jsonl": ROWS_OK}}, 422),
         ("an oversized upload", {"yaml": with_file, "uploads": {"data/train.jsonl": ROWS_OK * 400}}, 413),
@@ -271,10 +325,18 @@ def test_thirty_malformed_submissions_each_get_a_4xx_and_nothing_is_stored(make_
 def test_a_refusal_lists_the_errors_exactly_as_config_check(make_daemon, tmp_path):
     daemon = make_daemon()
     job_file = tmp_path / "bad.yaml"
-    job_file.write_text(_replace("model: smollm2-135m-instruct", "model: smollm2-135m-instrut")
-                        .replace("  steps: 3", "  stepz: 3").replace("name: correctness", "name: corectness"))
-    check = subprocess.run([sys.executable, "-m", "appliance", "config", "check", str(job_file), "--data-dir",
-                            str(daemon.data_dir)], capture_output=True, text=True, env=daemon.env, cwd=REPO_ROOT)
+    job_file.write_text(
+        _replace("model: smollm2-135m-instruct", "model: smollm2-135m-instrut")
+        .replace("  steps: 3", "  stepz: 3")
+        .replace("name: correctness", "name: corectness")
+    )
+    check = subprocess.run(
+        [sys.executable, "-m", "appliance", "config", "check", str(job_file), "--data-dir", str(daemon.data_dir)],
+        capture_output=True,
+        text=True,
+        env=daemon.env,
+        cwd=REPO_ROOT,
+    )
     assert check.returncode == 2
     submitted = daemon.cli("submit", str(job_file))
     assert submitted.returncode == 2
@@ -284,8 +346,10 @@ def test_a_refusal_lists_the_errors_exactly_as_config_check(make_daemon, tmp_pat
 
 def test_an_uploaded_dataset_is_checked_and_a_dataset_in_the_root_is_read_in_place(make_daemon, tmp_path):
     daemon = make_daemon()
-    job = GOOD.replace("  dataset: builtin:multiply\n  operand_min: 2\n  operand_max: 5\n  held_out: 4\n",
-                       "  dataset: data/train.jsonl\n  held_out: 1\n")
+    job = GOOD.replace(
+        "  dataset: builtin:multiply\n  operand_min: 2\n  operand_max: 5\n  held_out: 4\n",
+        "  dataset: data/train.jsonl\n  held_out: 1\n",
+    )
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.jsonl").write_text(ROWS_OK + '{"question": 5}\n')
     (tmp_path / "job.yaml").write_text(job)

@@ -58,7 +58,8 @@ def test_the_tcp_port_answers_only_with_the_token_and_audits_refusals(tcp_daemon
     daemon, port = tcp_daemon, tcp_daemon.control_port
     # The same check that finds no control port by default (test_control_surface) finds this one.
     assert sorted(_listening_tcp_ports(daemon.proc.pid)) == sorted(
-        [("0100007F", daemon.metrics_port), ("0100007F", port)])
+        [("0100007F", daemon.metrics_port), ("0100007F", port)]
+    )
     base = f"http://127.0.0.1:{port}"
     with httpx.Client(base_url=base, timeout=10) as http:
         missing = http.get("/status")
@@ -71,8 +72,9 @@ def test_the_tcp_port_answers_only_with_the_token_and_audits_refusals(tcp_daemon
         right = http.get("/status", headers={"Authorization": "Bearer " + TOKEN})
         assert right.status_code == 200, right.text
         assert right.json()["caller_uid"] is None  # no SO_PEERCRED on TCP
-    status, local_port, body = raw_request(port, b"GET /jobs HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
-                                                 b"X-Forwarded-For: 10.9.9.9\r\n\r\n")
+    status, local_port, body = raw_request(
+        port, b"GET /jobs HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer nope\r\nX-Forwarded-For: 10.9.9.9\r\n\r\n"
+    )
     assert status == 401 and body["error"].startswith("wrong bearer token")
     lines = audit_lines(daemon)
     assert [(line["action"], line["outcome"]) for line in lines] == [
@@ -81,8 +83,14 @@ def test_the_tcp_port_answers_only_with_the_token_and_audits_refusals(tcp_daemon
         ("authenticate", "refused: no bearer token (GET /jobs)"),
         ("authenticate", "refused: wrong bearer token (GET /jobs)"),
     ]
-    assert all(line["transport"] == "tcp" and line["uid"] is None and line["pid"] is None
-               and line["user"] is None and line["remote"].startswith("127.0.0.1:") for line in lines)
+    assert all(
+        line["transport"] == "tcp"
+        and line["uid"] is None
+        and line["pid"] is None
+        and line["user"] is None
+        and line["remote"].startswith("127.0.0.1:")
+        for line in lines
+    )
     # The address is the connection's own, not a header's.
     assert lines[-1]["remote"] == f"127.0.0.1:{local_port}"
     # The Unix socket works as before, without any token.
@@ -98,8 +106,14 @@ def test_the_cli_talks_to_the_tcp_port_and_its_calls_are_audited_as_tcp(tcp_daem
     client_token = token_file(tmp_path / "client")
 
     def jobs(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "appliance", "jobs", *args], capture_output=True, text=True,
-                              env={**daemon.env, **(env or {})}, cwd=REPO_ROOT, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "appliance", "jobs", *args],
+            capture_output=True,
+            text=True,
+            env={**daemon.env, **(env or {})},
+            cwd=REPO_ROOT,
+            timeout=60,
+        )
 
     flags = ["--control-addr", f"127.0.0.1:{port}", "--token-file", str(client_token)]
     dry = jobs("submit", str(job_file), "--dry-run", "--json", *flags)
@@ -107,8 +121,9 @@ def test_the_cli_talks_to_the_tcp_port_and_its_calls_are_audited_as_tcp(tcp_daem
     assert json.loads(dry.stdout)["dry_run"] is True
     refused = jobs("cancel", "0123456789", *flags)
     assert refused.returncode == 2 and "no job '0123456789'" in refused.stderr
-    listed = jobs("list", "--json", env={"APPLIANCE_CONTROL_ADDR": f"127.0.0.1:{port}",
-                                          "APPLIANCE_TOKEN_FILE": str(client_token)})
+    listed = jobs(
+        "list", "--json", env={"APPLIANCE_CONTROL_ADDR": f"127.0.0.1:{port}", "APPLIANCE_TOKEN_FILE": str(client_token)}
+    )
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
     os.chmod(client_token, 0o640)
     loose = jobs("list", *flags)
@@ -117,7 +132,9 @@ def test_the_cli_talks_to_the_tcp_port_and_its_calls_are_audited_as_tcp(tcp_daem
     assert no_token.returncode == 1 and "--token-file" in no_token.stderr
     lines = audit_lines(daemon)
     assert [(line["action"], line["transport"], line["uid"], line["outcome"].split(":")[0]) for line in lines] == [
-        ("dry_run", "tcp", None, "ok"), ("cancel", "tcp", None, "refused")]
+        ("dry_run", "tcp", None, "ok"),
+        ("cancel", "tcp", None, "refused"),
+    ]
     assert all(line["remote"].startswith("127.0.0.1:") for line in lines)
     # The library client too (the TUI's and scripts'): the right token works, a wrong one is a 401.
     with Client(control_addr=f"127.0.0.1:{port}", token=TOKEN) as client:
@@ -130,20 +147,23 @@ def test_the_cli_talks_to_the_tcp_port_and_its_calls_are_audited_as_tcp(tcp_daem
 @pytest.mark.parametrize("case", ["group-readable", "empty", "missing", "no-file-flag"])
 def test_the_daemon_refuses_to_start_with_a_bad_token_file(make_daemon, tmp_path, case):
     port = free_port()
-    path = {"group-readable": lambda: token_file(tmp_path, mode=0o640),
-            "empty": lambda: token_file(tmp_path, text="\n"),
-            "missing": lambda: tmp_path / "absent.token",
-            "no-file-flag": lambda: None}[case]()
+    path = {
+        "group-readable": lambda: token_file(tmp_path, mode=0o640),
+        "empty": lambda: token_file(tmp_path, text="\n"),
+        "missing": lambda: tmp_path / "absent.token",
+        "no-file-flag": lambda: None,
+    }[case]()
     args = ["--control-addr", f"127.0.0.1:{port}"] + (["--control-token-file", str(path)] if path else [])
     daemon = make_daemon(args, start=False)
     daemon.start(wait=False)
     assert daemon.proc.wait(60) == 2
     error = daemon.log().strip().splitlines()[-1]
-    expected = {"group-readable": f"readable or writable by group or others (mode 0640); restrict it with: "
-                                  f"chmod 600 {path}",
-                "empty": "the file is empty",
-                "missing": "no such file",
-                "no-file-flag": "--control-addr needs --control-token-file FILE"}[case]
+    expected = {
+        "group-readable": f"readable or writable by group or others (mode 0640); restrict it with: chmod 600 {path}",
+        "empty": "the file is empty",
+        "missing": "no such file",
+        "no-file-flag": "--control-addr needs --control-token-file FILE",
+    }[case]
     assert error.startswith("error: ") and expected in error, error
     if path:
         assert str(path) in error

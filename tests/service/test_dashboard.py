@@ -95,8 +95,14 @@ def live(tmp_path_factory, store_data_dir):
     yields (prometheus base URL, the daemon's metrics text)."""
     tmp = tmp_path_factory.mktemp("dashboard")
     folder = short_tmp_dir()
-    daemon = Daemon(link_model_store(store_data_dir, tmp / "data"), folder / "control.sock", free_port(),
-                    tmp / "daemon.log", ["--stop-timeout", "60"], daemon_env())
+    daemon = Daemon(
+        link_model_store(store_data_dir, tmp / "data"),
+        folder / "control.sock",
+        free_port(),
+        tmp / "daemon.log",
+        ["--stop-timeout", "60"],
+        daemon_env(),
+    )
     try:
         daemon.start()
         with run_prometheus([f"127.0.0.1:{daemon.metrics_port}"]) as prometheus:

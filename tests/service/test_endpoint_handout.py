@@ -24,8 +24,14 @@ def daemon(tmp_path):
 
 
 def test_only_the_running_workers_endpoint_is_handed_out(daemon):
-    job = daemon.store.submit("ext", uid=1000, user="alice", plan=None, steps_total=3,
-                              spec={"name": "ext", "student": {"model": "m"}, "task": {"environment": "external"}})
+    job = daemon.store.submit(
+        "ext",
+        uid=1000,
+        user="alice",
+        plan=None,
+        steps_total=3,
+        spec={"name": "ext", "student": {"model": "m"}, "task": {"environment": "external"}},
+    )
     daemon.store.transition(job.id, "running", "started on slot 0")
     daemon.store.update(job.id, pgid=4242)
     job_dir = daemon.job_dir(job.id)

@@ -63,6 +63,7 @@ def endpoint_when_up(client, job_id: str):
             job = client.job(job_id)
             assert job.state in ("queued", "running", "interrupted"), f"job {job_id} is {job.state}: {job.reason}"
             return None  # starting: the model is loading
+
     return wait_for(ask, 600, f"job {job_id}'s endpoint")
 
 
@@ -80,15 +81,35 @@ def test_an_external_agent_trains_a_job_and_forgeries_are_refused(make_daemon, t
     assert shown.returncode == 0 and json.loads(shown.stdout)["token"] == endpoint.token
 
     played = tmp_path / "played.json"
-    agent = subprocess.run([sys.executable, str(AGENT), "--url", endpoint.url, "--token", endpoint.token, "--model",
-                            endpoint.model, "--out", str(played), "--max-tokens", "12", "--groups", "2"],
-                           capture_output=True, text=True, timeout=600, env=daemon.env, cwd=REPO_ROOT)
+    agent = subprocess.run(
+        [
+            sys.executable,
+            str(AGENT),
+            "--url",
+            endpoint.url,
+            "--token",
+            endpoint.token,
+            "--model",
+            endpoint.model,
+            "--out",
+            str(played),
+            "--max-tokens",
+            "12",
+            "--groups",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=daemon.env,
+        cwd=REPO_ROOT,
+    )
     assert agent.returncode == 0, agent.stderr[-3000:]
     groups = json.loads(played.read_text())["groups"]
 
     forged = json.loads(json.dumps(groups))
     played = forged[0]["trajectories"][0]
-    turn = next(m for m in played["messages"][played["context_messages"]:] if m["role"] == "assistant")
+    turn = next(m for m in played["messages"][played["context_messages"] :] if m["role"] == "assistant")
     turn["content"] = '<tool_call>{"name": "multiply", "arguments": {"a": 1, "b": 1}}</tool_call>'
     (tmp_path / "forged.json").write_text(json.dumps(forged))
     refused = daemon.cli("submit-trajectories", job_id, str(tmp_path / "forged.json"))

@@ -37,9 +37,15 @@ def test_every_transition_follows_the_table(store):
     for source in JOB_STATES:
         for target in JOB_STATES:
             job = submit(store)
-            path = {"queued": [], "running": ["running"], "paused": ["paused"], "interrupted": ["running", "interrupted"],
-                    "succeeded": ["running", "succeeded"], "failed": ["running", "failed"],
-                    "cancelled": ["cancelled"]}[source]
+            path = {
+                "queued": [],
+                "running": ["running"],
+                "paused": ["paused"],
+                "interrupted": ["running", "interrupted"],
+                "succeeded": ["running", "succeeded"],
+                "failed": ["running", "failed"],
+                "cancelled": ["cancelled"],
+            }[source]
             for step in path:
                 store.transition(job.id, step)
             if target in TRANSITIONS[source]:
@@ -62,9 +68,12 @@ def test_transitions_append_events_with_reasons_in_order(store):
     store.transition(job.id, "succeeded", "done")
     events = store.events(0, job.id, kinds=("state",))
     assert [(e.data["from"], e.data["to"], e.data["reason"]) for e in events] == [
-        (None, "queued", "submitted"), ("queued", "running", "started on slot 0"),
-        ("running", "interrupted", "worker died"), ("interrupted", "running", "restarted"),
-        ("running", "succeeded", "done")]
+        (None, "queued", "submitted"),
+        ("queued", "running", "started on slot 0"),
+        ("running", "interrupted", "worker died"),
+        ("interrupted", "running", "restarted"),
+        ("running", "succeeded", "done"),
+    ]
     assert [e.id for e in events] == sorted(e.id for e in events)
 
 

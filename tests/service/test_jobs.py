@@ -23,13 +23,29 @@ pytestmark = pytest.mark.model
 
 # DESIGN.md "Prometheus metric names": what a scrape must hold (histograms as their _count series).
 DESIGN_METRICS = [
-    "appliance_generated_tokens_total", "appliance_prompt_tokens_total", "appliance_completions_total",
-    "appliance_train_steps_total", "appliance_step_duration_seconds_count", "appliance_generation_tokens_per_second",
-    "appliance_reward_mean", "appliance_reward_std", "appliance_kl", "appliance_loss", "appliance_clip_ratio",
-    "appliance_memory_planned_bytes", "appliance_memory_used_bytes", "appliance_memory_budget_bytes",
-    "appliance_device_memory_total_bytes", "appliance_device_memory_used_bytes", "appliance_judge_requests_total",
-    "appliance_eval_accuracy", "appliance_nonfinite_steps_total", "appliance_worker_restarts_total",
-    "appliance_jobs", "appliance_disk_free_bytes", "appliance_build_info",
+    "appliance_generated_tokens_total",
+    "appliance_prompt_tokens_total",
+    "appliance_completions_total",
+    "appliance_train_steps_total",
+    "appliance_step_duration_seconds_count",
+    "appliance_generation_tokens_per_second",
+    "appliance_reward_mean",
+    "appliance_reward_std",
+    "appliance_kl",
+    "appliance_loss",
+    "appliance_clip_ratio",
+    "appliance_memory_planned_bytes",
+    "appliance_memory_used_bytes",
+    "appliance_memory_budget_bytes",
+    "appliance_device_memory_total_bytes",
+    "appliance_device_memory_used_bytes",
+    "appliance_judge_requests_total",
+    "appliance_eval_accuracy",
+    "appliance_nonfinite_steps_total",
+    "appliance_worker_restarts_total",
+    "appliance_jobs",
+    "appliance_disk_free_bytes",
+    "appliance_build_info",
 ]
 
 
@@ -49,6 +65,7 @@ def submit(daemon, tmp_path, name: str, steps: int) -> str:
 
 # ----- one job from submit to success ----------------------------------------------------------------
 
+
 def test_submit_runs_to_success_through_appliance_jobs(served_job):
     daemon, job_id = served_job.daemon, served_job.job_id
     shown = daemon.cli("show", job_id, "--json")
@@ -56,7 +73,10 @@ def test_submit_runs_to_success_through_appliance_jobs(served_job):
     job = json.loads(shown.stdout)
     assert job["state"] == "succeeded" and job["step"] == 3
     assert [(e["data"]["from"], e["data"]["to"]) for e in job["events"]] == [
-        (None, "queued"), ("queued", "running"), ("running", "succeeded")]
+        (None, "queued"),
+        ("queued", "running"),
+        ("running", "succeeded"),
+    ]
     job_dir = daemon.data_dir / "jobs" / job_id
     assert steps_of(job_dir) == [1, 2, 3]
     assert (job_dir / "best").is_dir() and any((job_dir / "best").iterdir())
@@ -98,27 +118,47 @@ def test_jobs_samples_prints_what_the_worker_recorded_and_agent_trajectories(ser
     newest = [record for record in records if record["step"] == max(r["step"] for r in records)]
     shown = daemon.cli("samples", job_id)
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.splitlines()[0] == (f"== step {newest[0]['step']} · prompt 1: {newest[0]['question']}  "
-                                            f"(answer {newest[0]['reference']})")
-    assert all(record["completion"].strip().splitlines()[0] in shown.stdout for record in newest
-               if record["completion"].strip())
+    assert shown.stdout.splitlines()[0] == (
+        f"== step {newest[0]['step']} · prompt 1: {newest[0]['question']}  (answer {newest[0]['reference']})"
+    )
+    assert all(
+        record["completion"].strip().splitlines()[0] in shown.stdout
+        for record in newest
+        if record["completion"].strip()
+    )
     first = daemon.cli("samples", job_id, "--step", "1", "--json")
     assert json.loads(first.stdout) == [record for record in records if record["step"] == 1]
     # An agent job's line (the trainer's shape) served by the daemon prints with its turns and mask.
     trajectory = {
-        "step": 99, "kind": "trajectory", "environment": "calculator", "scenario": "7 * 8", "reward": 1.0,
-        "rewards": {"correct": 1.0}, "advantage": 0.5, "metrics": {"turns": 2},
-        "messages": [{"role": "user", "content": "What is 7 * 8?"},
-                     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
-                         "name": "multiply", "arguments": '{"a": 7, "b": 8}'}}]},
-                     {"role": "tool", "tool_call_id": "c1", "content": "56"},
-                     {"role": "assistant", "content": "<answer>56</answer>"}],
-        "segments": [{"text": "<|im_start|>user\nWhat is 7 * 8?<|im_end|>\n<|im_start|>assistant\n", "trained": False},
-                     {"text": '<tool_call>{"name": "multiply", "arguments": {"a": 7, "b": 8}}</tool_call>',
-                      "trained": True},
-                     {"text": "\n<|im_start|>tool\n56<|im_end|>\n<|im_start|>assistant\n", "trained": False},
-                     {"text": "<answer>56</answer><|im_end|>", "trained": True}],
-        "trained_tokens": 30, "context_tokens": 25}
+        "step": 99,
+        "kind": "trajectory",
+        "environment": "calculator",
+        "scenario": "7 * 8",
+        "reward": 1.0,
+        "rewards": {"correct": 1.0},
+        "advantage": 0.5,
+        "metrics": {"turns": 2},
+        "messages": [
+            {"role": "user", "content": "What is 7 * 8?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 7, "b": 8}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "56"},
+            {"role": "assistant", "content": "<answer>56</answer>"},
+        ],
+        "segments": [
+            {"text": "<|im_start|>user\nWhat is 7 * 8?<|im_end|>\n<|im_start|>assistant\n", "trained": False},
+            {"text": '<tool_call>{"name": "multiply", "arguments": {"a": 7, "b": 8}}</tool_call>', "trained": True},
+            {"text": "\n<|im_start|>tool\n56<|im_end|>\n<|im_start|>assistant\n", "trained": False},
+            {"text": "<answer>56</answer><|im_end|>", "trained": True},
+        ],
+        "trained_tokens": 30,
+        "context_tokens": 25,
+    }
     original = path.read_text()
     try:
         path.write_text(original + json.dumps(trajectory) + "\n")
@@ -127,13 +167,16 @@ def test_jobs_samples_prints_what_the_worker_recorded_and_agent_trajectories(ser
         path.write_text(original)
     assert agent.returncode == 0, agent.stderr
     lines = agent.stdout.splitlines()
-    assert lines[:2] == ["== step 99 · group 1 · calculator · scenario 7 * 8 · 1 trajectory",
-                         "-- trajectory 1: reward 1.00  correct 1.00  advantage +0.50  tokens: 30 trained, 25 context"]
+    assert lines[:2] == [
+        "== step 99 · group 1 · calculator · scenario 7 * 8 · 1 trajectory",
+        "-- trajectory 1: reward 1.00  correct 1.00  advantage +0.50  tokens: 30 trained, 25 context",
+    ]
     assert '   assistant      call multiply({"a": 7, "b": 8})' in lines
     assert "   tool (multiply)56" not in lines and "   tool (multiply) 56" in lines
     assert [line for line in lines if line.startswith("   TRAIN |")] == [
         '   TRAIN | <tool_call>{"name": "multiply", "arguments": {"a": 7, "b": 8}}</tool_call>',
-        "   TRAIN | <answer>56</answer><|im_end|>"]
+        "   TRAIN | <answer>56</answer><|im_end|>",
+    ]
 
 
 def test_logs_follow_streams_lines_as_they_are_written(served_job):
@@ -149,8 +192,10 @@ def test_200_concurrent_status_requests_while_a_job_trains(served_job):
     latencies, errors = served_job.status_latencies, served_job.status_errors
     assert errors == [] and len(latencies) == 200
     p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
-    print(f"\n200 concurrent GET /status while training: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
-          f"max {max(latencies) * 1000:.1f} ms")
+    print(
+        f"\n200 concurrent GET /status while training: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
+        f"max {max(latencies) * 1000:.1f} ms"
+    )
     assert p99 < 10.0
 
 
@@ -171,12 +216,13 @@ def test_a_real_prometheus_scrapes_every_design_metric(served_job):
     assert value("appliance_train_steps_total") == 3
     assert value('appliance_jobs{state="succeeded"}') == 1
     assert value("appliance_disk_free_bytes") > 0
-    assert value('sum(appliance_memory_planned_bytes)') > 0
+    assert value("sum(appliance_memory_planned_bytes)") > 0
     build = prometheus_query(base, "appliance_build_info")[0]["metric"]
     assert build["student_model"] == "smollm2-135m-instruct"
 
 
 # ----- failures and operator actions on the same daemon -----------------------------------------------
+
 
 def test_kill_9_of_the_worker_resumes_from_its_checkpoint(served_job, tmp_path):
     daemon = served_job.daemon
@@ -227,6 +273,7 @@ def test_cancel_ends_a_running_job_within_seconds(served_job, tmp_path):
 
 
 # ----- the daemon itself dies or is stopped ----------------------------------------------------------
+
 
 def test_kill_9_of_the_daemon_then_a_restart_finishes_all_three_jobs(make_daemon, tmp_path):
     daemon = make_daemon()

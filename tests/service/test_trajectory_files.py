@@ -12,11 +12,14 @@ from appliance.service.client import ClientError
 GROUP = {"scenario_id": "s1", "trajectories": []}
 
 
-@pytest.mark.parametrize("text", [
-    json.dumps([GROUP, GROUP]),
-    json.dumps({"groups": [GROUP, GROUP]}),
-    json.dumps(GROUP) + "\n" + json.dumps(GROUP) + "\n\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps([GROUP, GROUP]),
+        json.dumps({"groups": [GROUP, GROUP]}),
+        json.dumps(GROUP) + "\n" + json.dumps(GROUP) + "\n\n",
+    ],
+)
 def test_the_accepted_layouts_give_the_groups(tmp_path, text):
     path = tmp_path / "groups.json"
     path.write_text(text)
@@ -29,10 +32,13 @@ def test_a_single_group_object_is_a_list_of_one(tmp_path):
     assert _read_groups(path) == [GROUP]
 
 
-@pytest.mark.parametrize("text, message", [
-    (json.dumps(GROUP) + "\n{not json\n", r"groups.jsonl:2: not JSON"),
-    ("[]", "holds no trajectory groups"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (json.dumps(GROUP) + "\n{not json\n", r"groups.jsonl:2: not JSON"),
+        ("[]", "holds no trajectory groups"),
+    ],
+)
 def test_bad_files_name_the_file_and_line(tmp_path, text, message):
     path = tmp_path / "groups.jsonl"
     path.write_text(text)

@@ -17,7 +17,8 @@ SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
 
 # The [Container] keys of Podman 5.x's Quadlet (pkg/systemd/quadlet/quadlet.go, groupsInfo
 # ContainerGroup.SupportedKeys, v5 branch); any other key makes the generator refuse the file.
-QUADLET_CONTAINER_KEYS = frozenset("""
+QUADLET_CONTAINER_KEYS = frozenset(
+    """
 AddCapability AddDevice AddHost Annotation AutoUpdate CgroupsMode ContainerName ContainersConfModule
 DNS DNSOption DNSSearch DropCapability Environment EnvironmentFile EnvironmentHost Entrypoint Exec
 ExposeHostPort GIDMap GlobalArgs Group GroupAdd HealthCmd HealthInterval HealthOnFailure
@@ -29,7 +30,8 @@ ReloadSignal RemapGid RemapUid RemapUidSize RemapUsers Retry RetryDelay Rootfs R
 Secret SecurityLabelDisable SecurityLabelFileType SecurityLabelLevel SecurityLabelNested
 SecurityLabelType ServiceName ShmSize StopSignal StartWithPod StopTimeout SubGIDMap SubUIDMap Sysctl
 Timezone Tmpfs UIDMap Ulimit Unmask User UserNS VolatileTmp Volume WorkingDir
-""".split())
+""".split()
+)
 QUADLET_SECTIONS = {"Unit", "Container", "Service", "Install", "Quadlet"}
 
 
@@ -59,8 +61,7 @@ def values(path: Path, section: str, key: str) -> list[str]:
 def test_classic_service_verifies_without_a_word():
     analyze = need_tool("systemd-analyze", "systemd")
 
-    result = subprocess.run([analyze, "verify", str(SYSTEMD_DIR / "appliance.service")],
-                            capture_output=True, text=True)
+    result = subprocess.run([analyze, "verify", str(SYSTEMD_DIR / "appliance.service")], capture_output=True, text=True)
 
     # An unknown key or a bad value is only a warning on stderr: any output fails.
     assert (result.returncode, result.stderr, result.stdout) == (0, "", "")
@@ -84,8 +85,9 @@ def test_quadlet_unit_and_service_sections_verify(tmp_path: Path):
     lines = []
     for section in ("Unit", "Service", "Install"):
         lines.append(f"[{section}]")
-        lines += [f"{key}={value}" for sec, key, value in unit_entries(SYSTEMD_DIR / "appliance.container")
-                  if sec == section]
+        lines += [
+            f"{key}={value}" for sec, key, value in unit_entries(SYSTEMD_DIR / "appliance.container") if sec == section
+        ]
         if section == "Service":
             lines.append(f"ExecStart={podman} run --rm --name appliance localhost/appliance:0.1.0")
     generated = tmp_path / "appliance.service"
@@ -107,7 +109,9 @@ def test_quadlet_container_is_hardened_and_never_pulls():
     assert get["ReadOnly"] == ["true"] and get["NoNewPrivileges"] == ["true"]
     assert get["DropCapability"] == ["all"]
     assert get["User"] == ["appliance"]
-    assert any(volume.split(":")[1] == "/models" and "ro" in volume.split(":")[2].split(",") for volume in get["Volume"])
+    assert any(
+        volume.split(":")[1] == "/models" and "ro" in volume.split(":")[2].split(",") for volume in get["Volume"]
+    )
     assert values(container, "Service", "Restart") == ["on-failure"]
     assert int(values(container, "Unit", "StartLimitBurst")[0]) > 0
     assert int(values(container, "Service", "TimeoutStartSec")[0]) >= 600
@@ -136,10 +140,15 @@ def host_root(tmp_path: Path) -> Path:
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True)
     for name in ("passwd", "group", "shadow", "gshadow"):
-        (root / "etc" / name).write_text("root:x:0:0:root:/root:/bin/sh\n" if name == "passwd" else
-                                         "root:x:0:\n" if name == "group" else "")
-    subprocess.run([sysusers, f"--root={root}", str(SYSTEMD_DIR / "appliance.sysusers.conf")],
-                   check=True, capture_output=True, text=True)
+        (root / "etc" / name).write_text(
+            "root:x:0:0:root:/root:/bin/sh\n" if name == "passwd" else "root:x:0:\n" if name == "group" else ""
+        )
+    subprocess.run(
+        [sysusers, f"--root={root}", str(SYSTEMD_DIR / "appliance.sysusers.conf")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return root
 
 
@@ -155,12 +164,17 @@ def test_sysusers_gives_the_host_the_image_ids(host_root: Path):
 def test_tmpfiles_makes_the_socket_and_state_directories(host_root: Path):
     tmpfiles = need_tool("systemd-tmpfiles", "systemd")
 
-    result = subprocess.run([tmpfiles, f"--root={host_root}", "--create", str(SYSTEMD_DIR / "appliance.tmpfiles.conf")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [tmpfiles, f"--root={host_root}", "--create", str(SYSTEMD_DIR / "appliance.tmpfiles.conf")],
+        capture_output=True,
+        text=True,
+    )
 
     assert result.returncode == 0, result.stderr
-    made = {folder: (host_root / folder.lstrip("/")).stat() for folder in
-            ("/run/appliance", "/var/lib/appliance", "/var/lib/appliance-models")}
+    made = {
+        folder: (host_root / folder.lstrip("/")).stat()
+        for folder in ("/run/appliance", "/var/lib/appliance", "/var/lib/appliance-models")
+    }
     assert {folder: (st.st_mode & 0o777, st.st_gid) for folder, st in made.items()} == {
         "/run/appliance": (0o750, 10001),
         "/var/lib/appliance": (0o750, 10001),

@@ -26,8 +26,12 @@ def test_each_epoch_visits_every_problem_once_in_a_new_order():
 
 
 def test_same_seed_same_order_other_seed_other_order():
-    assert ids(ProblemStream(problems(20), seed=1).next_batch(30)) == ids(ProblemStream(problems(20), seed=1).next_batch(30))
-    assert ids(ProblemStream(problems(20), seed=1).next_batch(30)) != ids(ProblemStream(problems(20), seed=2).next_batch(30))
+    assert ids(ProblemStream(problems(20), seed=1).next_batch(30)) == ids(
+        ProblemStream(problems(20), seed=1).next_batch(30)
+    )
+    assert ids(ProblemStream(problems(20), seed=1).next_batch(30)) != ids(
+        ProblemStream(problems(20), seed=2).next_batch(30)
+    )
 
 
 @pytest.mark.parametrize("batches_before_checkpoint", [0, 1, 3, 4, 7])

@@ -15,8 +15,9 @@ from daemon_support import Daemon, daemon_env, free_port, link_model_store, shor
 
 def _run_daemon(data_dir: Path, tmp_path: Path):
     folder = short_tmp_dir()  # AF_UNIX paths must stay short
-    daemon = Daemon(data_dir, folder / "control.sock", free_port(), tmp_path / "daemon.log",
-                    ["--stop-timeout", "30"], daemon_env())
+    daemon = Daemon(
+        data_dir, folder / "control.sock", free_port(), tmp_path / "daemon.log", ["--stop-timeout", "30"], daemon_env()
+    )
     try:
         yield daemon.start()
     finally:

@@ -31,7 +31,7 @@ def test_a_trajectory_parses_into_turns_tool_calls_and_segments():
 def test_the_mask_highlights_exactly_the_trained_segments():
     trajectory = parse_trajectory(TRAJECTORIES[0])
     text = mask_text(trajectory)
-    highlighted = [text.plain[span.start:span.end] for span in text.spans if span.style == TRAINED_STYLE]
+    highlighted = [text.plain[span.start : span.end] for span in text.spans if span.style == TRAINED_STYLE]
     assert highlighted == [segment.text for segment in trajectory.segments if segment.trained]
     # Context is shown too (its long start elided), never highlighted.
     assert "<|im_start|>tool" in text.plain and "Offsite logistics" in text.plain
@@ -39,10 +39,19 @@ def test_the_mask_highlights_exactly_the_trained_segments():
 
 def test_the_tui_block_shows_scenario_reward_turns_calls_results_and_the_legend():
     shown = plain(render_trajectory(parse_trajectory(TRAJECTORIES[1]), 2))
-    for expected in ("#2", "email_search", "march-offsite-venue (seed 7)", "0.10", "advantage -0.71",
-                     "41 trained  96 context", "assistant call search({\"query\": \"offsite venue\"})",
-                     "search → [{\"id\": \"m-0412\"", "call answer({\"message_id\": \"m-0412\"})",
-                     " trained  assistant tokens", " context  the rest, not trained"):
+    for expected in (
+        "#2",
+        "email_search",
+        "march-offsite-venue (seed 7)",
+        "0.10",
+        "advantage -0.71",
+        "41 trained  96 context",
+        'assistant call search({"query": "offsite venue"})',
+        'search → [{"id": "m-0412"',
+        'call answer({"message_id": "m-0412"})',
+        " trained  assistant tokens",
+        " context  the rest, not trained",
+    ):
         assert expected in shown, f"{expected!r} not in:\n{shown}"
 
 
@@ -62,12 +71,20 @@ def test_a_trajectory_cut_at_the_token_bound_says_so():
 
 
 def test_a_malformed_trajectory_line_shows_what_it_has():
-    broken = {"step": 3, "kind": "trajectory", "messages": [{"role": "assistant", "content": [{"type": "text",
-                                                                                              "text": "hi"}],
-                                                             "tool_calls": [{"function": {"name": "move",
-                                                                                          "arguments": {"dir": 1}}}]},
-                                                            "junk"],
-              "segments": "not a list", "reward": "high"}
+    broken = {
+        "step": 3,
+        "kind": "trajectory",
+        "messages": [
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "hi"}],
+                "tool_calls": [{"function": {"name": "move", "arguments": {"dir": 1}}}],
+            },
+            "junk",
+        ],
+        "segments": "not a list",
+        "reward": "high",
+    }
     shown = plain(render_samples([broken]))
     assert 'call move({"dir": 1})' in shown and "no trained mask recorded" in shown and "hi" in shown
 
@@ -76,17 +93,19 @@ def test_jobs_samples_prints_trajectories_with_the_mask_marked_per_line():
     text = samples_text(TRAJECTORIES)
     lines = text.splitlines()
     assert lines[0] == "== step 12 · group 1 · email_search · scenario march-offsite-venue (seed 7) · 2 trajectories"
-    assert lines[1].startswith("-- trajectory 1: reward 0.90  correct 1.00  steps 0.80  advantage +0.71  "
-                               "tokens: 41 trained, 96 context")
-    assert "   tool (search)  [{\"id\": \"m-0412\"" in text
+    assert lines[1].startswith(
+        "-- trajectory 1: reward 0.90  correct 1.00  steps 0.80  advantage +0.71  tokens: 41 trained, 96 context"
+    )
+    assert '   tool (search)  [{"id": "m-0412"' in text
     assert '   assistant      call search({"query": "offsite venue"})' in text
     assert '                  call answer({"message_id": "m-0419"})' in text
     assert "   metrics: tool_calls 2  turns 2" in text
     trained = [line.split("| ", 1)[1] for line in lines if line.startswith("   TRAIN |")]
-    assert trained[:2] == ['<tool_call>{"name": "search", "arguments": {"query": "offsite venue"}}</tool_call>'
-                           '<|im_end|>',
-                           'It is the second result.<tool_call>{"name": "answer", "arguments": {"message_id": '
-                           '"m-0419"}}</tool_call><|im_end|>']
+    assert trained[:2] == [
+        '<tool_call>{"name": "search", "arguments": {"query": "offsite venue"}}</tool_call><|im_end|>',
+        'It is the second result.<tool_call>{"name": "answer", "arguments": {"message_id": '
+        '"m-0419"}}</tool_call><|im_end|>',
+    ]
     assert any(line.startswith("   ctx   | <|im_start|>tool") for line in lines)
     single = samples_text(SAMPLES)
     assert single.splitlines()[0] == "== step 37 · prompt 1: What is 7 * 8?  (answer 56)"

@@ -9,7 +9,13 @@ from tui.widgets.reward_chart import step_ticks
 
 
 def test_durations_and_bytes():
-    assert [fmt.duration(s) for s in (0, 42, 185, 7620, 3 * 86400 + 4 * 3600)] == ["0s", "42s", "3m05s", "2h07m", "3d04h"]
+    assert [fmt.duration(s) for s in (0, 42, 185, 7620, 3 * 86400 + 4 * 3600)] == [
+        "0s",
+        "42s",
+        "3m05s",
+        "2h07m",
+        "3d04h",
+    ]
     assert fmt.duration(None) == fmt.MISSING
     assert fmt.gib(3 * 2**30 + 2**29) == "3.5 GiB"
     assert fmt.used_of(2**30, None) == "1.0/– GiB"
@@ -37,8 +43,10 @@ def test_budget_mark_sits_at_its_share_of_the_device():
 
 
 def test_rows_sort_and_fit_eighty_columns():
-    rows = [JobRow("a" * 10, "old", "succeeded", 5, 5, (0.2,), created=1.0),
-            JobRow("b" * 10, "a-very-long-job-name-indeed", "running", 3, 10, (0.1, 0.9), created=2.0)]
+    rows = [
+        JobRow("a" * 10, "old", "succeeded", 5, 5, (0.2,), created=1.0),
+        JobRow("b" * 10, "a-very-long-job-name-indeed", "running", 3, 10, (0.1, 0.9), created=2.0),
+    ]
     assert [row.name for row in sort_rows(rows, "age")] == ["a-very-long-job-name-indeed", "old"]
     assert [row.name for row in sort_rows(rows, "reward")][0] == "a-very-long-job-name-indeed"
     compact = cells(rows[1], now=10.0, compact=True)

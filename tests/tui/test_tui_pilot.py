@@ -56,8 +56,12 @@ async def test_operator_path_against_a_real_daemon(daemon):
             changes.append(message)
 
     async with app.run_test(size=(120, 40), notifications=True, message_hook=record) as pilot:
-        await until(pilot, lambda: app.reachable is True and isinstance(app.screen, JobsScreen),
-                    "the jobs screen reaching the daemon", 30)
+        await until(
+            pilot,
+            lambda: app.reachable is True and isinstance(app.screen, JobsScreen),
+            "the jobs screen reaching the daemon",
+            30,
+        )
         assert "no jobs yet" in screen_text(app)
 
         # New job: validate (the daemon's dry run shows the plan), then submit.
@@ -65,8 +69,9 @@ async def test_operator_path_against_a_real_daemon(daemon):
         await until(pilot, lambda: isinstance(app.screen, NewJobScreen), "the new job screen", 10)
         app.screen.query_one("#editor").load_text(tiny_job("tui-pilot", steps=40))
         await pilot.press("ctrl+t")
-        await until(pilot, lambda: "fits" in screen_text(app) and "budget" in screen_text(app),
-                    "the dry run's memory plan", 60)
+        await until(
+            pilot, lambda: "fits" in screen_text(app) and "budget" in screen_text(app), "the dry run's memory plan", 60
+        )
         assert not await in_thread(client.jobs), "a dry run queued a job"
         await pilot.press("ctrl+s")
         await until(pilot, lambda: "submitted tui-pilot" in screen_text(app), "the submit confirmation", 60)
@@ -81,47 +86,62 @@ async def test_operator_path_against_a_real_daemon(daemon):
             return state
 
         seconds["listed after submit"] = await until(
-            pilot, lambda: listed_state() is not None and "tui-pilot" in screen_text(app), "the job listed by name", 30)
-        seconds["shown running"] = await until(pilot, lambda: listed_state() == "running", "the job shown running",
-                                               STATE_WAIT)
+            pilot, lambda: listed_state() is not None and "tui-pilot" in screen_text(app), "the job listed by name", 30
+        )
+        seconds["shown running"] = await until(
+            pilot, lambda: listed_state() == "running", "the job shown running", STATE_WAIT
+        )
 
         # The job screen: charts receive points, a sample's completions are visible.
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, JobScreen), "the job screen", 10)
         chart = app.screen.query_one("#chart-reward", LineChart)
-        seconds["first chart point"] = await until(pilot, lambda: chart.point_count >= 1,
-                                                   "a reward point on the chart", STEP_WAIT)
+        seconds["first chart point"] = await until(
+            pilot, lambda: chart.point_count >= 1, "a reward point on the chart", STEP_WAIT
+        )
         assert app.screen.query_one("#chart-tps", LineChart).point_count >= 1
         await pilot.click("#--content-tab-samples")
         samples = (await in_thread(client.samples, job.id)).records
         line = next(line.strip() for record in samples for line in record["completion"].splitlines() if line.strip())
-        seconds["sample shown"] = await until(pilot, lambda: line[:12] in screen_text(app),
-                                              f"the completion {line[:12]!r} on screen", 30)
+        seconds["sample shown"] = await until(
+            pilot, lambda: line[:12] in screen_text(app), f"the completion {line[:12]!r} on screen", 30
+        )
         # Logs: the tail of log.txt, as the daemon serves it.
         await pilot.press("4")
         assert "job 'tui-pilot' in" in (await in_thread(client.log, job.id)).text
-        seconds["log shown"] = await until(pilot, lambda: "job 'tui-pilot' in" in widget_text(app, "#log"),
-                                           "the run's first log line on screen", 30)
+        seconds["log shown"] = await until(
+            pilot, lambda: "job 'tui-pilot' in" in widget_text(app, "#log"), "the run's first log line on screen", 30
+        )
         await pilot.press("1")
 
         # Pause, resume, cancel through the modals; each lands in the daemon and on screen.
         await confirm(pilot, "p")
-        seconds["paused in the daemon"] = await until(pilot, lambda: client.job(job.id).state == "paused",
-                                                      "the daemon pausing the job", STATE_WAIT)
-        seconds["then on screen"] = await until(pilot, lambda: " paused " in widget_text(app, "#job-head"),
-                                                "the job screen showing paused", 10)
-        await until(pilot, lambda: f"{job.name} ({job.id}) is paused" in screen_text(app),
-                    "the notification of the pause", 10)
+        seconds["paused in the daemon"] = await until(
+            pilot, lambda: client.job(job.id).state == "paused", "the daemon pausing the job", STATE_WAIT
+        )
+        seconds["then on screen"] = await until(
+            pilot, lambda: " paused " in widget_text(app, "#job-head"), "the job screen showing paused", 10
+        )
+        await until(
+            pilot, lambda: f"{job.name} ({job.id}) is paused" in screen_text(app), "the notification of the pause", 10
+        )
         await confirm(pilot, "r")
-        seconds["resumed in the daemon"] = await until(pilot, lambda: client.job(job.id).state in ("queued", "running"),
-                                                       "the daemon resuming the job", STATE_WAIT)
-        await until(pilot, lambda: any(f" {state} " in widget_text(app, "#job-head") for state in ("queued", "running")),
-                    "the job screen showing the job resumed", 10)
+        seconds["resumed in the daemon"] = await until(
+            pilot, lambda: client.job(job.id).state in ("queued", "running"), "the daemon resuming the job", STATE_WAIT
+        )
+        await until(
+            pilot,
+            lambda: any(f" {state} " in widget_text(app, "#job-head") for state in ("queued", "running")),
+            "the job screen showing the job resumed",
+            10,
+        )
         await confirm(pilot, "x")
-        seconds["cancelled in the daemon"] = await until(pilot, lambda: client.job(job.id).state == "cancelled",
-                                                         "the daemon cancelling the job", 60)
-        await until(pilot, lambda: " cancelled " in widget_text(app, "#job-head"), "the job screen showing cancelled",
-                    10)
+        seconds["cancelled in the daemon"] = await until(
+            pilot, lambda: client.job(job.id).state == "cancelled", "the daemon cancelling the job", 60
+        )
+        await until(
+            pilot, lambda: " cancelled " in widget_text(app, "#job-head"), "the job screen showing cancelled", 10
+        )
 
         await pilot.press("escape")
         await until(pilot, lambda: listed_state() == "cancelled", "the jobs table showing cancelled", 10)
@@ -140,15 +160,23 @@ async def test_unreachable_daemon_is_shown_and_recovered(bare_daemon):
     daemon = bare_daemon
     app = ApplianceApp(str(daemon.socket_path))
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.reachable is True and "no jobs yet" in screen_text(app),
-                    "the jobs screen reaching the daemon", 30)
+        await until(
+            pilot,
+            lambda: app.reachable is True and "no jobs yet" in screen_text(app),
+            "the jobs screen reaching the daemon",
+            30,
+        )
         assert "unreachable" not in screen_text(app)
 
         await in_thread(daemon.stop)
         await until(pilot, lambda: "Daemon unreachable" in screen_text(app), "the unreachable banner", 15)
 
         await in_thread(daemon.start)
-        seconds = await until(pilot, lambda: app.reachable is True and "unreachable" not in screen_text(app),
-                              "the app reconnecting by itself", 15)
+        seconds = await until(
+            pilot,
+            lambda: app.reachable is True and "unreachable" not in screen_text(app),
+            "the app reconnecting by itself",
+            15,
+        )
         assert "no jobs yet" in screen_text(app)
         print(f"reconnected {seconds:.1f}s after the daemon answered again")

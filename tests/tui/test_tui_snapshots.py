@@ -55,6 +55,7 @@ def test_job_samples_tab(snap_compare):
 @pytest.mark.parametrize("size", [(80, 40), (120, 40)], ids=lambda size: f"{size[0]}x{size[1]}")
 def test_job_samples_tab_with_agent_trajectories(snap_compare, size):
     """Turns with role labels, tool calls and results, and the trained mask with its legend and counts."""
+
     async def open_samples(pilot):
         await settle(pilot)
         await pilot.press("2")

@@ -35,13 +35,17 @@ def test_tui_in_tmux_shows_a_submitted_job(daemon):
         env["TERM"] = "xterm-256color"
         command = " ".join(tui_command(daemon.socket_path))
         started = time.monotonic()
-        subprocess.run(["tmux", "-L", session, "new-session", "-d", "-s", session, "-x", "80", "-y", "24", command],
-                       check=True, env=env)
+        subprocess.run(
+            ["tmux", "-L", session, "new-session", "-d", "-s", session, "-x", "80", "-y", "24", command],
+            check=True,
+            env=env,
+        )
         try:
             screen = ""
             while time.monotonic() - started < SHOW_WAIT:
-                screen = subprocess.run(["tmux", "-L", session, "capture-pane", "-p", "-t", session],
-                                        capture_output=True, text=True).stdout
+                screen = subprocess.run(
+                    ["tmux", "-L", session, "capture-pane", "-p", "-t", session], capture_output=True, text=True
+                ).stdout
                 if "tmux-check" in screen:
                     break
                 time.sleep(0.2)

@@ -32,5 +32,5 @@ def screen_text(app) -> str:
 def widget_text(app, selector: str) -> str:
     """What the terminal shows now inside one widget's region."""
     region = app.screen.query_one(selector).region
-    lines = screen_text(app).splitlines()[region.y:region.y + region.height]
-    return "\n".join(line[region.x:region.x + region.width] for line in lines)
+    lines = screen_text(app).splitlines()[region.y : region.y + region.height]
+    return "\n".join(line[region.x : region.x + region.width] for line in lines)

@@ -40,17 +40,24 @@ class CompareScreen(DaemonScreen):
     def on_histories_loaded(self, message: m.HistoriesLoaded) -> None:
         label = {job_id: f"{message.names[job_id]} {job_id[:4]}" for job_id in message.histories}
         self.query_one("#compare-reward", LineChart).show(
-            {label[job_id]: views.series(records, lambda r: r.reward_mean)
-             for job_id, records in message.histories.items()})
+            {
+                label[job_id]: views.series(records, lambda r: r.reward_mean)
+                for job_id, records in message.histories.items()
+            }
+        )
         self.query_one("#compare-accuracy", LineChart).show(
-            {label[job_id]: views.accuracy_points(records) for job_id, records in message.histories.items()})
+            {label[job_id]: views.accuracy_points(records) for job_id, records in message.histories.items()}
+        )
         table = Table(box=None, expand=True, padding=(0, 1))
         for column in ("job", "steps", "reward last", "reward best", "accuracy last"):
             table.add_column(column, justify="left" if column == "job" else "right")
         for job_id, records in message.histories.items():
             accuracy = views.accuracy_points(records)
-            table.add_row(label[job_id], str(records[-1].step if records else 0),
-                          fmt.number(records[-1].reward_mean if records else None),
-                          fmt.number(max((r.reward_mean for r in records), default=None)),
-                          fmt.percent(accuracy[-1][1] if accuracy else None))
+            table.add_row(
+                label[job_id],
+                str(records[-1].step if records else 0),
+                fmt.number(records[-1].reward_mean if records else None),
+                fmt.number(max((r.reward_mean for r in records), default=None)),
+                fmt.percent(accuracy[-1][1] if accuracy else None),
+            )
         self.query_one("#compare-legend", Static).update(table)

@@ -38,8 +38,10 @@ class DeviceScreen(DaemonScreen):
             await box.remove_children()
             widgets = []
             for slot in slots:
-                widgets += [Static("", id=f"slot-head-{slot.index}", classes="slot-head"),
-                            MemoryBar(id=f"slot-bar-{slot.index}", classes="slot-bar")]
+                widgets += [
+                    Static("", id=f"slot-head-{slot.index}", classes="slot-head"),
+                    MemoryBar(id=f"slot-bar-{slot.index}", classes="slot-bar"),
+                ]
             widgets.append(Static("", id="device-foot"))
             await box.mount_all(widgets)
         for slot in slots:
@@ -59,6 +61,10 @@ def slot_head(slot: SlotStatus, plan: dict) -> Table:
     if slot.job_id:
         table.add_row("phase", slot.phase or "starting")
         if "time_share" in choices:
-            table.add_row("time sharing", "student and engines take turns (sleep/wake)" if choices["time_share"]
-                          else "student and engines stay resident together")
+            table.add_row(
+                "time sharing",
+                "student and engines take turns (sleep/wake)"
+                if choices["time_share"]
+                else "student and engines stay resident together",
+            )
     return table

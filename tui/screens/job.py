@@ -34,8 +34,10 @@ class JobScreen(DaemonScreen):
         Binding("escape", "app.pop_screen", "Back"),
         *DaemonScreen.JOB_BINDINGS,
         Binding("g", "reload_tab", "Reload tab"),
-        *[Binding(str(number), f"tab('{tab}')", tab.capitalize(), show=False)
-          for number, tab in enumerate(TABS, start=1)],
+        *[
+            Binding(str(number), f"tab('{tab}')", tab.capitalize(), show=False)
+            for number, tab in enumerate(TABS, start=1)
+        ],
     ]
 
     def __init__(self, job_id: str, name: str) -> None:
@@ -66,8 +68,12 @@ class JobScreen(DaemonScreen):
                 with VerticalScroll():
                     yield Static("no samples yet", id="sample-list")
             with TabPane("Judge", id="judge"):
-                yield Select([(outcome, outcome) for outcome in OUTCOMES], prompt="every outcome",
-                             id="judge-outcome", allow_blank=True)
+                yield Select(
+                    [(outcome, outcome) for outcome in OUTCOMES],
+                    prompt="every outcome",
+                    id="judge-outcome",
+                    allow_blank=True,
+                )
                 with VerticalScroll():
                     yield Static("no judge calls", id="judge-list")
             with TabPane("Logs", id="logs"):
@@ -122,13 +128,16 @@ class JobScreen(DaemonScreen):
             select.set_options([(f"step {step}", step) for step in reversed(message.steps)])
             if message.step is not None:
                 select.value = message.step
-        self.query_one("#sample-list", Static).update(render_samples(message.samples) if message.samples
-                                                      else "no samples yet")
+        self.query_one("#sample-list", Static).update(
+            render_samples(message.samples) if message.samples else "no samples yet"
+        )
 
     def on_judge_loaded(self, message: m.JudgeLoaded) -> None:
-        self.query_one("#judge-list", Static).update(render_judge(message.entries) if message.entries
-                                                     else "no judge calls" + (f" with outcome {message.outcome}"
-                                                                              if message.outcome else ""))
+        self.query_one("#judge-list", Static).update(
+            render_judge(message.entries)
+            if message.entries
+            else "no judge calls" + (f" with outcome {message.outcome}" if message.outcome else "")
+        )
 
     # ----- tabs that load on demand ------------------------------------------------------------------
 
@@ -168,7 +177,9 @@ class JobScreen(DaemonScreen):
         pace = views.seconds_per_step(self.records)
         left = None if feeds.is_final(job.state) else fmt.eta(job.step, job.steps_total, pace)
         head = Text.assemble(
-            (f"{job.name} ", "bold"), f"({job.id}) ", (job.state, "bold"),
+            (f"{job.name} ", "bold"),
+            f"({job.id}) ",
+            (job.state, "bold"),
             f"  step {job.step}/{job.steps_total} {fmt.progress_bar(job.step, job.steps_total, 10)}",
             f"  {fmt.duration(pace)}/step  ETA {fmt.duration(left)}",
             f"  phase {job.phase}" if job.phase else "",
@@ -184,9 +195,11 @@ class JobScreen(DaemonScreen):
         self.query_one("#chart-kl", LineChart).show({"kl": views.series(records, lambda r: r.kl)})
         self.query_one("#chart-loss", LineChart).show({"loss": views.series(records, lambda r: r.loss)})
         self.query_one("#chart-length", LineChart).show(
-            {"length": views.series(records, lambda r: r.completion_length_mean)})
+            {"length": views.series(records, lambda r: r.completion_length_mean)}
+        )
         self.query_one("#chart-tps", LineChart).show(
-            {"tokens/s": views.series(records, lambda r: r.student_tokens_per_second)})
+            {"tokens/s": views.series(records, lambda r: r.student_tokens_per_second)}
+        )
         self.query_one("#job-stats", Static).update(render_stats(records, self.job))
 
     def show_config(self) -> None:
@@ -206,23 +219,37 @@ def render_stats(records: list[StepRecord], job: JobDetail | None) -> Table:
         table.add_row("steps", "none recorded yet")
         return table
     last = records[-1]
-    table.add_row("reward", f"{fmt.number(last.reward_mean)} ± {fmt.number(last.reward_std)}  "
-                  + "  ".join(f"{name} {fmt.number(stats.mean)}" for name, stats in sorted(last.rewards.items())))
+    table.add_row(
+        "reward",
+        f"{fmt.number(last.reward_mean)} ± {fmt.number(last.reward_std)}  "
+        + "  ".join(f"{name} {fmt.number(stats.mean)}" for name, stats in sorted(last.rewards.items())),
+    )
     evaluated = [record.eval for record in records if record.eval is not None]
     if evaluated:
-        table.add_row("held-out", f"accuracy {fmt.percent(evaluated[-1].accuracy)}  format "
-                      f"{fmt.percent(evaluated[-1].format_compliance)}  ({evaluated[-1].problems} problems)")
-    table.add_row("train", f"loss {fmt.number(last.loss, 4)}  KL {fmt.number(last.kl, 4)}  "
-                  f"clip {fmt.percent(last.clip_ratio)}  length {last.completion_length_mean:.1f} tok  "
-                  f"{fmt.rate(last.student_tokens_per_second)} tok/s")
+        table.add_row(
+            "held-out",
+            f"accuracy {fmt.percent(evaluated[-1].accuracy)}  format "
+            f"{fmt.percent(evaluated[-1].format_compliance)}  ({evaluated[-1].problems} problems)",
+        )
+    table.add_row(
+        "train",
+        f"loss {fmt.number(last.loss, 4)}  KL {fmt.number(last.kl, 4)}  "
+        f"clip {fmt.percent(last.clip_ratio)}  length {last.completion_length_mean:.1f} tok  "
+        f"{fmt.rate(last.student_tokens_per_second)} tok/s",
+    )
     phases = [(phase, last.seconds[phase]) for phase in PHASES if last.seconds.get(phase)]
-    table.add_row("seconds", "  ".join(f"{phase} {seconds:.1f}" for phase, seconds in phases)
-                  + f"  (step {last.seconds.get('step', 0.0):.1f})")
+    table.add_row(
+        "seconds",
+        "  ".join(f"{phase} {seconds:.1f}" for phase, seconds in phases)
+        + f"  (step {last.seconds.get('step', 0.0):.1f})",
+    )
     if job is not None and job.checkpoints:
         best_step = (job.best or {}).get("step")
-        table.add_row("checkpoints", "  ".join(f"{c.step}{'★' if c.step == best_step else ''}"
-                                               for c in job.checkpoints)
-                      + ("  ★ best" if best_step is not None else ""))
+        table.add_row(
+            "checkpoints",
+            "  ".join(f"{c.step}{'★' if c.step == best_step else ''}" for c in job.checkpoints)
+            + ("  ★ best" if best_step is not None else ""),
+        )
     return table
 
 
@@ -230,15 +257,24 @@ def render_samples(samples: list[dict]) -> RenderableType:
     """Each prompt with its group of completions (reward per function, advantage), or each scenario with its
     group of agent trajectories (turns, tool calls, the trained mask)."""
     grouped = views.group_samples(samples)
-    trajectories = [(step, number, group) for step, groups in grouped.items()
-                    for number, group in enumerate(groups, start=1) if is_trajectory(group[0])]
+    trajectories = [
+        (step, number, group)
+        for step, groups in grouped.items()
+        for number, group in enumerate(groups, start=1)
+        if is_trajectory(group[0])
+    ]
     if not trajectories:
         return render_completions(grouped)
     parts: list[RenderableType] = []
     for step, number, group in trajectories:
         first = parse_trajectory(group[0])
-        parts.append(Rule(f"step {step} · group {number} · {first.environment} · {len(group)} trajectories",
-                          align="left", style="dim"))
+        parts.append(
+            Rule(
+                f"step {step} · group {number} · {first.environment} · {len(group)} trajectories",
+                align="left",
+                style="dim",
+            )
+        )
         parts += [render_trajectory(parse_trajectory(record), index) for index, record in enumerate(group, start=1)]
     singles = {step: [group for group in groups if not is_trajectory(group[0])] for step, groups in grouped.items()}
     if any(singles.values()):
@@ -254,14 +290,25 @@ def render_completions(grouped: dict[int, list[list[dict]]]) -> Table:
     for step, groups in grouped.items():
         for number, group in enumerate(groups, start=1):
             first = group[0]
-            table.add_row("", Text.assemble((f"step {step} · prompt {number}: ", "bold"), str(first.get("question", "")),
-                                            (f"  (answer {first.get('reference', '')})", "italic")), "")
+            table.add_row(
+                "",
+                Text.assemble(
+                    (f"step {step} · prompt {number}: ", "bold"),
+                    str(first.get("question", "")),
+                    (f"  (answer {first.get('reference', '')})", "italic"),
+                ),
+                "",
+            )
             for index, sample in enumerate(group, start=1):
-                rewards = "  ".join(f"{name} {fmt.number(value, 2)}"
-                                    for name, value in sorted((sample.get("rewards") or {}).items()))
-                table.add_row(str(index), Text(str(sample.get("completion", "")).strip()),
-                              f"{fmt.number(sample.get('reward'), 2)}  {rewards}\n"
-                              f"advantage {fmt.number(sample.get('advantage'), 2)}")
+                rewards = "  ".join(
+                    f"{name} {fmt.number(value, 2)}" for name, value in sorted((sample.get("rewards") or {}).items())
+                )
+                table.add_row(
+                    str(index),
+                    Text(str(sample.get("completion", "")).strip()),
+                    f"{fmt.number(sample.get('reward'), 2)}  {rewards}\n"
+                    f"advantage {fmt.number(sample.get('advantage'), 2)}",
+                )
     return table
 
 
@@ -273,9 +320,12 @@ def render_judge(entries: list[dict]) -> Table:
     table.add_column("raw output", ratio=1)
     for entry in entries:
         scores = entry.get("scores") or []
-        table.add_row(str(entry.get("step", "")), entry.get("outcome", ""),
-                      " ".join(fmt.number(s, 2) for s in scores) if isinstance(scores, list) else str(scores),
-                      Text(str(entry.get("raw_output", "")).strip()))
+        table.add_row(
+            str(entry.get("step", "")),
+            entry.get("outcome", ""),
+            " ".join(fmt.number(s, 2) for s in scores) if isinstance(scores, list) else str(scores),
+            Text(str(entry.get("raw_output", "")).strip()),
+        )
         if entry.get("errors"):
             table.add_row("", "", "", Text("; ".join(map(str, entry["errors"])), style="red"))
     return table

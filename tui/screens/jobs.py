@@ -60,8 +60,10 @@ class JobsScreen(DaemonScreen):
 
     def render_jobs(self) -> None:
         shown = [job for job in self.jobs if self.filter in ("all", job.state)]
-        rows = [views.job_row(job, self.records.get(job.id, []), self.budgets.get(job.id), job.id in self.marked)
-                for job in shown]
+        rows = [
+            views.job_row(job, self.records.get(job.id, []), self.budgets.get(job.id), job.id in self.marked)
+            for job in shown
+        ]
         self.query_one(JobTable).show(sort_rows(rows, self.sort), self.app.now())
         self.show_info(len(shown))
 
@@ -71,8 +73,10 @@ class JobsScreen(DaemonScreen):
         elif not self.jobs:
             text = "no jobs yet — n: new job"
         else:
-            text = (f"{shown}/{len(self.jobs)} jobs · filter: {self.filter} (f) · sort: {self.sort} (s)"
-                    f" · marked: {len(self.marked)} (space; c compares)")
+            text = (
+                f"{shown}/{len(self.jobs)} jobs · filter: {self.filter} (f) · sort: {self.sort} (s)"
+                f" · marked: {len(self.marked)} (space; c compares)"
+            )
         self.query_one("#jobs-info", Static).update(text)
 
     def selected_job(self) -> tuple[str, str] | None:

@@ -48,8 +48,11 @@ class NewJobScreen(DaemonScreen):
         with Horizontal(id="new-main"):
             yield TextArea("", id="editor", show_line_numbers=True, soft_wrap=False, tab_behavior="indent")
             with VerticalScroll(id="new-result-box"):
-                yield Static("Validate (ctrl+t) asks the daemon for every error or the memory plan; "
-                             "Submit (ctrl+s) queues the job.", id="new-result")
+                yield Static(
+                    "Validate (ctrl+t) asks the daemon for every error or the memory plan; "
+                    "Submit (ctrl+s) queues the job.",
+                    id="new-result",
+                )
                 yield MemoryBar(id="new-plan-bar")
         with Horizontal(id="new-buttons"):
             yield Button("Validate", id="validate")

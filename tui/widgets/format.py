@@ -24,7 +24,7 @@ def gib(value: int | float | None, digits: int = 1) -> str:
 
 
 def used_of(used: int | None, total: int | None) -> str:
-    """"3.2/20.0 GiB" (a dash for an unknown side)."""
+    """ "3.2/20.0 GiB" (a dash for an unknown side)."""
     if used is None and total is None:
         return MISSING
     left = MISSING if used is None else f"{used / GIB:.1f}"

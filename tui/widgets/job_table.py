@@ -74,20 +74,27 @@ def columns(compact: bool) -> list[str]:
 def cells(row: JobRow, now: float, compact: bool) -> list:
     state = Text(row.state, style=f"bold {STATE_STYLES.get(row.state, '')}".strip())
     mark = "●" if row.marked else " "
-    name = row.name if len(row.name) <= NAME_WIDTH else row.name[:NAME_WIDTH - 1] + "…"
+    name = row.name if len(row.name) <= NAME_WIDTH else row.name[: NAME_WIDTH - 1] + "…"
     if compact:
         return [
-            f"{mark}{name}", state,
+            f"{mark}{name}",
+            state,
             f"{fmt.progress_bar(row.step, row.steps_total, 5)} {row.step}/{row.steps_total}",
             f"{fmt.number(row.reward):>5} {fmt.sparkline(row.rewards, 6)}",
             fmt.rate(row.tokens_per_second),
             fmt.used_of(row.memory_used_bytes, row.memory_budget_bytes).replace(" GiB", "G"),
         ]
     return [
-        mark, row.id, name, state,
+        mark,
+        row.id,
+        name,
+        state,
         f"{fmt.progress_bar(row.step, row.steps_total, 8)} {row.step}/{row.steps_total}",
-        fmt.number(row.reward), fmt.sparkline(row.rewards, 8), fmt.rate(row.tokens_per_second),
-        fmt.used_of(row.memory_used_bytes, row.memory_budget_bytes), fmt.age(row.created, now),
+        fmt.number(row.reward),
+        fmt.sparkline(row.rewards, 8),
+        fmt.rate(row.tokens_per_second),
+        fmt.used_of(row.memory_used_bytes, row.memory_budget_bytes),
+        fmt.age(row.created, now),
     ]
 
 

@@ -104,12 +104,16 @@ class MemoryBar(Static):
             legend.add_column("used", justify="right")
         for name in dict(_ordered({**view.planned_bytes, **view.used_bytes})):
             style = COMPONENT_STYLES.get(name, OTHER_STYLE)
-            cells = [fmt.gib(view.planned_bytes.get(name), 2)] + ([fmt.gib(view.used_bytes.get(name), 2)] if measured else [])
+            cells = [fmt.gib(view.planned_bytes.get(name), 2)] + (
+                [fmt.gib(view.used_bytes.get(name), 2)] if measured else []
+            )
             legend.add_row(Text("■ ", style=style) + Text(name), *cells)
         totals = [fmt.gib(planned_total, 2)] + ([fmt.gib(used_total, 2)] if measured else [])
         legend.add_row(Text("total", style="bold"), *totals)
         summary = Text.assemble(
-            ("budget ", "bold"), f"{fmt.gib(view.budget_bytes)} {BUDGET_MARK}   ",
-            ("device ", "bold"), fmt.used_of(view.device_used_bytes, view.device_total_bytes),
+            ("budget ", "bold"),
+            f"{fmt.gib(view.budget_bytes)} {BUDGET_MARK}   ",
+            ("device ", "bold"),
+            fmt.used_of(view.device_used_bytes, view.device_total_bytes),
         )
         return Group(bars, Text(""), summary, Text(""), legend)

@@ -21,8 +21,13 @@ CONTEXT_CHARS = 120  # the same for a context segment of the mask; trained segme
 
 
 def legend() -> Text:
-    return Text.assemble(("mask      ", "bold"), (" trained ", TRAINED_STYLE), " assistant tokens  ",
-                         (" context ", "reverse dim"), " the rest, not trained")
+    return Text.assemble(
+        ("mask      ", "bold"),
+        (" trained ", TRAINED_STYLE),
+        " assistant tokens  ",
+        (" context ", "reverse dim"),
+        " the rest, not trained",
+    )
 
 
 def turn_text(trajectory: Trajectory, turn: Turn) -> Text:
@@ -53,23 +58,33 @@ def render_trajectory(trajectory: Trajectory, number: int) -> RenderableType:
     head = Table.grid(padding=(0, 1))
     head.add_column(style="bold", width=9)
     head.add_column(ratio=1)
-    head.add_row(f"#{number}", Text.assemble((trajectory.environment or "trajectory", "bold"),
-                                            "  scenario ", (trajectory.scenario, "italic")))
+    head.add_row(
+        f"#{number}",
+        Text.assemble((trajectory.environment or "trajectory", "bold"), "  scenario ", (trajectory.scenario, "italic")),
+    )
     rewards = "  ".join(f"{name} {fmt.number(value, 2)}" for name, value in sorted(trajectory.rewards.items()))
-    head.add_row("reward", f"{fmt.number(trajectory.reward, 2)}  {rewards}   advantage "
-                           f"{_signed(trajectory.advantage)}")
+    head.add_row("reward", f"{fmt.number(trajectory.reward, 2)}  {rewards}   advantage {_signed(trajectory.advantage)}")
     if trajectory.metrics:
-        head.add_row("metrics", "  ".join(f"{name} {_value(value)}" for name, value in sorted(trajectory.metrics.items())))
-    head.add_row("tokens", Text.assemble((_count(trajectory.trained_tokens), TRAINED_STYLE), " trained  ",
-                                         _count(trajectory.context_tokens), " context",
-                                         ("  cut at the job's token bound", "bold red") if trajectory.truncated
-                                         else ""))
+        head.add_row(
+            "metrics", "  ".join(f"{name} {_value(value)}" for name, value in sorted(trajectory.metrics.items()))
+        )
+    head.add_row(
+        "tokens",
+        Text.assemble(
+            (_count(trajectory.trained_tokens), TRAINED_STYLE),
+            " trained  ",
+            _count(trajectory.context_tokens),
+            " context",
+            ("  cut at the job's token bound", "bold red") if trajectory.truncated else "",
+        ),
+    )
     turns = Table.grid(padding=(0, 1))
     turns.add_column(width=9)
     turns.add_column(ratio=1)
     for turn in trajectory.turns:
-        turns.add_row(Text(turn.role, style=f"bold {ROLE_STYLES.get(turn.role, '')}".strip()),
-                      turn_text(trajectory, turn))
+        turns.add_row(
+            Text(turn.role, style=f"bold {ROLE_STYLES.get(turn.role, '')}".strip()), turn_text(trajectory, turn)
+        )
     parts: list[RenderableType] = [head, turns]
     if trajectory.segments:
         parts += [legend(), mask_text(trajectory)]

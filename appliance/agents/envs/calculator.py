@@ -46,18 +46,22 @@ class CalculatorEnvironment(ToolEnvironment):
 
     def __init__(self, operand_min: int = 11, operand_max: int = 99, held_out: int = 200, split_seed: int = 0):
         problems = multiply_problems(operand_min, operand_max)
-        self._splits = dict(zip(("train", "held_out"),
-                                split_held_out(problems, held_out, split_seed, source="builtin:calculator")))
+        self._splits = dict(
+            zip(("train", "held_out"), split_held_out(problems, held_out, split_seed, source="builtin:calculator"))
+        )
 
     def tools(self) -> list[dict]:
         integer = {"type": "integer"}
-        return [function_tool("multiply", "Multiply two integers and return the product.", {"a": integer, "b": integer})]
+        return [
+            function_tool("multiply", "Multiply two integers and return the product.", {"a": integer, "b": integer})
+        ]
 
     def scenarios(self, split: Split, count: int, seed: int) -> list[Scenario]:
         pool = self._splits[split]
         chosen = random.Random(seed).sample(pool, min(count, len(pool)))
-        return [Scenario(id=problem.id, data={"a": problem.metadata["a"], "b": problem.metadata["b"]})
-                for problem in chosen]
+        return [
+            Scenario(id=problem.id, data={"a": problem.metadata["a"], "b": problem.metadata["b"]}) for problem in chosen
+        ]
 
     def start(self, scenario: Scenario) -> tuple[CalculatorState, str, str]:
         a, b = scenario.data["a"], scenario.data["b"]
@@ -76,16 +80,29 @@ class CalculatorEnvironment(ToolEnvironment):
         return ToolResult(str(a * b))
 
     def score(self, state: CalculatorState, episode: Episode) -> tuple[float, dict[str, float]]:
-        correct = episode.final_text is not None and answers_match(_answer_of(episode.final_text), str(state.a * state.b))
-        reward = float(correct) + 0.2 * state.called_with_operands - 0.25 * (episode.malformed_calls + episode.invalid_calls)
-        return max(-1.0, reward), {"correct": float(correct), "used_tool": float(state.called_with_operands),
-                                    "success": float(correct)}
+        correct = episode.final_text is not None and answers_match(
+            _answer_of(episode.final_text), str(state.a * state.b)
+        )
+        reward = (
+            float(correct) + 0.2 * state.called_with_operands - 0.25 * (episode.malformed_calls + episode.invalid_calls)
+        )
+        return max(-1.0, reward), {
+            "correct": float(correct),
+            "used_tool": float(state.called_with_operands),
+            "success": float(correct),
+        }
 
 
 def _worked_episode(a: int, b: int) -> list[Message]:
-    call = ToolCall(id=f"example_{a}_{b}", function=FunctionCall(name="multiply", arguments=json.dumps({"a": a, "b": b})))
-    return [UserMessage(content=f"What is {a} * {b}?"), AssistantMessage(content=format_call(call)),
-            ToolMessage(tool_call_id=call.id, content=str(a * b)), AssistantMessage(content=f"<answer>{a * b}</answer>")]
+    call = ToolCall(
+        id=f"example_{a}_{b}", function=FunctionCall(name="multiply", arguments=json.dumps({"a": a, "b": b}))
+    )
+    return [
+        UserMessage(content=f"What is {a} * {b}?"),
+        AssistantMessage(content=format_call(call)),
+        ToolMessage(tool_call_id=call.id, content=str(a * b)),
+        AssistantMessage(content=f"<answer>{a * b}</answer>"),
+    ]
 
 
 def _answer_of(text: str) -> str:

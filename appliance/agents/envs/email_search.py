@@ -43,38 +43,52 @@ class EmailSearchEnvironment(ToolEnvironment):
     name = "email_search"
     max_turns = 6
 
-    def __init__(self, mailbox_seed: int = 0, mailbox_size: int = 60, held_out_fraction: float = 0.25,
-                 worked_examples: int = 0):
+    def __init__(
+        self, mailbox_seed: int = 0, mailbox_size: int = 60, held_out_fraction: float = 0.25, worked_examples: int = 0
+    ):
         emails, questions = generate_mailbox(mailbox_seed, mailbox_size)
         self.emails = {email.id: email for email in emails}
         shuffled = list(questions)
         random.Random(1234).shuffle(shuffled)
         cut = max(1, round(len(shuffled) * held_out_fraction))
         if not 0 <= worked_examples <= 3 or cut + worked_examples >= len(shuffled):
-            raise AgentEnvironmentError(f"email_search worked_examples must be 0 to 3 and leave training questions, "
-                                        f"not {worked_examples}")
-        self._example_questions = shuffled[cut:cut + worked_examples]
-        self._splits = {"held_out": shuffled[:cut], "train": shuffled[cut + worked_examples:]}
+            raise AgentEnvironmentError(
+                f"email_search worked_examples must be 0 to 3 and leave training questions, not {worked_examples}"
+            )
+        self._example_questions = shuffled[cut : cut + worked_examples]
+        self._splits = {"held_out": shuffled[:cut], "train": shuffled[cut + worked_examples :]}
 
     def tools(self) -> list[dict]:
         text = {"type": "string"}
         return [
-            function_tool("search", "Search the mailbox; returns matching emails as 'id | date | from | subject'.",
-                          {"keywords": text}),
+            function_tool(
+                "search",
+                "Search the mailbox; returns matching emails as 'id | date | from | subject'.",
+                {"keywords": text},
+            ),
             function_tool("read", "Show the full email with this id.", {"message_id": text}),
-            function_tool("answer", "Give the final answer and the id of the email it comes from.",
-                          {"answer": text, "message_id": text}),
+            function_tool(
+                "answer",
+                "Give the final answer and the id of the email it comes from.",
+                {"answer": text, "message_id": text},
+            ),
         ]
 
     def scenarios(self, split: Split, count: int, seed: int) -> list[Scenario]:
         pool = self._splits[split]
         chosen = random.Random(seed).sample(pool, min(count, len(pool)))
-        return [Scenario(id=f"email-{q.email_id}", data={"question": q.question, "email_id": q.email_id,
-                                                          "answer": q.answer}) for q in chosen]
+        return [
+            Scenario(
+                id=f"email-{q.email_id}", data={"question": q.question, "email_id": q.email_id, "answer": q.answer}
+            )
+            for q in chosen
+        ]
 
     def start(self, scenario: Scenario) -> tuple[SearchState, str, str]:
-        system = ("You answer questions about the user's mailbox. Search for emails, read the promising ones, "
-                  "then call answer with the answer and the id of the email it is in. Be quick.")
+        system = (
+            "You answer questions about the user's mailbox. Search for emails, read the promising ones, "
+            "then call answer with the answer and the id of the email it is in. Be quick."
+        )
         return SearchState(scenario.data["email_id"], scenario.data["answer"]), system, scenario.data["question"]
 
     def examples(self, scenario: Scenario) -> list[Message]:
@@ -83,15 +97,21 @@ class EmailSearchEnvironment(ToolEnvironment):
     def _worked_episode(self, question: Question) -> list[Message]:
         """search (the right email's subject), read it, answer: the calls and the tools' real replies."""
         email = self.emails[question.email_id]
-        steps = [("search", {"keywords": email.subject.lower()}), ("read", {"message_id": email.id}),
-                 ("answer", {"answer": question.answer, "message_id": email.id})]
+        steps = [
+            ("search", {"keywords": email.subject.lower()}),
+            ("read", {"message_id": email.id}),
+            ("answer", {"answer": question.answer, "message_id": email.id}),
+        ]
         messages: list[Message] = [UserMessage(content=question.question)]
         state = SearchState(email.id, question.answer)
         for number, (name, arguments) in enumerate(steps):
-            call = ToolCall(id=f"example_{email.id}_{number}", function=FunctionCall(name=name,
-                                                                                      arguments=json.dumps(arguments)))
-            messages += [AssistantMessage(content=format_call(call)),
-                         ToolMessage(tool_call_id=call.id, content=self.call(state, name, arguments).content)]
+            call = ToolCall(
+                id=f"example_{email.id}_{number}", function=FunctionCall(name=name, arguments=json.dumps(arguments))
+            )
+            messages += [
+                AssistantMessage(content=format_call(call)),
+                ToolMessage(tool_call_id=call.id, content=self.call(state, name, arguments).content),
+            ]
         return messages
 
     def search(self, keywords: str) -> list[Email]:
@@ -119,9 +139,17 @@ class EmailSearchEnvironment(ToolEnvironment):
     def score(self, state: SearchState, episode: Episode) -> tuple[float, dict[str, float]]:
         right_email = state.cited == state.email_id
         has_fact = state.answered is not None and state.answer.lower() in state.answered.lower()
-        reward = (float(right_email) + 0.5 * has_fact - 0.05 * max(0, episode.tool_calls - 3)
-                  - 0.25 * (episode.malformed_calls + episode.invalid_calls))
+        reward = (
+            float(right_email)
+            + 0.5 * has_fact
+            - 0.05 * max(0, episode.tool_calls - 3)
+            - 0.25 * (episode.malformed_calls + episode.invalid_calls)
+        )
         if state.answered is None:
             reward = min(0.0, reward)
-        return reward, {"right_email": float(right_email), "correct_answer": float(has_fact),
-                        "answered": float(state.answered is not None), "success": float(right_email)}
+        return reward, {
+            "right_email": float(right_email),
+            "correct_answer": float(has_fact),
+            "answered": float(state.answered is not None),
+            "success": float(right_email),
+        }

@@ -99,8 +99,9 @@ class Game2048Environment(ToolEnvironment):
         if target < 8 or target & (target - 1):
             raise AgentEnvironmentError(f"2048 target must be a power of two of at least 8, not {target}")
         if not 0 <= worked_examples <= 8:
-            raise AgentEnvironmentError(f"2048 worked_examples (moves of the example game) must be 0 to 8, "
-                                        f"not {worked_examples}")
+            raise AgentEnvironmentError(
+                f"2048 worked_examples (moves of the example game) must be 0 to 8, not {worked_examples}"
+            )
         self.target, self.max_turns, self.worked_examples = target, max_turns, worked_examples
 
     def examples(self, scenario: Scenario) -> list[Message]:
@@ -109,22 +110,31 @@ class Game2048Environment(ToolEnvironment):
         state, _, user = self.start(Scenario(id="2048-example", data={"seed": EXAMPLE_SEED}))
         messages: list[Message] = [UserMessage(content=user)]
         for number in range(self.worked_examples):
-            order = EXAMPLE_MOVES[number % 4:] + EXAMPLE_MOVES[:number % 4]  # vary the shown directions
+            order = EXAMPLE_MOVES[number % 4 :] + EXAMPLE_MOVES[: number % 4]  # vary the shown directions
             direction = next((d for d in order if slide(state.board, d)[0] != state.board), None)
             if direction is None:
                 break
-            call = ToolCall(id=f"example_move_{number}",
-                            function=FunctionCall(name="move", arguments=json.dumps({"direction": direction})))
+            call = ToolCall(
+                id=f"example_move_{number}",
+                function=FunctionCall(name="move", arguments=json.dumps({"direction": direction})),
+            )
             result = self.call(state, "move", {"direction": direction})
-            messages += [AssistantMessage(content=format_call(call)),
-                         ToolMessage(tool_call_id=call.id, content=result.content)]
+            messages += [
+                AssistantMessage(content=format_call(call)),
+                ToolMessage(tool_call_id=call.id, content=result.content),
+            ]
             if result.done:
                 break
         return messages
 
     def tools(self) -> list[dict]:
-        return [function_tool("move", "Slide all tiles in one direction; equal tiles that touch merge.",
-                              {"direction": {"type": "string", "enum": list(DIRECTIONS)}})]
+        return [
+            function_tool(
+                "move",
+                "Slide all tiles in one direction; equal tiles that touch merge.",
+                {"direction": {"type": "string", "enum": list(DIRECTIONS)}},
+            )
+        ]
 
     def scenarios(self, split: Split, count: int, seed: int) -> list[Scenario]:
         base = HELD_OUT_SEED_BASE if split == "held_out" else 0
@@ -135,16 +145,20 @@ class Game2048Environment(ToolEnvironment):
         state = GameState(rng=random.Random(scenario.data["seed"]))
         spawn(state.board, state.rng)
         spawn(state.board, state.rng)
-        system = (f"You play 2048 on a 4x4 board. Merge equal tiles to reach {self.target}. "
-                  "Make one move per turn with the move tool; empty cells are shown as '.'.")
+        system = (
+            f"You play 2048 on a 4x4 board. Merge equal tiles to reach {self.target}. "
+            "Make one move per turn with the move tool; empty cells are shown as '.'."
+        )
         return state, system, f"The board:\n{render(state.board)}\nYour move."
 
     def call(self, state: GameState, name: str, arguments: dict) -> ToolResult:
         board, merged = slide(state.board, arguments["direction"])
         if board == state.board:
             state.useless_moves += 1
-            return ToolResult(f"moving {arguments['direction']} changes nothing; try another direction.\n"
-                              f"{render(state.board)}", error=True)
+            return ToolResult(
+                f"moving {arguments['direction']} changes nothing; try another direction.\n{render(state.board)}",
+                error=True,
+            )
         state.board, state.merged, state.moves = board, state.merged + merged, state.moves + 1
         spawn(state.board, state.rng)
         if state.largest() >= self.target:
@@ -156,7 +170,16 @@ class Game2048Environment(ToolEnvironment):
     def score(self, state: GameState, episode: Episode) -> tuple[float, dict[str, float]]:
         largest = state.largest()
         won = largest >= self.target
-        reward = (0.6 * math.log2(largest) / math.log2(self.target) + 0.4 * min(1.0, state.merged / self.target)
-                  + float(won) - 0.1 * (episode.invalid_calls + episode.malformed_calls))
-        return reward, {"largest_tile": float(largest), "merged": float(state.merged), "won": float(won), "success": float(won),
-                        "moves": float(state.moves)}
+        reward = (
+            0.6 * math.log2(largest) / math.log2(self.target)
+            + 0.4 * min(1.0, state.merged / self.target)
+            + float(won)
+            - 0.1 * (episode.invalid_calls + episode.malformed_calls)
+        )
+        return reward, {
+            "largest_tile": float(largest),
+            "merged": float(state.merged),
+            "won": float(won),
+            "success": float(won),
+            "moves": float(state.moves),
+        }

@@ -22,10 +22,30 @@ FIRST = ["Dana", "Ravi", "Mei", "Tomas", "Aisha", "Lukas", "Sofia", "Kenji", "No
 LAST = ["Kim", "Patel", "Chen", "Novak", "Bello", "Weber", "Rossi", "Sato", "Berg", "Haddad", "Silva", "Ivanov"]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"]
 MONTHS = ["March", "April", "May", "June", "September", "October"]
-TOPICS = ["budget review", "hiring plan", "safety audit", "GPU allocation", "grant renewal", "lab move",
-          "data retention", "conference travel", "seminar series", "cluster upgrade"]
-ITEMS = ["pipette set", "centrifuge rotor", "label printer", "fume hood filter", "microscope lamp", "freezer rack",
-         "network switch", "UPS battery", "reagent kit", "glove box seal"]
+TOPICS = [
+    "budget review",
+    "hiring plan",
+    "safety audit",
+    "GPU allocation",
+    "grant renewal",
+    "lab move",
+    "data retention",
+    "conference travel",
+    "seminar series",
+    "cluster upgrade",
+]
+ITEMS = [
+    "pipette set",
+    "centrifuge rotor",
+    "label printer",
+    "fume hood filter",
+    "microscope lamp",
+    "freezer rack",
+    "network switch",
+    "UPS battery",
+    "reagent kit",
+    "glove box seal",
+]
 LABS = ["cryo lab", "clean room", "server room", "wet lab", "imaging suite", "machine shop", "cold store"]
 PROJECTS = ["Atlas", "Beacon", "Cobalt", "Delta", "Ember", "Falcon", "Granite", "Harbor", "Iris", "Juniper"]
 NEWS = ["cafeteria menu", "parking works", "IT newsletter", "fire drill", "holiday schedule", "recycling"]
@@ -60,27 +80,49 @@ def _person(rng: random.Random) -> tuple[str, str]:
 
 
 def _meeting(rng, key, sender, to):
-    room, day, hour = f"{rng.choice('ABCDE')}{rng.randint(1, 4)}{rng.randint(10, 39)}", rng.choice(DAYS), rng.randint(9, 16)
-    return (f"{key.capitalize()} meeting", f"Hi {to},\nthe {key} meeting is on {day} at {hour}:00 in room {room}. "
-            f"Please bring your notes.\nBest, {sender}", f"In which room is the {key} meeting?", room)
+    room, day, hour = (
+        f"{rng.choice('ABCDE')}{rng.randint(1, 4)}{rng.randint(10, 39)}",
+        rng.choice(DAYS),
+        rng.randint(9, 16),
+    )
+    return (
+        f"{key.capitalize()} meeting",
+        f"Hi {to},\nthe {key} meeting is on {day} at {hour}:00 in room {room}. "
+        f"Please bring your notes.\nBest, {sender}",
+        f"In which room is the {key} meeting?",
+        room,
+    )
 
 
 def _shipment(rng, key, sender, to):
     tracking = f"TRK{rng.randint(100000, 999999)}"
-    return (f"Your {key} has shipped", f"Hello {to},\nthe {key} you ordered has shipped. Tracking number: {tracking}. "
-            f"Expected in {rng.randint(2, 9)} days.\n{sender}", f"What is the tracking number of the {key} order?", tracking)
+    return (
+        f"Your {key} has shipped",
+        f"Hello {to},\nthe {key} you ordered has shipped. Tracking number: {tracking}. "
+        f"Expected in {rng.randint(2, 9)} days.\n{sender}",
+        f"What is the tracking number of the {key} order?",
+        tracking,
+    )
 
 
 def _door_code(rng, key, sender, to):
     code = f"{rng.randint(1000, 9999)}"
-    return (f"New door code for the {key}", f"Hi {to},\nfrom today the door code of the {key} is {code}. "
-            f"Do not share it.\n{sender}", f"What is the door code of the {key}?", code)
+    return (
+        f"New door code for the {key}",
+        f"Hi {to},\nfrom today the door code of the {key} is {code}. Do not share it.\n{sender}",
+        f"What is the door code of the {key}?",
+        code,
+    )
 
 
 def _deadline(rng, key, sender, to):
     due = f"{rng.choice(MONTHS)} {rng.randint(1, 28)}"
-    return (f"Project {key} report", f"Dear {to},\nreminder: the {key} project report is due on {due}. "
-            f"Send drafts to me.\nThanks, {sender}", f"When is the {key} project report due?", due)
+    return (
+        f"Project {key} report",
+        f"Dear {to},\nreminder: the {key} project report is due on {due}. Send drafts to me.\nThanks, {sender}",
+        f"When is the {key} project report due?",
+        due,
+    )
 
 
 TEMPLATES = [(_meeting, TOPICS), (_shipment, ITEMS), (_door_code, LABS), (_deadline, PROJECTS)]
@@ -98,7 +140,10 @@ def generate_mailbox(seed: int = 0, size: int = 60) -> tuple[list[Email], list[Q
         choices = [template for template, keys in unused.items() if keys]
         if not choices or rng.random() < 1 / 6:
             topic = rng.choice(NEWS)
-            subject, body = f"{topic.capitalize()} update", f"All,\nthe {topic} update for this week is attached.\n{sender}"
+            subject, body = (
+                f"{topic.capitalize()} update",
+                f"All,\nthe {topic} update for this week is attached.\n{sender}",
+            )
         else:
             template = rng.choice(choices)
             subject, body, question, answer = template(rng, unused[template].pop(), sender, to.split()[0])
