@@ -210,3 +210,34 @@ def test_a_resume_without_any_checkpoint_runs_from_step_one_and_records_each_ste
     resumed = run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path, resume=True)
     assert (resumed.status, resumed.step) == ("completed", 3)
     assert [r.step for r in _metrics(job_dir)] == [1, 2, 3]
+
+
+def test_held_out_evaluation_through_the_merged_copy_equals_the_students_own(tiny_model_dir, tmp_path, fresh_data_dir):
+    """The trainer evaluates through its merged rollout copy (faster) only where the copy holds the policy."""
+    from appliance.grpo.evaluate import evaluate_student
+
+    spec = _spec(
+        tiny_model_dir,
+        tmp_path,
+        fresh_data_dir,
+        engine={"rollout": "hf", "rollout_weights": "merged_copy"},
+        grpo={"steps": 1, "temperature": 1.0},
+    )
+    trainer = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "tiny")
+    assert trainer._policy_engine(adapter=False) is trainer.engine  # step 0: the copy is the base
+
+    def same(evaluated, direct) -> None:
+        assert [e["completion"] for e in evaluated.examples] == [e["completion"] for e in direct.examples]
+        assert evaluated.reward_means == pytest.approx(direct.reward_means)
+
+    def direct(adapter: bool):
+        return evaluate_student(
+            trainer.student, trainer.task, trainer.task.held_out, trainer.rewards_for_eval(), 12, use_adapter=adapter
+        )
+
+    same(trainer.evaluate_held_out(adapter=False), direct(adapter=False))
+    trainer.train_step()
+    assert trainer._policy_engine(adapter=True) is trainer.engine
+    assert trainer._policy_engine(adapter=False) is None  # after an update only the student can switch it off
+    same(trainer.evaluate_held_out(adapter=True), direct(adapter=True))
+    trainer.close()
