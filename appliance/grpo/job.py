@@ -18,7 +18,10 @@ from typing import Callable
 import torch
 import yaml
 
+from appliance.budget.device import probe_device
 from appliance.budget.host_allocator import pin_mmap_threshold
+from appliance.budget.plan import plan_job
+from appliance.budget.shapes import load_config
 from appliance.config.schema import JobSpec
 from appliance.durable import write_atomically
 from appliance.engines.hf import HFEngine
@@ -83,48 +86,29 @@ def decide_choices(
     prompt_tokens: the longest training prompt as measured (grpo/prompt_lengths.py).
     """
     reasons: dict[str, str] = {}
-    plan = None
-    try:
-        from appliance.budget.device import probe_device
-        from appliance.budget.plan import plan_job
-        from appliance.budget.shapes import load_config
-
-        plan = plan_job(
-            spec,
-            load_config(student_dir / "config.json"),
-            load_config(judge_dir / "config.json") if judge_dir else None,
-            probe_device("cuda" if device.startswith("cuda") else "cpu"),
-            prompt_tokens=prompt_tokens,
-        )
-    except ImportError:
-        plan = None
-    sequences = spec.grpo.group_size * spec.grpo.prompts_per_step
+    plan = plan_job(
+        spec,
+        load_config(student_dir / "config.json"),
+        load_config(judge_dir / "config.json") if judge_dir else None,
+        probe_device("cuda" if device.startswith("cuda") else "cpu"),
+        prompt_tokens=prompt_tokens,
+    )
+    choices = plan.choices
     if spec.grpo.micro_batch_size:
         micro, reasons["micro_batch_size"] = spec.grpo.micro_batch_size, "set in the job file"
-    elif plan is not None:
-        micro, reasons["micro_batch_size"] = (
-            plan.choices.micro_batch_size,
-            plan.choices.reasons.get("micro_batch_size", "budget plan"),
-        )
     else:
-        micro, reasons["micro_batch_size"] = min(16, sequences), "default"
+        micro, reasons["micro_batch_size"] = choices.micro_batch_size, choices.reasons.get("micro_batch_size", "plan")
     if spec.student.gradient_checkpointing is not None:
         checkpointing, reasons["gradient_checkpointing"] = spec.student.gradient_checkpointing, "set in the job file"
-    elif plan is not None:
-        checkpointing = plan.choices.gradient_checkpointing
-        reasons["gradient_checkpointing"] = plan.choices.reasons.get("gradient_checkpointing", "budget plan")
     else:
-        checkpointing, reasons["gradient_checkpointing"] = False, "default"
+        checkpointing = choices.gradient_checkpointing
+        reasons["gradient_checkpointing"] = choices.reasons.get("gradient_checkpointing", "plan")
     if spec.engine.rollout_weights != "auto":
         weights, reasons["rollout_weights"] = spec.engine.rollout_weights, "set in the job file"
-    elif plan is not None:
-        weights = plan.choices.rollout_weights
-        reasons["rollout_weights"] = plan.choices.reasons.get("rollout_weights", "budget plan")
     else:
-        weights, reasons["rollout_weights"] = "shared", "default"
-    time_share = plan is not None and plan.choices.time_share
-    if plan is not None:
-        reasons["time_share"] = plan.choices.reasons.get("time_share", "budget plan")
+        weights, reasons["rollout_weights"] = choices.rollout_weights, choices.reasons.get("rollout_weights", "plan")
+    time_share = choices.time_share
+    reasons["time_share"] = choices.reasons.get("time_share", "plan")
     return RuntimeChoices(device, micro, checkpointing, weights, reasons, time_share), plan
 
 
