@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -31,8 +32,11 @@ def test_provision_load_and_generate_without_network(no_network, tmp_path):
     from appliance.models.provision import DEMO_MODEL_NAME, provision_demo
     from appliance.models.store import ModelStore
 
-    model, created = provision_demo(tmp_path / "data")
-    assert created is True
+    # Two provisioners at once (parallel test workers, two operators): one converts, the other waits for it.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(provision_demo, [tmp_path / "data"] * 2))
+    assert sorted(created for _, created in results) == [False, True]
+    model = results[0][0]
     assert ModelStore(tmp_path / "data").verify(DEMO_MODEL_NAME).path == model.path
 
     tokenizer = AutoTokenizer.from_pretrained(model.path, local_files_only=True)

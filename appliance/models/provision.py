@@ -7,6 +7,7 @@ found without importing it (its __init__ pulls in llama.cpp bindings).
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -33,15 +34,25 @@ def demo_gguf_path() -> Path:
 
 
 def provision_demo(data_dir: Path) -> tuple[StoredModel, bool]:
-    """Convert the GGUF into the store once. Returns (model, created_now)."""
+    """Convert the GGUF into the store once. Returns (model, created_now).
+
+    Concurrent callers (parallel test workers, two operators) take turns on a lock file: the second one
+    finds the model in place instead of replacing the folder the first one just wrote.
+    """
     store = ModelStore(data_dir)
-    if DEMO_MODEL_NAME in store.names():
-        return store.get(DEMO_MODEL_NAME), False
+    store.root.mkdir(parents=True, exist_ok=True)
+    with open(store.root / ".provision.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if DEMO_MODEL_NAME in store.names():
+            return store.get(DEMO_MODEL_NAME), False
+        return _convert_demo(store), True
+
+
+def _convert_demo(store: ModelStore) -> StoredModel:
     gguf = demo_gguf_path()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    store.root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=store.root, prefix=f".{DEMO_MODEL_NAME}."))
     try:
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -61,4 +72,4 @@ def provision_demo(data_dir: Path) -> tuple[StoredModel, bool]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return store.get(DEMO_MODEL_NAME), True
+    return store.get(DEMO_MODEL_NAME)
