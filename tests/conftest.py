@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from store_support import link_model_store
 
+pytest_plugins = ["tier_budget"]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Provisioning converts a GGUF (about 40 s); keep the result between runs.
 TEST_DATA_DIR = Path(os.environ.get("APPLIANCE_TEST_DATA_DIR", REPO_ROOT / ".test-cache" / "data"))

@@ -1,0 +1,49 @@
+"""The per-tier time budget (tests/tier_budget.py) fails a run whose tier outgrows it, and only then."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+pytest_plugins = ["pytester"]
+
+INNER_TESTS = """
+import time
+import pytest
+
+@pytest.mark.model
+def test_model_tier():
+    time.sleep(0.3)
+
+def test_fast_tier():
+    pass
+"""
+
+
+def _run(pytester: pytest.Pytester, monkeypatch, model_budget: float) -> pytest.RunResult:
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    pytester.makeconftest(
+        "import tier_budget\n"
+        f"tier_budget.TIER_BUDGET_SECONDS['model'] = {model_budget}\n"
+        "pytest_plugins = ['tier_budget']\n"
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', 'model: m')\n"
+    )
+    pytester.makepyfile(INNER_TESTS)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider")
+
+
+def test_a_tier_over_its_budget_fails_the_run_and_says_which(pytester, monkeypatch):
+    result = _run(pytester, monkeypatch, model_budget=0.1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*model:*OVER BUDGET*", "*tier(s) model over budget*"])
+
+
+def test_tiers_within_budget_pass_and_print_their_time(pytester, monkeypatch):
+    result = _run(pytester, monkeypatch, model_budget=60.0)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*time per tier*", "* model: *0 s /    60 s", "*  fast: *"])
+    assert "OVER BUDGET" not in result.stdout.str()
