@@ -137,6 +137,13 @@ def _resources_errors(parsed: ParsedJob) -> list[ConfigError]:
             )
         )
     ranks = resources.world_size
+    if ranks > 1 and spec.task.environment is not None:
+        errors.append(
+            parsed.error_at(
+                ("resources", "gpus"),
+                f"an agent job (task.environment) runs on one rank, not {ranks}; set resources.gpus: 1 and nodes: 1",
+            )
+        )
     if ranks > 1 and spec.grpo.prompts_per_step % ranks:
         errors.append(
             parsed.error_at(

@@ -143,7 +143,10 @@ def build_trainer(
     job_dir: Path,
     stop_requested: Callable[[], str | None] | None = None,
 ) -> Trainer:
-    device = default_device()
+    from appliance.grpo.distributed import launched_rank
+
+    rank = launched_rank()  # one of several data-parallel ranks: its own device, its share of the step
+    device = rank.device if rank is not None else default_device()
     pin_mmap_threshold()
     torch.manual_seed(spec.grpo.seed)
     student_dir = resolve_model(spec.student.model, data_dir)
@@ -164,6 +167,10 @@ def build_trainer(
     else:
         environment, planned = _agent_environment(spec, data_dir)
         prompt_tokens = longest_opening_tokens(environment, tokenizer) if environment is not None else None
+    if rank is not None:
+        from appliance.budget.devices import rank_job
+
+        planned = rank_job(planned)
     choices, plan = decide_choices(planned, device, student_dir, judge_dir, prompt_tokens)
     student = Student(spec.student, student_dir, device, choices.gradient_checkpointing)
     engine = make_rollout_engine(spec, student, student_dir, device, choices.rollout_weights, plan)
@@ -187,9 +194,12 @@ def build_trainer(
             environment,
         )
     ledger = measure_loaded(plan, student, engine) if plan is not None else None
-    return Trainer(
-        spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger, plan=plan, agent=agent
-    )
+    parts = (spec, job_dir, student, engine, task, rewards, choices)
+    if rank is not None:
+        from appliance.grpo.data_parallel import RankTrainer
+
+        return RankTrainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, rank=rank)
+    return Trainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent)
 
 
 def _agent_environment(spec: JobSpec, data_dir: Path):

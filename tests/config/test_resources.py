@@ -71,3 +71,13 @@ def test_prompts_must_split_evenly_over_the_ranks(tmp_path):
     _, errors = _check(tmp_path, "resources: {gpus: 3}\n")
     assert [(e.key, e.line) for e in errors] == [("grpo.prompts_per_step", 6)]
     assert "multiple of 3" in errors[0].message
+
+
+def test_an_agent_job_is_refused_several_ranks(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "name: a\nstudent: {model: m}\ntask: {environment: 'builtin:calculator'}\n"
+        "rewards: [{name: environment}]\nresources: {gpus: 2}\n"
+    )
+    _, errors = check_job_file(path, tmp_path, check_models=False)
+    assert [e.key for e in errors] == ["resources.gpus"] and "one rank" in errors[0].message
