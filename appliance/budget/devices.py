@@ -91,7 +91,7 @@ def plan_devices(
     device: DeviceInfo,
     prompt_tokens: int | None = None,
 ) -> list[DevicePlan]:
-    """One DevicePlan per device of every node (the judge's tensor-parallel group sits on node 0)."""
+    """One DevicePlan per device of every node (the judge spans its devices on every node)."""
     resources = job.resources
     one_rank = rank_job(job)
     sharding = resources.sharding
@@ -116,16 +116,17 @@ def plan_devices(
             plans.append(
                 DevicePlan(node, index, "student", rank, dict(plan.components), plan.budget_bytes, sharding, plan=plan)
             )
-        for offset in range(resources.judge_gpus if node == 0 else 0):
+        for offset in range(resources.judge_gpus):
             plans.append(replace(judge, node=node, index=resources.student_devices + offset))
     return plans
 
 
 def _judge_device(job: JobSpec, judge_config: dict | None, device: DeviceInfo) -> DevicePlan:
-    """One of the judge's TP shards: weights/TP, the KV cache of the step's judge calls/TP (halved to fit)."""
+    """One of the judge's shards: weights and the KV cache of the step's judge calls over TP x PP (halved to fit)."""
     if judge_config is None:
         raise ValueError(f"judge.model: no config.json for '{job.judge.model}' to plan with")
-    tp = job.resources.judge_gpus
+    # vLLM: TP over the judge's devices of a box, PP over the boxes (engines/parallel.py).
+    tp = job.resources.judge_gpus * job.resources.nodes
     shape = shape_from_config(judge_config, job.judge.model)
     dtype = c.DTYPE_BYTES[resolve_compute_dtype(job.student.compute_dtype, device.kind)]
     weights = -(-c.weights_bytes(shape, job.judge.quantization, dtype) // tp)

@@ -109,6 +109,15 @@ class RankTrainer(Trainer):
             )
         if self.spec.task.environment is not None:
             raise DistributedError("agent jobs (task.environment) run on one rank; set resources.gpus: 1")
+        if self.spec.resources.judge_gpus:
+            raise DistributedError(
+                "a judge on devices of its own (resources.judge_gpus) is not shared by several ranks yet; serve it "
+                "with 'vllm serve --tensor-parallel-size N' on those devices and set judge.endpoint, or drop judge_gpus"
+            )
+        if self.spec.resources.sharding == "fsdp":
+            raise DistributedError(
+                "resources.sharding: fsdp is planned (appliance plan) but not trained yet; use sharding: ddp"
+            )
         self.stream = RankStream(self.stream, rank)
         self.updater.reducer = GradientReducer()
         GradientReducer.broadcast_parameters(self.student.trainable_parameters())

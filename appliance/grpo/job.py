@@ -299,9 +299,12 @@ def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir:
     elif spec.engine.judge == "vllm" or (spec.engine.judge == "auto" and device.startswith("cuda")):
         from appliance.engines.vllm_engine import VLLMEngine
 
+        from appliance.engines.parallel import judge_parallelism
+
         engine = VLLMEngine.for_judge(
             spec,
             judge_dir,
+            parallelism=judge_parallelism(spec.resources),
             kv_cache_bytes=plan.choices.judge_kv_bytes if plan is not None else None,
             max_model_len=_planned_length(spec, plan, "judge"),
         )

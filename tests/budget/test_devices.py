@@ -89,3 +89,12 @@ def test_plan_json_lists_every_device_and_exits_3_when_one_does_not_fit(tmp_path
     assert document["devices"][1]["tensor_parallel"] == 1
     main(["plan", str(path), "--device-memory", "80GiB", "--data-dir", str(tmp_path)])
     assert "device 1 (judge" in capsys.readouterr().err
+
+
+def test_a_judge_on_several_boxes_is_sharded_over_every_boxs_judge_devices():
+    spec = job(STUDENT_8B + JUDGE_70B + "resources: {gpus: 4, nodes: 2, judge_gpus: 2}\n")
+    devices = plan_devices(spec, config("Llama-3.1-8B"), config("Llama-3.1-70B"), GPU80)
+    judges = [d for d in devices if d.role == "judge"]
+    assert [(d.node, d.index) for d in judges] == [(0, 2), (0, 3), (1, 2), (1, 3)]
+    whole_judge = weights_bytes(shape_from_config(config("Llama-3.1-70B")), "none", 2)
+    assert judges[0].components["judge_weights"] == -(-whole_judge // 4) and judges[0].tensor_parallel == 4
