@@ -8,6 +8,7 @@ summed over ranks, so the summed LoRA gradients equal one rank's with the whole 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -38,13 +39,32 @@ class RankInfo:
 SINGLE = RankInfo(rank=0, world_size=1, local_rank=0, device="")
 
 
+def rank_visible_devices(visible: str | None, local_rank: int) -> str:
+    """CUDA_VISIBLE_DEVICES for one rank: the local_rank-th of the box's visible devices (or of all)."""
+    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else None
+    if devices is None:
+        return str(local_rank)
+    if local_rank >= len(devices):
+        raise DistributedError(
+            f"local rank {local_rank} has no device: CUDA_VISIBLE_DEVICES lists {len(devices)}; "
+            "lower resources.gpus or make more devices visible"
+        )
+    return devices[local_rank]
+
+
+@functools.cache
 def launched_rank() -> RankInfo | None:
-    """This process's rank when torch.distributed.run started it with more than one rank, else None."""
+    """This process's rank when torch.distributed.run started it with more than one rank, else None.
+
+    Pins the process to its device through CUDA_VISIBLE_DEVICES before CUDA starts, so the
+    rank's own children (a vLLM engine) land on that device too; on a CPU box it changes nothing.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return None
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    os.environ["CUDA_VISIBLE_DEVICES"] = rank_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     return RankInfo(int(os.environ["RANK"]), world, local_rank, device)
 
 
@@ -52,9 +72,8 @@ def init_process_group(info: RankInfo) -> None:
     """Join the job's process group (env:// rendezvous set up by torch.distributed.run)."""
     if dist.is_initialized():
         return
-    if info.device.startswith("cuda"):
-        torch.cuda.set_device(info.local_rank)
-        dist.init_process_group("nccl", device_id=torch.device(info.device))
+    if info.device.startswith("cuda"):  # the one device launched_rank left visible
+        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
     else:
         dist.init_process_group("gloo")
 

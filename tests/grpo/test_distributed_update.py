@@ -63,3 +63,12 @@ def test_without_the_all_reduce_each_rank_would_move_elsewhere(updates, tiny_mod
     rank0, rank1 = (torch.load(tmp_path / f"dapo-rank{rank}.pt")["weights"] for rank in (0, 1))
     assert max(float((a - b).abs().max()) for a, b in zip(rank0, rank1)) > 1e-4
     assert max(float((a - b).abs().max()) for a, b in zip(rank0, reference)) > 1e-4
+
+
+def test_each_rank_sees_only_its_own_device():
+    from appliance.grpo.distributed import DistributedError, rank_visible_devices
+
+    assert rank_visible_devices("4,5,6,7", 2) == "6"
+    assert rank_visible_devices(None, 3) == "3"
+    with pytest.raises(DistributedError, match="local rank 2 has no device"):
+        rank_visible_devices("0,1", 2)
