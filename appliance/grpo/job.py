@@ -146,6 +146,11 @@ def build_trainer(
     from appliance.grpo.distributed import launched_rank
 
     rank = launched_rank()  # one of several data-parallel ranks: its own device, its share of the step
+    if rank is None and spec.resources.world_size > 1:
+        raise JobSetupError(
+            f"'{spec.name}' asks for {spec.resources.world_size} data-parallel ranks (resources); start it with "
+            "'appliance train', which launches them (the daemon runs one-rank jobs for now)"
+        )
     device = rank.device if rank is not None else default_device()
     pin_mmap_threshold()
     torch.manual_seed(spec.grpo.seed)
