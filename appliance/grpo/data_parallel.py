@@ -76,6 +76,16 @@ class ReadOnlyCheckpoints(CheckpointManager):
     def update_best(self, write_adapter, state):
         return self.job_dir / "best"
 
+    def reconcile_best(self, resumed):
+        """What rank 0's repair of best/ will give, without touching best/ (rank 0 repairs it)."""
+        state = self.best_state()
+        if state is not None and (self.best_dir / "adapter_model.safetensors").is_file():
+            return state
+        recorded = resumed.state.get("best")
+        if recorded and (self.root / f"step-{int(recorded['step']):06d}" / "adapter").is_dir():
+            return recorded
+        return None
+
 
 def merge_rollouts(parts: list[ScoredRollout]) -> ScoredRollout:
     """Every rank's share in rank order: the rollout one rank with the whole batch would have made."""
