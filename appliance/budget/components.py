@@ -77,6 +77,17 @@ def weights_bytes(shape: ModelShape, quantization: str, dtype_bytes: int, double
     raise ValueError(f"unknown quantization '{quantization}' (expected nf4, fp4, int8 or none)")
 
 
+def sharded_weights_bytes(
+    shape: ModelShape, quantization: str, dtype_bytes: int, double_quant: bool = False, shards: int = 1
+) -> int:
+    """One rank's weights: all of them (shards=1), or under FSDP its shard plus one decoder layer gathered whole
+    for the forward and backward (FSDP-QLoRA stores the 4-bit weights in the compute dtype's storage, same bytes)."""
+    whole = weights_bytes(shape, quantization, dtype_bytes, double_quant)
+    if shards <= 1:
+        return whole
+    return -(-whole // shards) + -(-whole // shape.layers)
+
+
 def lora_params(shape: ModelShape, rank: int, target_modules: list[str]) -> int:
     """Adapter parameters: rank x (in + out) for each targeted linear layer of every block."""
     linears = {name: (i, o) for name, i, o in shape.block_linears}

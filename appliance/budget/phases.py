@@ -91,7 +91,9 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
         judge_weights = c.weights_bytes(work.judge, work.judge_quantization, dtype, work.double_quant)
     judge_shape = work.judge or work.student
     return {
-        "student_weights": c.weights_bytes(work.student, work.student_quantization, dtype, work.double_quant),
+        "student_weights": c.sharded_weights_bytes(
+            work.student, work.student_quantization, dtype, work.double_quant, work.student_shards
+        ),
         # A merged copy: the model in the compute dtype, plus the dequantized (fp32) base weights of the
         # LoRA targets it keeps to re-merge the adapter after every step (engines/merged_copy.py).
         "rollout_weights": (

@@ -8,7 +8,7 @@ is one that the planner itself says fits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from appliance.budget.device import DeviceInfo
 from appliance.budget.fit import auto_fit
@@ -136,14 +136,17 @@ def plan_job(
     optimizer: str = "adamw_32bit",
     double_quant: bool = False,
     prompt_tokens: int | None = None,
+    student_shards: int = 1,
 ) -> Plan:
     """Plan `job` on `device`: auto-fit choices, per-phase peaks and, when it does not fit, what to change.
 
     prompt_tokens: the job's longest training prompt as measured with the chat template
     (job.prompt_lengths); without it the plan assumes grpo.max_prompt_tokens.
+    student_shards: FSDP-QLoRA ranks the student's base is sharded over (budget/devices.py).
     """
     budget = budget_of(job, device)
     work = workload_of(job, student_config, judge_config, device.kind, optimizer, double_quant, prompt_tokens)
+    work = replace(work, student_shards=student_shards)
     choices, phases = _fit(job, work, budget)
     if assumptions(job):
         choices.reasons["sequence_tokens"] = f"{work.sequence_tokens}: " + assumptions(job)
@@ -153,7 +156,9 @@ def plan_job(
     overflow, suggestions = [], []
     if not fits:
         overflow = _overflow(phases, budget)
-        suggestions = suggest_changes(job, student_config, judge_config, device, optimizer, double_quant, prompt_tokens)
+        suggestions = suggest_changes(
+            job, student_config, judge_config, device, optimizer, double_quant, prompt_tokens, student_shards
+        )
     return Plan(
         device,
         budget,
@@ -239,6 +244,7 @@ def suggest_changes(
     optimizer: str = "adamw_32bit",
     double_quant: bool = False,
     prompt_tokens: int | None = None,
+    student_shards: int = 1,
 ) -> list[str]:
     """Single changes that fit (the mildest value of each key), else one combination found greedily."""
     budget = budget_of(job, device)
@@ -247,6 +253,7 @@ def suggest_changes(
         # A smaller grpo.max_prompt_tokens than the measured prompts means truncating them.
         measured = min(prompt_tokens, candidate.grpo.max_prompt_tokens) if prompt_tokens else None
         work = workload_of(candidate, student_config, judge_config, device.kind, optimizer, double_quant, measured)
+        work = replace(work, student_shards=student_shards)
         return _peak(_fit(candidate, work, budget)[1])
 
     singles = []

@@ -71,6 +71,8 @@ class Workload:
     judge_engine: str
     optimizer: str = "adamw_32bit"
     double_quant: bool = False
+    # FSDP-QLoRA: the student's base sharded over this many ranks (1: a whole copy per device, DDP).
+    student_shards: int = 1
 
     @property
     def dtype_bytes(self) -> int:

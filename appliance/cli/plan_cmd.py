@@ -121,7 +121,7 @@ def _measured_prompt_tokens(job, file: Path, data_dir: Path) -> int | None:
 
 
 def _plan(args) -> int:
-    from appliance.budget.plan import plan_job
+    from appliance.budget.devices import plan_devices, refusal
     from appliance.budget.shapes import ShapeError
     from appliance.config.load import JobFileError, load_job
 
@@ -138,9 +138,10 @@ def _plan(args) -> int:
         if job.judge is not None and not job.judge.share_student_base and job.judge.endpoint is None:
             judge_config, judge_source = resolve_config("judge.model", job.judge.model, data_dir, overrides)
         device = _device(args)
-        plan = plan_job(
+        devices = plan_devices(
             job, student_config, judge_config, device, prompt_tokens=_measured_prompt_tokens(job, args.file, data_dir)
         )
+        plan = devices[0].plan  # student rank 0: the whole job on a single device
     except (PlanInputError, ShapeError, ValueError) as exc:
         print(f"error: {args.file}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -148,6 +149,8 @@ def _plan(args) -> int:
         document = plan.to_dict()
         document["file"] = str(args.file)
         document["model_configs"] = {"student": student_source, "judge": judge_source}
+        document["devices"] = [each.to_dict() for each in devices]
+        document["fits"] = all(each.fits for each in devices)
         print(json.dumps(document, indent=2))
     else:
         print(f"{args.file}: job '{job.name}'")
@@ -156,8 +159,26 @@ def _plan(args) -> int:
             + (f", judge {job.judge.model} ({judge_source or 'student base'})" if job.judge else "")
         )
         print(plan.render())
-    if not plan.fits:
+        if len(devices) > 1:
+            print("\nper device:")
+            print("\n".join(_device_line(each) for each in devices))
+    problem = refusal(devices)
+    if problem:
         if not args.json:
-            print(f"error: {args.file}: does not fit: {plan.refusal()}", file=sys.stderr)
+            print(f"error: {args.file}: does not fit: {problem}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT
     return EXIT_OK
+
+
+def _device_line(device) -> str:
+    from appliance.config.sizes import format_bytes
+
+    what = (
+        f"student rank {device.rank} ({device.sharding})"
+        if device.role == "student"
+        else f"judge (TP {device.tensor_parallel}, batch {device.judge_batch})"
+    )
+    return (
+        f"  node {device.node} device {device.index}: {what}: peak {format_bytes(device.peak_bytes)} of "
+        f"{format_bytes(device.budget_bytes)}{'' if device.fits else '  DOES NOT FIT'}"
+    )

@@ -44,6 +44,9 @@ def register(subparsers) -> None:
         action="store_true",
         help="also show the libraries' own output (weight loading, warnings) in the terminal",
     )
+    from appliance.cli.launch import add_launch_arguments
+
+    add_launch_arguments(parser)
     parser.set_defaults(handler=_train)
 
 
@@ -76,11 +79,23 @@ def _train(args) -> int:
     from appliance.errors import ApplianceError, DiskFullError, JobStopped
     from appliance.grpo.job import prepare_job_dir
 
+    from appliance.grpo.distributed import launched_rank
+
     data_dir = data_dir_of(args)
+    rank = launched_rank()
     try:
         metrics_address = parse_metrics_addr(args.metrics_addr) if args.metrics_addr else None
         spec = load_checked_job(args.file, data_dir)
-        job_dir = prepare_job_dir(data_dir, spec, resume=args.resume, restart=args.restart)
+        if rank is None and (spec.resources.world_size > 1 or args.nnodes or args.node_rank):
+            return _launch(args, spec, data_dir)
+        if rank is not None:  # started by the launcher, which prepared the job folder
+            job_dir = _rank_job_dir(data_dir, spec, rank)
+        else:
+            job_dir = prepare_job_dir(data_dir, spec, resume=args.resume, restart=args.restart)
+            if args.resume:
+                from appliance.grpo.data_parallel import check_world_size
+
+                check_world_size(job_dir, 1)
     except (ApplianceError, ValueError) as error:
         print("\n".join(f"error: {line}" for line in str(error).splitlines()), file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -97,14 +112,19 @@ def _train(args) -> int:
             judge_model=spec.judge.model if spec.judge else None,
         )
         print(f"Prometheus metrics on {exporter.server.url}", flush=True)
-    terminal = Terminal(job_dir / "log.txt", verbose=args.verbose, steps=spec.grpo.steps)
+    main_rank = rank is None or rank.is_main
+    log_name = "log.txt" if main_rank else f"log.rank{rank.rank}.txt"
+    terminal = Terminal(job_dir / log_name, verbose=args.verbose, steps=spec.grpo.steps)
 
     def on_step(record) -> None:
-        terminal.step(format_progress(record), record.step)
+        if main_rank:
+            terminal.step(format_progress(record), record.step)
         if exporter:
             exporter.on_step(record)
 
     def on_event(event) -> None:
+        if not main_rank:
+            return
         if event.kind == "log":
             terminal.line(event.data["line"])
         elif event.kind == "eval" and event.data.get("when") in ("before", "after"):
@@ -152,5 +172,53 @@ def _train(args) -> int:
     finally:
         if exporter:
             exporter.close()
+        if rank is not None:
+            from appliance.grpo.distributed import destroy_process_group
+
+            destroy_process_group()
+    if rank is not None:
+        return EXIT_OK  # the launcher reports the job's end
     print(f"done: checkpoints in {job_dir / 'checkpoints'}, best adapter in {job_dir / 'best'}")
+    return EXIT_OK
+
+
+def _rank_job_dir(data_dir: Path, spec, rank) -> Path:
+    """The job folder the launcher prepared; this rank joins the job's process group."""
+    from appliance.grpo.distributed import init_process_group
+    from appliance.paths import jobs_dir
+
+    job_dir = jobs_dir(data_dir) / spec.name
+    job_dir.mkdir(parents=True, exist_ok=True)
+    init_process_group(rank)
+    return job_dir
+
+
+def _launch(args, spec, data_dir: Path) -> int:
+    """This box's launcher: prepare the job folder (node 0), start the ranks, report how they ended."""
+    from appliance.cli.launch import LaunchError, launch, topology
+    from appliance.errors import ApplianceError
+    from appliance.grpo.job import prepare_job_dir
+
+    try:
+        shape = topology(args, spec)
+        if not shape.node_rank:
+            job_dir = prepare_job_dir(data_dir, spec, resume=args.resume, restart=args.restart)
+    except ApplianceError as error:
+        print("\n".join(f"error: {line}" for line in str(error).splitlines()), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(
+        f"starting {shape.nproc_per_node} rank(s) on this box"
+        + (f" (node {shape.node_rank} of {shape.nnodes})" if shape.nnodes > 1 else ""),
+        flush=True,
+    )
+    try:
+        launch(args, spec, data_dir)
+    except LaunchError as error:
+        print(
+            f"error: {error}; 'appliance train {args.file} --resume' continues from the last checkpoint",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    if not shape.node_rank:
+        print(f"done: checkpoints in {job_dir / 'checkpoints'}, best adapter in {job_dir / 'best'}")
     return EXIT_OK

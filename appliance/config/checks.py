@@ -117,6 +117,41 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
             errors += _task_errors(parsed, base_dir)
     errors += _reward_errors(parsed, base_dir)
     errors += _best_metric_errors(parsed)
+    errors += _resources_errors(parsed)
+    return errors
+
+
+def _resources_errors(parsed: ParsedJob) -> list[ConfigError]:
+    """resources: a judge placement needs a judge on this box; each rank needs a whole share of the groups."""
+    spec = parsed.spec
+    if spec is None:
+        return []
+    resources, errors = spec.resources, []
+    if resources.judge_gpus and (spec.judge is None or spec.judge.endpoint is not None):
+        errors.append(
+            parsed.error_at(
+                ("resources", "judge_gpus"),
+                f"judge_gpus ({resources.judge_gpus}) places a judge on this box, but the job has "
+                + ("no judge section" if spec.judge is None else "a remote judge (judge.endpoint)")
+                + "; drop judge_gpus",
+            )
+        )
+    ranks = resources.world_size
+    if ranks > 1 and spec.task.environment is not None:
+        errors.append(
+            parsed.error_at(
+                ("resources", "gpus"),
+                f"an agent job (task.environment) runs on one rank, not {ranks}; set resources.gpus: 1 and nodes: 1",
+            )
+        )
+    if ranks > 1 and spec.grpo.prompts_per_step % ranks:
+        errors.append(
+            parsed.error_at(
+                ("grpo", "prompts_per_step"),
+                f"prompts_per_step ({spec.grpo.prompts_per_step}) must split evenly over the job's {ranks} "
+                f"data-parallel ranks (resources); use a multiple of {ranks}",
+            )
+        )
     return errors
 
 

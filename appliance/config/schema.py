@@ -233,6 +233,50 @@ class DeviceSpec(Spec):
         return value
 
 
+class ResourcesSpec(Spec):
+    """Devices a job uses (DESIGN.md, "Past one device"); one GPU on one box by default.
+
+    `gpus` devices on each of `nodes` boxes. The student's devices each hold one data-parallel rank
+    with its colocated rollout engine; the judge's devices hold the judge under vLLM tensor
+    parallelism. With no judge_gpus the judge (if any) shares every student device.
+    """
+
+    gpus: PositiveInt = 1
+    nodes: PositiveInt = 1
+    # null: every device not given to the judge.
+    student_gpus: PositiveInt | None = None
+    # 0: the judge (if any) is colocated with each student rank; N: one judge over N devices (TP=N).
+    judge_gpus: Annotated[int, Field(ge=0)] = 0
+    # How each rank holds the 4-bit base: ddp (a whole copy per device), fsdp (sharded over the
+    # student's devices, FSDP-QLoRA), auto (fsdp only when the base does not fit one device).
+    sharding: Literal["auto", "ddp", "fsdp"] = "auto"
+
+    @model_validator(mode="after")
+    def _placement(self) -> "ResourcesSpec":
+        student = self.gpus - self.judge_gpus if self.student_gpus is None else self.student_gpus
+        if student < 1:
+            raise ValueError(
+                f"judge_gpus ({self.judge_gpus}) leaves no device of the {self.gpus} for the student; "
+                "raise gpus or lower judge_gpus"
+            )
+        if student + self.judge_gpus > self.gpus:
+            raise ValueError(
+                f"student_gpus ({student}) + judge_gpus ({self.judge_gpus}) is more than gpus ({self.gpus}); "
+                f"raise gpus to {student + self.judge_gpus} or lower the placement"
+            )
+        return self
+
+    @property
+    def student_devices(self) -> int:
+        """Devices per box for the student's data-parallel ranks."""
+        return self.gpus - self.judge_gpus if self.student_gpus is None else self.student_gpus
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel ranks of the trainer over every box."""
+        return self.student_devices * self.nodes
+
+
 def greedy_samples_problem(temperature: float, samples: int) -> str | None:
     """What is wrong with drawing `samples` held-out samples at `temperature`, or None: the one rule for both
     the job keys (checkpoint.eval_temperature / eval_samples) and `appliance eval`'s flags."""
@@ -291,6 +335,7 @@ class JobSpec(Spec):
     grpo: GrpoSpec = GrpoSpec()
     engine: EngineSpec = EngineSpec()
     device: DeviceSpec = DeviceSpec()
+    resources: ResourcesSpec = ResourcesSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     tracking: TrackingSpec = TrackingSpec()
 

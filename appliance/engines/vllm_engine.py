@@ -230,10 +230,12 @@ class VLLMEngine:
         device: str | None = None,
         max_model_len: int | None = None,
         vllm_api: Any = None,
+        parallelism: Any = None,
     ) -> "VLLMEngine":
         """The judge engine of a job: no LoRA, its own KV budget (the plan's judge_kv_bytes).
 
         max_model_len: the plan's longest judge sequence (measured prompt, rubric, scored completions).
+        parallelism: an engines.parallel.VllmParallelism (TP / PP / Ray from resources:); None: one device.
         """
         device = device or _default_device()
         name = spec.judge.model
@@ -249,6 +251,7 @@ class VLLMEngine:
             enable_lora=False,
             device=device,
             vllm_api=vllm_api,
+            extra_llm_args=parallelism.llm_args() if parallelism is not None else None,
         )
 
     # --- generation -------------------------------------------------------------

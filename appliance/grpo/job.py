@@ -127,7 +127,15 @@ def build_trainer(
     job_dir: Path,
     stop_requested: Callable[[], str | None] | None = None,
 ) -> Trainer:
-    device = default_device()
+    from appliance.grpo.distributed import launched_rank
+
+    rank = launched_rank()  # one of several data-parallel ranks: its own device, its share of the step
+    if rank is None and spec.resources.world_size > 1:
+        raise JobSetupError(
+            f"'{spec.name}' asks for {spec.resources.world_size} data-parallel ranks (resources); start it with "
+            "'appliance train', which launches them (the daemon runs one-rank jobs for now)"
+        )
+    device = rank.device if rank is not None else default_device()
     pin_mmap_threshold()
     torch.manual_seed(spec.grpo.seed)
     student_dir = resolve_model(spec.student.model, data_dir)
@@ -148,6 +156,10 @@ def build_trainer(
     else:
         environment, planned = _agent_environment(spec, data_dir)
         prompt_tokens = longest_opening_tokens(environment, tokenizer) if environment is not None else None
+    if rank is not None:
+        from appliance.budget.devices import rank_job
+
+        planned = rank_job(planned)
     choices, plan = decide_choices(planned, device, student_dir, judge_dir, prompt_tokens)
     student = Student(spec.student, student_dir, device, choices.gradient_checkpointing)
     engine = make_rollout_engine(spec, student, student_dir, device, choices.rollout_weights, plan)
@@ -171,9 +183,12 @@ def build_trainer(
             environment,
         )
     ledger = measure_loaded(plan, student, engine) if plan is not None else None
-    return Trainer(
-        spec, job_dir, student, engine, task, rewards, choices, judge=judge, ledger=ledger, plan=plan, agent=agent
-    )
+    parts = (spec, job_dir, student, engine, task, rewards, choices)
+    if rank is not None:
+        from appliance.grpo.data_parallel import RankTrainer
+
+        return RankTrainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, rank=rank)
+    return Trainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent)
 
 
 def _agent_environment(spec: JobSpec, data_dir: Path):
@@ -273,9 +288,12 @@ def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir:
     elif spec.engine.judge == "vllm" or (spec.engine.judge == "auto" and device.startswith("cuda")):
         from appliance.engines.vllm_engine import VLLMEngine
 
+        from appliance.engines.parallel import judge_parallelism
+
         engine = VLLMEngine.for_judge(
             spec,
             judge_dir,
+            parallelism=judge_parallelism(spec.resources),
             kv_cache_bytes=plan.choices.judge_kv_bytes if plan is not None else None,
             max_model_len=_planned_length(spec, plan, "judge"),
         )

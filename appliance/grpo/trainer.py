@@ -458,7 +458,7 @@ class Trainer:
     def save_checkpoint(self, record: StepRecord) -> Path:
         path = self.checkpoints.save(
             self.step,
-            lambda folder: write_payload(folder, self.student, self.optimizer, self.scheduler),
+            self._write_payload,
             {
                 "job": self.spec.name,
                 "data_cursor": self.stream.state_dict() if self.stream is not None else {"step": self.step},
@@ -472,6 +472,9 @@ class Trainer:
             self.agent.source.checkpointed(self.step)  # submitted groups it trained need not be kept any more
         self.on_event("checkpoint", path=str(path), best=False)
         return path
+
+    def _write_payload(self, folder: Path) -> None:
+        write_payload(folder, self.student, self.optimizer, self.scheduler)
 
     def ensure_checkpoint(self) -> None:
         """Make sure the last finished step has a complete checkpoint (before a pause or shutdown)."""

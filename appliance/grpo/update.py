@@ -88,8 +88,18 @@ class GrpoUpdater:
     adapter already moved.
     """
 
-    def __init__(self, student: Student, optimizer, scheduler, spec: GrpoSpec, importance_sampling_cap: float = 2.0):
+    def __init__(
+        self,
+        student: Student,
+        optimizer,
+        scheduler,
+        spec: GrpoSpec,
+        importance_sampling_cap: float = 2.0,
+        reducer=None,
+    ):
         self.student = student
+        # Data-parallel ranks: a grpo.distributed.GradientReducer summing counts and gradients over ranks.
+        self.reducer = reducer
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.spec = spec
@@ -124,10 +134,15 @@ class GrpoUpdater:
     def step(self, samples: list[TrainSample], micro_batch_size: int) -> UpdateStats:
         self.applied_steps = 0
         stats = UpdateStats(sequences=len(samples), tokens=sum(s.trained_tokens for s in samples))
-        if not samples:
+        if not samples and self.reducer is None:
             return stats
         micro_batches, diffs = self.prepare(samples, micro_batch_size)
-        normalizer = StepNormalizer(len(samples), stats.tokens, len(micro_batches), self.spec.max_new_tokens)
+        counts = (len(samples), stats.tokens, len(micro_batches))
+        if self.reducer is not None:  # every rank divides by the whole step's counts (a rank may hold none)
+            counts = self.reducer.counts(*counts)
+            if counts[0] == 0:
+                return stats
+        normalizer = StepNormalizer(*counts, self.spec.max_new_tokens)
         parameters = self.student.trainable_parameters()
         iterations = 0
         for _ in range(self.spec.iterations):
@@ -139,6 +154,9 @@ class GrpoUpdater:
                 kl += output.kl_mean / len(micro_batches)
                 clip += output.clip_ratio / len(micro_batches)
                 stats.micro_batches += 1
+            if self.reducer is not None:
+                self.reducer.gradients(parameters)
+                loss = self.reducer.total(loss)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.spec.max_grad_norm))
             stats.loss, stats.kl, stats.clip_ratio, stats.grad_norm = (
                 stats.loss + loss,

@@ -93,7 +93,7 @@ def test_model_references_find_their_shipped_shape(reference, fixture):
 
 def test_unknown_model_has_no_shipped_shape():
     assert fixture_for("/models/Mistral-7B-v0.3") is None
-    assert fixture_names() == ["Gemma-2-9B", "Llama-3.1-8B", "Qwen2.5-7B", "Qwen3-8B"]
+    assert fixture_names() == ["Gemma-2-9B", "Llama-3.1-70B", "Llama-3.1-8B", "Qwen2.5-7B", "Qwen3-8B"]
 
 
 def test_a_config_missing_a_field_names_it():

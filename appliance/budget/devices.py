@@ -1,0 +1,159 @@
+"""The memory plan per device of a job's `resources:`: one plan for each student rank and each judge shard.
+
+A student rank is planned as the whole job with its share of the step's
+prompts (and the judge colocated when the judge has no devices of its own);
+under FSDP-QLoRA its base is a shard. A judge device holds 1/TP of the
+judge's weights and KV cache under vLLM tensor parallelism. `appliance plan
+--json` lists them as `devices`; a job that does not fit names the device and component.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from appliance.budget import components as c
+from appliance.budget.device import DeviceInfo
+from appliance.budget.plan import Plan, budget_of, plan_job
+from appliance.budget.shapes import shape_from_config
+from appliance.budget.workload import judge_prompt_tokens, resolve_compute_dtype, resolve_engine
+from appliance.config.schema import JobSpec
+from appliance.config.sizes import format_bytes
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What one device holds: a student rank (with its Plan) or one tensor-parallel shard of the judge."""
+
+    node: int
+    index: int  # the device on its box
+    role: str  # "student" | "judge"
+    rank: int | None  # the student's data-parallel rank; None on a judge device
+    components: dict[str, int]
+    budget_bytes: int
+    sharding: str = ""  # student: ddp | fsdp
+    tensor_parallel: int = 1  # judge: TP size
+    judge_batch: int = 0  # judge: sequences in flight the KV cache holds
+    plan: Plan | None = None  # student: the full phase plan
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.plan.peak_bytes if self.plan is not None else sum(self.components.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.plan.fits if self.plan is not None else self.peak_bytes <= self.budget_bytes
+
+    def to_dict(self) -> dict:
+        out = {
+            "node": self.node,
+            "index": self.index,
+            "role": self.role,
+            "rank": self.rank,
+            "components": dict(self.components),
+            "peak_bytes": self.peak_bytes,
+            "budget_bytes": self.budget_bytes,
+            "fits": self.fits,
+        }
+        if self.role == "student":
+            out["sharding"] = self.sharding
+            out["plan"] = self.plan.to_dict()
+        else:
+            out.update(tensor_parallel=self.tensor_parallel, judge_batch=self.judge_batch)
+        return out
+
+    def refusal(self) -> str:
+        where = f"device {self.index}" + (f" of node {self.node}" if self.node else "")
+        if self.plan is not None:
+            return f"{where} (student rank {self.rank}): {self.plan.refusal()}"
+        largest = max(self.components, key=self.components.get)
+        return (
+            f"{where} (judge, 1/{self.tensor_parallel} of it under tensor parallelism) needs "
+            f"{format_bytes(self.peak_bytes)}, more than the {format_bytes(self.budget_bytes)} budget "
+            f"(largest: {largest} {format_bytes(self.components[largest])}); raise resources.judge_gpus, "
+            "or set judge.quantization: nf4"
+        )
+
+
+def rank_job(job: JobSpec) -> JobSpec:
+    """The job one student rank runs: its share of the prompts; the judge only when it is colocated."""
+    resources = job.resources
+    grpo = job.grpo.model_copy(update={"prompts_per_step": max(1, job.grpo.prompts_per_step // resources.world_size)})
+    update = {"grpo": grpo}
+    if resources.judge_gpus:
+        update["judge"] = None
+    return job.model_copy(update=update)
+
+
+def plan_devices(
+    job: JobSpec,
+    student_config: dict,
+    judge_config: dict | None,
+    device: DeviceInfo,
+    prompt_tokens: int | None = None,
+) -> list[DevicePlan]:
+    """One DevicePlan per device of every node (the judge spans its devices on every node)."""
+    resources = job.resources
+    one_rank = rank_job(job)
+    sharding = resources.sharding
+    plan = plan_job(one_rank, student_config, judge_config, device, prompt_tokens=prompt_tokens)
+    if sharding == "fsdp" or (sharding == "auto" and not plan.fits and resources.world_size > 1):
+        plan = plan_job(
+            one_rank,
+            student_config,
+            judge_config,
+            device,
+            prompt_tokens=prompt_tokens,
+            student_shards=resources.world_size,
+        )
+        sharding = "fsdp"
+    else:
+        sharding = "ddp"
+    judge = _judge_device(job, judge_config, device) if resources.judge_gpus else None
+    plans = []
+    for node in range(resources.nodes):
+        for index in range(resources.student_devices):
+            rank = node * resources.student_devices + index
+            plans.append(
+                DevicePlan(node, index, "student", rank, dict(plan.components), plan.budget_bytes, sharding, plan=plan)
+            )
+        for offset in range(resources.judge_gpus):
+            plans.append(replace(judge, node=node, index=resources.student_devices + offset))
+    return plans
+
+
+def _judge_device(job: JobSpec, judge_config: dict | None, device: DeviceInfo) -> DevicePlan:
+    """One of the judge's shards: weights and the KV cache of the step's judge calls over TP x PP (halved to fit)."""
+    if judge_config is None:
+        raise ValueError(f"judge.model: no config.json for '{job.judge.model}' to plan with")
+    # vLLM: TP over the judge's devices of a box, PP over the boxes (engines/parallel.py).
+    tp = job.resources.judge_gpus * job.resources.nodes
+    shape = shape_from_config(judge_config, job.judge.model)
+    dtype = c.DTYPE_BYTES[resolve_compute_dtype(job.student.compute_dtype, device.kind)]
+    weights = -(-c.weights_bytes(shape, job.judge.quantization, dtype) // tp)
+    calls = job.grpo.prompts_per_step if job.judge.mode == "group" else job.grpo.prompts_per_step * job.grpo.group_size
+    prompt = judge_prompt_tokens(job, job.grpo.max_prompt_tokens)
+    tokens = prompt + job.judge.max_new_tokens
+    engine = resolve_engine(job.engine.judge, device.kind)
+    budget = budget_of(job, device)
+
+    def sized(batch: int) -> dict[str, int]:
+        parts = {
+            "judge_weights": weights,
+            "judge_kv": -(-c.kv_cache_bytes(shape, batch, tokens, dtype) // tp),
+            "activations": -(-c.generation_working_bytes(shape, batch, prompt, dtype, engine) // tp),
+        }
+        parts["runtime"] = c.runtime_bytes(device.kind, 1, sum(parts.values()))
+        return parts
+
+    batch = calls
+    while batch > 1 and sum(sized(batch).values()) > budget:
+        batch //= 2
+    return DevicePlan(0, 0, "judge", None, sized(batch), budget, tensor_parallel=tp, judge_batch=batch)
+
+
+def refusal(devices: list[DevicePlan]) -> str:
+    """The first device that does not fit, named with its component; empty when all fit."""
+    for plan in devices:
+        if not plan.fits:
+            return plan.refusal()
+    return ""

@@ -1,0 +1,151 @@
+"""Data-parallel GRPO under torch.distributed: the process group, the rank's share, the gradient all-reduce.
+
+Ranks are started by torch.distributed.run (cli/launch.py), which sets RANK,
+WORLD_SIZE, LOCAL_RANK and the rendezvous; gloo on the CPU, nccl on CUDA.
+Every rank samples its own groups; the update divides by step-wide counts
+summed over ranks, so the summed LoRA gradients equal one rank's with the whole batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from appliance.errors import ApplianceError
+
+
+class DistributedError(ApplianceError):
+    """A data-parallel run cannot go on as asked (e.g. resumed with another world size)."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the job: its rank, the world size, and its device (from LOCAL_RANK)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+SINGLE = RankInfo(rank=0, world_size=1, local_rank=0, device="")
+
+
+def rank_visible_devices(visible: str | None, local_rank: int) -> str:
+    """CUDA_VISIBLE_DEVICES for one rank: the local_rank-th of the box's visible devices (or of all)."""
+    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else None
+    if devices is None:
+        return str(local_rank)
+    if local_rank >= len(devices):
+        raise DistributedError(
+            f"local rank {local_rank} has no device: CUDA_VISIBLE_DEVICES lists {len(devices)}; "
+            "lower resources.gpus or make more devices visible"
+        )
+    return devices[local_rank]
+
+
+@functools.cache
+def launched_rank() -> RankInfo | None:
+    """This process's rank when torch.distributed.run started it with more than one rank, else None.
+
+    Pins the process to its device through CUDA_VISIBLE_DEVICES before CUDA starts, so the
+    rank's own children (a vLLM engine) land on that device too; on a CPU box it changes nothing.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return None
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    os.environ["CUDA_VISIBLE_DEVICES"] = rank_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return RankInfo(int(os.environ["RANK"]), world, local_rank, device)
+
+
+def init_process_group(info: RankInfo) -> None:
+    """Join the job's process group (env:// rendezvous set up by torch.distributed.run)."""
+    if dist.is_initialized():
+        return
+    if info.device.startswith("cuda"):  # the one device launched_rank left visible
+        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    else:
+        dist.init_process_group("gloo")
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def share(items: list, rank: int, world_size: int) -> list:
+    """This rank's contiguous share of a step's items (the caller checked they split evenly)."""
+    per_rank = len(items) // world_size
+    return items[rank * per_rank : (rank + 1) * per_rank]
+
+
+class GradientReducer:
+    """Sums step-wide counts and LoRA gradients over the ranks.
+
+    A plain all_reduce rather than DDP: the loss of each rank is already
+    divided by the counts of the whole step (summed here), so the gradient
+    wanted is the SUM over ranks (DDP averages), taken once per optimizer
+    step after every micro-batch (DDP would need no_sync around all but the
+    last backward, and its wrapper around the peft model's forward, which the
+    reference pass calls with the adapter disabled). The adapter is a few MB:
+    one flat buffer, one collective.
+    """
+
+    def __init__(self, group=None):
+        self.group = group
+
+    def counts(self, *values: int) -> tuple[int, ...]:
+        tensor = torch.tensor(values, dtype=torch.int64, device=self._device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        return tuple(int(v) for v in tensor.tolist())
+
+    def total(self, value: float) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64, device=self._device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        return float(tensor.item())
+
+    def gradients(self, parameters: list[torch.nn.Parameter]) -> None:
+        """Replace each parameter's gradient by its sum over ranks (a rank with no samples adds zeros)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        offset = 0
+        for parameter in parameters:
+            size = parameter.numel()
+            parameter.grad = flat[offset : offset + size].view_as(parameter).clone()
+            offset += size
+
+    @staticmethod
+    def broadcast_parameters(parameters: list[torch.nn.Parameter]) -> None:
+        """Start every rank from rank 0's adapter (as DDP does at construction)."""
+        with torch.no_grad():
+            for parameter in parameters:
+                dist.broadcast(parameter.data, src=0)
+
+    @staticmethod
+    def _device() -> str:
+        return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def gather(value) -> list:
+    """Every rank's `value` (a picklable object), in rank order, on every rank."""
+    if not dist.is_initialized():
+        return [value]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out

@@ -1,0 +1,83 @@
+"""The resources: section: defaults, placement rules, and errors at the key's line with did-you-mean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from appliance.config.checks import check_job_file
+
+BASE = """name: r
+student: {model: smollm2-135m-instruct}
+rewards:
+  - {name: correctness}
+grpo:
+  prompts_per_step: 4
+"""
+
+
+def _check(tmp_path: Path, extra: str):
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE + extra)
+    return check_job_file(path, tmp_path, check_models=False)
+
+
+def test_one_gpu_on_one_box_by_default(tmp_path):
+    spec, errors = _check(tmp_path, "")
+    assert errors == []
+    assert (spec.resources.gpus, spec.resources.nodes, spec.resources.world_size) == (1, 1, 1)
+
+
+def test_student_takes_the_devices_the_judge_leaves(tmp_path):
+    spec, errors = _check(tmp_path, "judge: {model: smollm2-135m-instruct}\nresources: {gpus: 8, judge_gpus: 4}\n")
+    assert errors == []
+    assert spec.resources.student_devices == 4 and spec.resources.world_size == 4
+
+
+def test_ranks_multiply_over_nodes(tmp_path):
+    spec, errors = _check(tmp_path, "resources: {gpus: 2, nodes: 2}\n")
+    assert errors == [] and spec.resources.world_size == 4
+
+
+def test_a_misspelt_key_gets_did_you_mean_at_its_line(tmp_path):
+    _, errors = _check(tmp_path, "resources:\n  gpus: 2\n  judge_gpu: 1\n")
+    assert len(errors) == 1
+    assert errors[0].key == "resources.judge_gpu" and errors[0].line == 9
+    assert "judge_gpus" in errors[0].message
+
+
+def test_a_placement_larger_than_the_box_is_refused(tmp_path):
+    _, errors = _check(tmp_path, "judge: {model: m}\nresources:\n  gpus: 4\n  student_gpus: 3\n  judge_gpus: 2\n")
+    assert len(errors) == 1 and errors[0].key.startswith("resources")
+    assert "raise gpus to 5" in errors[0].message
+
+
+def test_a_judge_taking_every_device_leaves_the_student_none(tmp_path):
+    _, errors = _check(tmp_path, "judge: {model: m}\nresources: {gpus: 2, judge_gpus: 2}\n")
+    assert len(errors) == 1 and "no device" in errors[0].message
+
+
+def test_zero_gpus_is_refused(tmp_path):
+    _, errors = _check(tmp_path, "resources: {gpus: 0}\n")
+    assert [e.key for e in errors] == ["resources.gpus"]
+
+
+def test_judge_gpus_without_a_local_judge_is_refused_at_its_line(tmp_path):
+    _, errors = _check(tmp_path, "resources:\n  gpus: 2\n  judge_gpus: 1\n")
+    assert [(e.key, e.line) for e in errors] == [("resources.judge_gpus", 9)]
+    assert "no judge section" in errors[0].message
+
+
+def test_prompts_must_split_evenly_over_the_ranks(tmp_path):
+    _, errors = _check(tmp_path, "resources: {gpus: 3}\n")
+    assert [(e.key, e.line) for e in errors] == [("grpo.prompts_per_step", 6)]
+    assert "multiple of 3" in errors[0].message
+
+
+def test_an_agent_job_is_refused_several_ranks(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "name: a\nstudent: {model: m}\ntask: {environment: 'builtin:calculator'}\n"
+        "rewards: [{name: environment}]\nresources: {gpus: 2}\n"
+    )
+    _, errors = check_job_file(path, tmp_path, check_models=False)
+    assert [e.key for e in errors] == ["resources.gpus"] and "one rank" in errors[0].message

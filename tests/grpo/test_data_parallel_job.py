@@ -1,0 +1,176 @@
+"""A 2-rank job (resources: {gpus: 2} as 2 gloo CPU processes) through `appliance train`: trains, checkpoints,
+survives kill -9 of one rank and resumes to an uninterrupted run's records; 2 "nodes" on loopback complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_model import tiny_job
+
+pytestmark = pytest.mark.model
+
+STEPS = 4
+
+
+def _train(job_file: Path, data_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "appliance", "train", str(job_file), "--data-dir", str(data_dir), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def _finish(process: subprocess.Popen) -> str:
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    return output
+
+
+def _by_step(path: Path) -> dict[int, list[dict]]:
+    rows: dict[int, list[dict]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(row["step"], []).append(row)
+    return rows
+
+
+def _rank_pids(launcher: int) -> dict[int, int]:
+    """LOCAL_RANK -> pid of the ranks under a launcher (read from /proc: the processes torchrun started)."""
+    ranks = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        variables = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        if b"LOCAL_RANK" in variables and _descends(ppid, launcher):
+            ranks[int(variables[b"LOCAL_RANK"])] = int(entry.name)
+    return ranks
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+@pytest.fixture
+def job_file(tiny_model_dir, tmp_path) -> Path:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    return tiny_job(
+        tiny_model_dir,
+        folder,
+        grpo={"steps": STEPS, "prompts_per_step": 2, "micro_batch_size": 4},
+        resources={"gpus": 2},
+    )
+
+
+def test_two_ranks_train_checkpoint_and_resume_after_kill_9_of_one_rank(job_file, tmp_path):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    output = _finish(_train(job_file, straight))
+    assert "starting 2 rank(s)" in output and output.count(f"step    {STEPS}/{STEPS}") == 1
+    job_dir = straight / "jobs" / "tiny"
+    checkpoint = job_dir / "checkpoints" / "step-000002"
+    assert json.loads((checkpoint / "world.json").read_text()) == {"world_size": 2}
+    assert (checkpoint / "rng-rank0.pt").is_file() and (checkpoint / "rng-rank1.pt").is_file()
+    records = _by_step(job_dir / "metrics.jsonl")
+    assert sorted(records) == list(range(1, STEPS + 1)) and all(len(rows) == 1 for rows in records.values())
+    assert records[1][0]["completions"] == 8  # both ranks' groups in one record (4 per rank)
+
+    victim = _train(job_file, interrupted)
+    marker = interrupted / "jobs" / "tiny" / "checkpoints" / "step-000002" / "state.json"
+    deadline = time.monotonic() + 240
+    while not marker.exists() and victim.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "no step-2 checkpoint appeared"
+    ranks = _rank_pids(victim.pid)
+    assert sorted(ranks) == [0, 1]
+    os.kill(ranks[1], signal.SIGKILL)
+    output, _ = victim.communicate(timeout=120)
+    assert victim.returncode != 0 and "--resume" in output
+    assert _rank_pids(victim.pid) == {}  # the launcher ended the other rank too
+
+    _finish(_train(job_file, interrupted, "--resume"))
+    got = _by_step(interrupted / "jobs" / "tiny" / "metrics.jsonl")
+    assert sorted(got) == list(range(1, STEPS + 1)) and all(len(rows) == 1 for rows in got.values())
+    for step in range(1, STEPS + 1):
+        for key in ("reward_mean", "reward_std", "completions", "trained_tokens", "completion_length_mean"):
+            assert got[step][0][key] == records[step][0][key], (step, key)
+        assert got[step][0]["loss"] == pytest.approx(records[step][0]["loss"], abs=1e-6)
+    samples = _by_step(interrupted / "jobs" / "tiny" / "samples.jsonl")
+    expected = _by_step(job_dir / "samples.jsonl")
+    assert [r["completion"] for r in samples[STEPS]] == [r["completion"] for r in expected[STEPS]]
+
+
+def test_resuming_a_two_rank_checkpoint_with_one_rank_is_refused(job_file, tmp_path):
+    data_dir = tmp_path / "data"
+    spec = yaml.safe_load(job_file.read_text())
+    spec["grpo"]["steps"] = 2
+    job_file.write_text(yaml.safe_dump(spec))
+    _finish(_train(job_file, data_dir))
+    # A hostile edit: the job file and its frozen copy both say one rank now.
+    spec["resources"]["gpus"] = 1
+    job_file.write_text(yaml.safe_dump(spec))
+    frozen = data_dir / "jobs" / "tiny" / "job.yaml"
+    saved = yaml.safe_load(frozen.read_text())
+    saved["resources"]["gpus"] = 1
+    frozen.write_text(yaml.safe_dump(saved))
+    process = _train(job_file, data_dir, "--resume")
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 2
+    assert "written by 2 data-parallel rank(s) and this run has 1" in output
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_nodes_on_loopback_complete(tiny_model_dir, tmp_path):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    job_file = tiny_job(tiny_model_dir, folder, grpo={"steps": 2}, resources={"gpus": 1, "nodes": 2})
+    endpoint = f"127.0.0.1:{_free_port()}"
+    data_dir = tmp_path / "data"  # shared by both "boxes", as a lab's shared file system would be
+    flags = ["--nnodes", "2", "--rdzv-endpoint", endpoint]
+    nodes = [_train(job_file, data_dir, *flags, "--node-rank", str(rank)) for rank in (0, 1)]
+    outputs = [_finish(node) for node in nodes]
+    assert "(node 0 of 2)" in outputs[0] and "(node 1 of 2)" in outputs[1]
+    records = _by_step(data_dir / "jobs" / "tiny" / "metrics.jsonl")
+    assert sorted(records) == [1, 2] and records[1][0]["completions"] == 8
+    assert json.loads((data_dir / "jobs" / "tiny" / "checkpoints" / "step-000002" / "world.json").read_text()) == {
+        "world_size": 2
+    }
+
+
+def test_a_node_rank_outside_the_job_is_refused(tiny_model_dir, tmp_path):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    job_file = tiny_job(tiny_model_dir, folder, resources={"gpus": 1, "nodes": 2})
+    process = _train(job_file, tmp_path / "data", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1")
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 2 and "--node-rank 2 is outside 0..1" in output
+    process = _train(job_file, tmp_path / "data", "--nnodes", "3", "--node-rank", "0", "--rdzv-endpoint", "x:1")
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 2 and "resources.nodes is 2" in output
