@@ -56,6 +56,21 @@ def register(subparsers) -> None:
         help="a folder the daemon may read datasets from (repeatable; default <data-dir>/datasets)",
     )
     parser.add_argument(
+        "--secrets-root",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="a folder judge.token_file may name a file in (repeatable; default <data-dir>/secrets)",
+    )
+    parser.add_argument(
+        "--judge-endpoint",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a remote judge server jobs may use (repeatable; its scheme, host and port); none by default",
+    )
+    parser.add_argument(
         "--max-upload", default="64MiB", metavar="SIZE", help="largest dataset a submission may upload (default 64MiB)"
     )
     parser.add_argument(
@@ -83,6 +98,8 @@ def _serve(args) -> int:
         options = DaemonOptions(
             data_dir=data_dir_of(args),
             dataset_roots=tuple(args.dataset_root),
+            secrets_roots=tuple(args.secrets_root),
+            judge_endpoints=tuple(args.judge_endpoint),
             max_upload_bytes=max_upload,
             stop_timeout=args.stop_timeout,
         )

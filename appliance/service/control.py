@@ -17,9 +17,8 @@ import os
 import re
 import secrets
 import time
-from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,6 +51,7 @@ from appliance.service.api import (
     TrajectorySubmission,
 )
 from appliance.service.audit import user_name
+from appliance.service.job_files import records_after_step, tail_records
 from appliance.service.store import BadTransition, UnknownJob
 from appliance.service.submission import SubmissionRejected
 from appliance.paths import exports_dir
@@ -167,6 +167,58 @@ class PeerCredentials:
         return None
 
 
+MAX_RECORDS = 1000  # the most records one page of samples or judge calls holds
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Pure ASGI middleware: a body over `max_bytes` is a 413, from Content-Length before anything is read,
+    else as soon as the streamed chunks pass the limit (never buffered whole)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = [value for name, value in scope.get("headers", []) if name == b"content-length"]
+        if declared and (not declared[-1].isdigit() or int(declared[-1]) > self.max_bytes):
+            await self._refuse(scope, receive, send)
+            return
+        seen, started, refused = 0, False, False
+
+        async def limited_receive():
+            nonlocal seen, refused
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                if not started and not refused:
+                    refused = True  # answered here: whatever the app makes of the error below is dropped
+                    await self._refuse(scope, receive, send)
+                raise _BodyTooLarge
+            return message
+
+        async def watched_send(message):
+            nonlocal started
+            if refused:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, watched_send)
+        except _BodyTooLarge:
+            pass
+
+    async def _refuse(self, scope, receive, send) -> None:
+        message = f"the request body is over this daemon's limit of {self.max_bytes} bytes"
+        await JSONResponse(ErrorResponse(error=message).model_dump(), status_code=413)(scope, receive, send)
+
+
 def _status_of(error: ApplianceError) -> int:
     if isinstance(error, SubmissionRejected):
         return error.status
@@ -181,6 +233,7 @@ def _status_of(error: ApplianceError) -> int:
 
 def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
     app = FastAPI(title="appliance control API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=2 * daemon.policy.max_upload_bytes + (1 << 20))
     app.add_middleware(PeerCredentials, token=control_token, audit=daemon.audit)
     store, bus = daemon.store, daemon.bus
 
@@ -297,16 +350,17 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         return JobList(jobs=daemon.supervisor.with_phase(store.list()))
 
     @app.get("/jobs/{job_id}")
-    async def show(job_id: str) -> JobDetail:
+    def show(job_id: str) -> JobDetail:
         row = store.get(_checked(job_id))
         job_dir = daemon.job_dir(job_id)
         summary = daemon.supervisor.with_phase([row.summary])[0]
+        last = tail_records(job_dir / "metrics.jsonl", 1)
         return JobDetail(
             **summary.model_dump(),
             spec=row.spec,
             plan=row.plan,
             events=store.events(0, job_id, kinds=("state",)),
-            last_record=_last_line(job_dir / "metrics.jsonl"),
+            last_record=last[-1] if last else None,
             checkpoints=_checkpoints(job_dir),
             best=_json_file(job_dir / "best" / "best.json"),
             job_dir=str(job_dir),
@@ -351,29 +405,35 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         # A merged export loads and writes a whole model: keep it off the event loop.
         return await asyncio.to_thread(audited, request, "export", job_id, run)
 
+    # Plain `def` routes: FastAPI runs them in its thread pool, so a file read never blocks the event loop.
     @app.get("/jobs/{job_id}/metrics")
-    async def metrics(job_id: str, after_step: int = 0, limit: int = 1000) -> MetricsPage:
+    def metrics(job_id: str, after_step: int = 0, limit: int = 1000) -> MetricsPage:
         store.get(_checked(job_id))
         limit = max(1, min(limit, 10000))
-        rows = [row for row in _jsonl(daemon.job_dir(job_id) / "metrics.jsonl") if row.get("step", 0) > after_step]
+        rows = records_after_step(daemon.job_dir(job_id) / "metrics.jsonl", after_step, limit)
         page = rows[:limit]
         return MetricsPage(job_id=job_id, records=page, next_after_step=page[-1]["step"] if len(rows) > limit else None)
 
     @app.get("/jobs/{job_id}/samples")
-    async def samples(job_id: str, limit: int = 100) -> RecordsPage:
+    def samples(job_id: str, limit: int = 100) -> RecordsPage:
         store.get(_checked(job_id))
-        return RecordsPage(job_id=job_id, records=_jsonl(daemon.job_dir(job_id) / "samples.jsonl", last=limit))
+        limit = max(1, min(limit, MAX_RECORDS))
+        return RecordsPage(job_id=job_id, records=tail_records(daemon.job_dir(job_id) / "samples.jsonl", limit))
 
     @app.get("/jobs/{job_id}/judge")
-    async def judge(job_id: str, outcome: str | None = None, limit: int = 100) -> RecordsPage:
+    def judge(job_id: str, outcome: str | None = None, limit: int = 100) -> RecordsPage:
         store.get(_checked(job_id))
-        rows = _jsonl(daemon.job_dir(job_id) / "judge.jsonl")
-        if outcome:
-            rows = [row for row in rows if row.get("outcome") == outcome]
-        return RecordsPage(job_id=job_id, records=rows[-max(1, limit) :])
+        keep = (lambda row: row.get("outcome") == outcome) if outcome else None
+        rows = tail_records(
+            daemon.job_dir(job_id) / "judge.jsonl",
+            max(1, min(limit, MAX_RECORDS)),
+            keep,
+            contains=json.dumps(outcome).encode() if outcome else b"",
+        )
+        return RecordsPage(job_id=job_id, records=rows)
 
     @app.get("/jobs/{job_id}/log")
-    async def log(job_id: str, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
+    def log(job_id: str, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
         store.get(_checked(job_id))
         return _read_log(job_id, daemon.job_dir(job_id) / "log.txt", offset, max(1, min(max_bytes, 8 << 20)))
 
@@ -426,26 +486,6 @@ def _checked(job_id: str) -> str:
     if not JOB_ID_PATTERN.match(job_id):
         raise BadJobId(f"'{job_id}' is not a job id (ten lowercase hex digits, as 'appliance jobs list' shows)")
     return job_id
-
-
-def _jsonl(path: Path, last: int | None = None) -> list[dict]:
-    if not path.is_file():
-        return []
-    lines: Any = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    if last is not None:
-        lines = deque(lines, maxlen=max(1, last))
-    rows = []
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line being written right now
-    return rows
-
-
-def _last_line(path: Path) -> dict | None:
-    rows = _jsonl(path, last=2)
-    return rows[-1] if rows else None
 
 
 def _json_file(path: Path) -> dict | None:
