@@ -126,16 +126,8 @@ class PeerCredentials:
                 await self.app(scope, receive, send)
                 return
             if self.audit is not None:
-                await asyncio.to_thread(
-                    self.audit.record,
-                    uid=None,
-                    pid=None,
-                    action="authenticate",
-                    job_id=None,
-                    outcome=f"refused: {problem} ({scope['method']} {scope['path']})",
-                    transport="tcp",
-                    remote=remote,
-                )
+                what = f"refused: {problem} ({scope['method']} {scope['path'][:MAX_AUDIT_PATH]})"
+                await asyncio.to_thread(self.audit.refused_tcp, remote, what)
             response = JSONResponse(
                 ErrorResponse(
                     error=f"{problem}; send 'Authorization: Bearer <token>' with "
@@ -167,6 +159,7 @@ class PeerCredentials:
         return None
 
 
+MAX_AUDIT_PATH = 200
 MAX_RECORDS = 1000  # the most records one page of samples or judge calls holds
 
 
@@ -219,6 +212,42 @@ class BodyLimit:
         await JSONResponse(ErrorResponse(error=message).model_dump(), status_code=413)(scope, receive, send)
 
 
+class AuditRefusals:
+    """Pure ASGI middleware: every 4xx answer not already audited by its route is written to the audit log."""
+
+    def __init__(self, app, audit) -> None:
+        self.app, self.audit = app, audit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def watched_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, watched_send)
+        state = scope.get("state") or {}
+        if 400 <= status < 500 and not state.get("audited"):
+            pid, uid, _gid = state.get("peer") or (None, None, None)
+            how = {"transport": "unix"} if state.get("peer") else {"transport": "tcp", "remote": state.get("remote")}
+            where = f"{scope['method']} {scope['path'][:MAX_AUDIT_PATH]}"
+            await asyncio.to_thread(
+                self.audit.record,
+                uid=uid,
+                pid=pid,
+                action="request",
+                job_id=None,
+                outcome=f"refused: {status} ({where})",
+                durable=False,
+                **how,
+            )
+
+
 def _status_of(error: ApplianceError) -> int:
     if isinstance(error, SubmissionRejected):
         return error.status
@@ -234,6 +263,7 @@ def _status_of(error: ApplianceError) -> int:
 def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
     app = FastAPI(title="appliance control API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=2 * daemon.policy.max_upload_bytes + (1 << 20))
+    app.add_middleware(AuditRefusals, audit=daemon.audit)
     app.add_middleware(PeerCredentials, token=control_token, audit=daemon.audit)
     store, bus = daemon.store, daemon.bus
 
@@ -277,6 +307,7 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         return {"transport": "tcp", "remote": request.scope["state"].get("remote")}
 
     def audited(request: Request, action: str, job_id: str | None, call):
+        request.state.audited = True  # AuditRefusals need not write this call again
         uid, pid = peer(request)
         how = transport(request)
         try:

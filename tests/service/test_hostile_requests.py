@@ -261,3 +261,8 @@ def test_daemon_still_serves_and_stored_nothing(daemon, rss_at_start):
     assert client.jobs() == []
     assert not any((daemon.data_dir / "uploads").glob("*")) if (daemon.data_dir / "uploads").exists() else True
     assert daemon.proc.poll() is None
+    refusals = [json.loads(line) for line in (daemon.data_dir / "audit.jsonl").read_text().splitlines()]
+    outcomes = " ".join(line["outcome"] for line in refusals)
+    assert "refused: 413" in outcomes and "refused: 422" in outcomes and "refused: 404" in outcomes
+    # every 4xx above but the negative Content-Length, which the HTTP parser refuses before the app
+    assert sum(line["outcome"].startswith("refused") for line in refusals) >= 46
