@@ -27,6 +27,13 @@ def register(subparsers) -> None:
         help="group allowed to use the socket (default: 'appliance' when it exists, else the daemon's)",
     )
     parser.add_argument(
+        "--admin-group",
+        default=None,
+        metavar="GROUP",
+        help="members may pause, resume, cancel, export and take the endpoint of any job; others only their own "
+        "(default: only root and each job's owner)",
+    )
+    parser.add_argument(
         "--metrics-addr",
         default="127.0.0.1:9464",
         metavar="HOST:PORT",
@@ -111,6 +118,7 @@ def _serve(args) -> int:
             port,
             control_addr=control_addr,
             control_token_file=args.control_token_file,
+            admin_group=args.admin_group,
         )
     except (ApplianceError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -71,6 +71,10 @@ class Unauthenticated(ApplianceError):
     pass
 
 
+class Forbidden(ApplianceError):
+    """The caller may see the job but not act on it."""
+
+
 class EventBus:
     """Wakes long-polls when the store appends an event (notify may come from any thread)."""
 
@@ -255,12 +259,35 @@ def _status_of(error: ApplianceError) -> int:
         return 404
     if isinstance(error, BadTransition):
         return 409
-    if isinstance(error, Unauthenticated):
+    if isinstance(error, (Unauthenticated, Forbidden)):
         return 403
     return 400  # BadJobId and any other ApplianceError: bad input the caller can correct
 
 
-def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
+def caller_groups(pid: int, gid: int) -> set[int]:
+    """The peer process's primary and supplementary groups, read from /proc while its connection is open."""
+    groups = {gid}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Groups:"):
+                groups.update(int(value) for value in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return groups
+
+
+def may_act(state: dict, owner_uid: int, admin_gid: int | None) -> bool:
+    """Owner, root, the admin group, or a TCP token holder (the administrator's token) may act on a job."""
+    credentials = state.get("peer")
+    if not credentials:
+        return state.get("remote") is not None  # passed PeerCredentials with the daemon's bearer token
+    pid, uid, gid = credentials
+    if uid in (0, owner_uid):
+        return True
+    return admin_gid is not None and admin_gid in caller_groups(pid, gid)
+
+
+def create_app(daemon: "Daemon", control_token: str | None = None, admin_gid: int | None = None) -> FastAPI:
     app = FastAPI(title="appliance control API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=2 * daemon.policy.max_upload_bytes + (1 << 20))
     app.add_middleware(AuditRefusals, audit=daemon.audit)
@@ -335,6 +362,16 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         )
         return result
 
+    def owned(request: Request, job_id: str, action: str) -> str:
+        """`job_id` when the caller may `action` it; else Forbidden (audited by the caller's `audited`)."""
+        row = store.get(_checked(job_id))
+        if not may_act(request.scope["state"], row.summary.uid, admin_gid):
+            raise Forbidden(
+                f"job {job_id} belongs to {row.summary.user}; only its owner, root or the daemon's admin group "
+                f"may {action} it"
+            )
+        return job_id
+
     @app.get("/status")
     async def status(request: Request) -> DaemonStatus:
         policy = daemon.policy
@@ -400,19 +437,19 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
     @app.post("/jobs/{job_id}/pause")
     async def pause(request: Request, job_id: str) -> JobSummary:
         return await asyncio.to_thread(
-            audited, request, "pause", job_id, lambda: daemon.supervisor.pause(_checked(job_id))
+            audited, request, "pause", job_id, lambda: daemon.supervisor.pause(owned(request, job_id, "pause"))
         )
 
     @app.post("/jobs/{job_id}/resume")
     async def resume(request: Request, job_id: str) -> JobSummary:
         return await asyncio.to_thread(
-            audited, request, "resume", job_id, lambda: daemon.supervisor.resume(_checked(job_id))
+            audited, request, "resume", job_id, lambda: daemon.supervisor.resume(owned(request, job_id, "resume"))
         )
 
     @app.post("/jobs/{job_id}/cancel")
     async def cancel(request: Request, job_id: str) -> JobSummary:
         return await asyncio.to_thread(
-            audited, request, "cancel", job_id, lambda: daemon.supervisor.cancel(_checked(job_id))
+            audited, request, "cancel", job_id, lambda: daemon.supervisor.cancel(owned(request, job_id, "cancel"))
         )
 
     @app.post("/jobs/{job_id}/export", status_code=201)
@@ -420,7 +457,7 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         def run() -> ExportResponse:
             from appliance.export import export_job
 
-            store.get(_checked(job_id))
+            owned(request, job_id, "export")
             result = export_job(
                 daemon.job_dir(job_id),
                 daemon.data_dir,
@@ -487,7 +524,11 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
 
         # Audited: the answer holds the job's token (the audit line does not).
         return await asyncio.to_thread(
-            audited, request, "endpoint", job_id, lambda: job_endpoint(daemon, _checked(job_id))
+            audited,
+            request,
+            "endpoint",
+            job_id,
+            lambda: job_endpoint(daemon, owned(request, job_id, "take the endpoint of")),
         )
 
     @app.post("/jobs/{job_id}/trajectories")
@@ -499,7 +540,7 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
             request,
             "submit_trajectories",
             job_id,
-            lambda: forward_trajectories(daemon, _checked(job_id), body.groups),
+            lambda: forward_trajectories(daemon, owned(request, job_id, "submit trajectories to"), body.groups),
         )
 
     @app.get("/device")
