@@ -27,6 +27,13 @@ def register(subparsers) -> None:
         help="group allowed to use the socket (default: 'appliance' when it exists, else the daemon's)",
     )
     parser.add_argument(
+        "--admin-group",
+        default=None,
+        metavar="GROUP",
+        help="members may pause, resume, cancel, export and take the endpoint of any job; others only their own "
+        "(default: only root and each job's owner)",
+    )
+    parser.add_argument(
         "--metrics-addr",
         default="127.0.0.1:9464",
         metavar="HOST:PORT",
@@ -56,6 +63,21 @@ def register(subparsers) -> None:
         help="a folder the daemon may read datasets from (repeatable; default <data-dir>/datasets)",
     )
     parser.add_argument(
+        "--secrets-root",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="a folder judge.token_file may name a file in (repeatable; default <data-dir>/secrets)",
+    )
+    parser.add_argument(
+        "--judge-endpoint",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a remote judge server jobs may use (repeatable; its scheme, host and port); none by default",
+    )
+    parser.add_argument(
         "--max-upload", default="64MiB", metavar="SIZE", help="largest dataset a submission may upload (default 64MiB)"
     )
     parser.add_argument(
@@ -83,6 +105,8 @@ def _serve(args) -> int:
         options = DaemonOptions(
             data_dir=data_dir_of(args),
             dataset_roots=tuple(args.dataset_root),
+            secrets_roots=tuple(args.secrets_root),
+            judge_endpoints=tuple(args.judge_endpoint),
             max_upload_bytes=max_upload,
             stop_timeout=args.stop_timeout,
         )
@@ -94,6 +118,7 @@ def _serve(args) -> int:
             port,
             control_addr=control_addr,
             control_token_file=args.control_token_file,
+            admin_group=args.admin_group,
         )
     except (ApplianceError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -23,6 +23,9 @@ from appliance.config.schema import JobSpec
 # A key path (("rewards", 0, "name")) -> its 1-based line in the file.
 LineIndex = dict[tuple, int]
 
+# A job file is a few sections a few levels deep: deeper nesting is a mistake or an attack.
+MAX_DEPTH = 32
+
 
 @dataclass(frozen=True)
 class ConfigError:
@@ -191,10 +194,38 @@ def _schema_errors(exc: ValidationError, data: dict, file: str, lines: LineIndex
     return errors
 
 
+def _shape_problem(text: str, file: str) -> ConfigError | None:
+    """Anchors, aliases or nesting past MAX_DEPTH, found from the event stream before any node is built.
+
+    A job file has no use for anchors; refusing them is what keeps an alias
+    bomb (a few hundred bytes expanding to gigabytes) from ever being expanded.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            return ConfigError(
+                file,
+                "",
+                "YAML anchors and aliases (&name, *name) are not allowed in a job file; write values out",
+                line,
+            )
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return ConfigError(file, "", f"nested more than {MAX_DEPTH} levels deep; a job file needs a few", line)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return None
+
+
 def parse_job(text: str, file: str = "<job>") -> ParsedJob:
     """Parse and validate YAML text; every problem found is in the result's `errors`."""
     loader = yaml.SafeLoader(text)
     try:
+        problem = _shape_problem(text, file)
+        if problem is not None:
+            return ParsedJob(file, None, {}, None, [problem])
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as exc:

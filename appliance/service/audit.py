@@ -5,7 +5,10 @@ A line: {"time", "uid", "pid", "user", "action", "job_id", "outcome",
 SO_PEERCRED from the connection (never from anything the caller sends). On the
 optional TCP control port there are none: uid, pid and user are null and
 "remote" holds the connection's address (host:port). Refused calls are
-recorded too, and so is every TCP request refused for its token.
+recorded too, and so is every 4xx answer. The file rotates by size
+(audit.jsonl.1, .2, ...). Refusals are not fsynced, and TCP requests refused
+for their token are rate-limited: the first few of each window are written,
+the rest summed into one line when the window ends.
 """
 
 from __future__ import annotations
@@ -25,12 +28,71 @@ def user_name(uid: int) -> str:
         return str(uid)
 
 
+MAX_BYTES = 16 * 1024 * 1024
+BACKUPS = 5
+WINDOW_SECONDS = 10.0
+WRITTEN_PER_WINDOW = 5  # unauthenticated TCP refusals written in full per window; the rest are counted
+MAX_FIELD = 256  # a path or message longer than this is cut: a caller chooses it
+
+
 class AuditLog:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, max_bytes: int = MAX_BYTES, backups: int = BACKUPS):
         self.path = Path(path)
+        self.max_bytes, self.backups = max_bytes, backups
         self._lock = threading.Lock()
+        self._fd = self._open()
+        self._window_start, self._in_window, self._dropped = 0.0, 0, 0
+
+    def _open(self) -> int:
         # O_APPEND: every line lands at the end, whatever else writes; 0640: audit is not for everyone.
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+
+    def _write(self, line: bytes, durable: bool) -> None:
+        """Append one line (the lock held), rotating first when it would pass max_bytes."""
+        if os.fstat(self._fd).st_size + len(line) > self.max_bytes:
+            os.close(self._fd)
+            for number in range(self.backups - 1, 0, -1):
+                older = self.path.with_name(f"{self.path.name}.{number}")
+                if older.exists():
+                    os.replace(older, self.path.with_name(f"{self.path.name}.{number + 1}"))
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+            self._fd = self._open()
+        os.write(self._fd, line)
+        if durable:
+            os.fsync(self._fd)
+
+    def refused_tcp(self, remote: str, outcome: str) -> None:
+        """An unauthenticated TCP request: written in full for the first few of a window, else counted."""
+        now = time.time()
+        with self._lock:
+            if now - self._window_start >= WINDOW_SECONDS:
+                self._summarise(now)
+                self._window_start, self._in_window = now, 0
+            self._in_window += 1
+            if self._in_window > WRITTEN_PER_WINDOW:
+                self._dropped += 1
+                return
+        self.record(
+            uid=None,
+            pid=None,
+            action="authenticate",
+            job_id=None,
+            outcome=outcome,
+            transport="tcp",
+            remote=remote,
+            durable=False,
+        )
+
+    def _summarise(self, now: float) -> None:
+        if self._dropped:
+            entry = {
+                "time": now,
+                "action": "authenticate",
+                "outcome": f"refused: {self._dropped} more unauthenticated TCP requests since {self._window_start:.0f}",
+                "transport": "tcp",
+            }
+            self._write((json.dumps(entry) + "\n").encode(), durable=False)
+            self._dropped = 0
 
     def record(
         self,
@@ -42,6 +104,7 @@ class AuditLog:
         outcome: str,
         transport: str = "unix",
         remote: str | None = None,
+        durable: bool = True,
     ) -> None:
         entry = {
             "time": time.time(),
@@ -50,16 +113,16 @@ class AuditLog:
             "user": user_name(uid) if uid is not None else None,
             "action": action,
             "job_id": job_id,
-            "outcome": outcome,
+            "outcome": outcome[:MAX_FIELD],
             "transport": transport,
         }
         if remote is not None:
             entry["remote"] = remote
         line = json.dumps(entry) + "\n"
         with self._lock:
-            os.write(self._fd, line.encode())
-            os.fsync(self._fd)
+            self._write(line.encode(), durable)
 
     def close(self) -> None:
         with self._lock:
+            self._summarise(time.time())
             os.close(self._fd)

@@ -17,9 +17,8 @@ import os
 import re
 import secrets
 import time
-from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,6 +51,7 @@ from appliance.service.api import (
     TrajectorySubmission,
 )
 from appliance.service.audit import user_name
+from appliance.service.job_files import records_after_step, tail_records
 from appliance.service.store import BadTransition, UnknownJob
 from appliance.service.submission import SubmissionRejected
 from appliance.paths import exports_dir
@@ -69,6 +69,10 @@ class BadJobId(ApplianceError):
 
 class Unauthenticated(ApplianceError):
     pass
+
+
+class Forbidden(ApplianceError):
+    """The caller may see the job but not act on it."""
 
 
 class EventBus:
@@ -126,16 +130,8 @@ class PeerCredentials:
                 await self.app(scope, receive, send)
                 return
             if self.audit is not None:
-                await asyncio.to_thread(
-                    self.audit.record,
-                    uid=None,
-                    pid=None,
-                    action="authenticate",
-                    job_id=None,
-                    outcome=f"refused: {problem} ({scope['method']} {scope['path']})",
-                    transport="tcp",
-                    remote=remote,
-                )
+                what = f"refused: {problem} ({scope['method']} {scope['path'][:MAX_AUDIT_PATH]})"
+                await asyncio.to_thread(self.audit.refused_tcp, remote, what)
             response = JSONResponse(
                 ErrorResponse(
                     error=f"{problem}; send 'Authorization: Bearer <token>' with "
@@ -167,6 +163,95 @@ class PeerCredentials:
         return None
 
 
+MAX_AUDIT_PATH = 200
+MAX_RECORDS = 1000  # the most records one page of samples or judge calls holds
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Pure ASGI middleware: a body over `max_bytes` is a 413, from Content-Length before anything is read,
+    else as soon as the streamed chunks pass the limit (never buffered whole)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = [value for name, value in scope.get("headers", []) if name == b"content-length"]
+        if declared and (not declared[-1].isdigit() or int(declared[-1]) > self.max_bytes):
+            await self._refuse(scope, receive, send)
+            return
+        seen, started, refused = 0, False, False
+
+        async def limited_receive():
+            nonlocal seen, refused
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                if not started and not refused:
+                    refused = True  # answered here: whatever the app makes of the error below is dropped
+                    await self._refuse(scope, receive, send)
+                raise _BodyTooLarge
+            return message
+
+        async def watched_send(message):
+            nonlocal started
+            if refused:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, watched_send)
+        except _BodyTooLarge:
+            pass
+
+    async def _refuse(self, scope, receive, send) -> None:
+        message = f"the request body is over this daemon's limit of {self.max_bytes} bytes"
+        await JSONResponse(ErrorResponse(error=message).model_dump(), status_code=413)(scope, receive, send)
+
+
+class AuditRefusals:
+    """Pure ASGI middleware: every 4xx answer not already audited by its route is written to the audit log."""
+
+    def __init__(self, app, audit) -> None:
+        self.app, self.audit = app, audit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def watched_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, watched_send)
+        state = scope.get("state") or {}
+        if 400 <= status < 500 and not state.get("audited"):
+            pid, uid, _gid = state.get("peer") or (None, None, None)
+            how = {"transport": "unix"} if state.get("peer") else {"transport": "tcp", "remote": state.get("remote")}
+            where = f"{scope['method']} {scope['path'][:MAX_AUDIT_PATH]}"
+            await asyncio.to_thread(
+                self.audit.record,
+                uid=uid,
+                pid=pid,
+                action="request",
+                job_id=None,
+                outcome=f"refused: {status} ({where})",
+                durable=False,
+                **how,
+            )
+
+
 def _status_of(error: ApplianceError) -> int:
     if isinstance(error, SubmissionRejected):
         return error.status
@@ -174,13 +259,38 @@ def _status_of(error: ApplianceError) -> int:
         return 404
     if isinstance(error, BadTransition):
         return 409
-    if isinstance(error, Unauthenticated):
+    if isinstance(error, (Unauthenticated, Forbidden)):
         return 403
     return 400  # BadJobId and any other ApplianceError: bad input the caller can correct
 
 
-def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
+def caller_groups(pid: int, gid: int) -> set[int]:
+    """The peer process's primary and supplementary groups, read from /proc while its connection is open."""
+    groups = {gid}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Groups:"):
+                groups.update(int(value) for value in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return groups
+
+
+def may_act(state: dict, owner_uid: int, admin_gid: int | None) -> bool:
+    """Owner, root, the admin group, or a TCP token holder (the administrator's token) may act on a job."""
+    credentials = state.get("peer")
+    if not credentials:
+        return state.get("remote") is not None  # passed PeerCredentials with the daemon's bearer token
+    pid, uid, gid = credentials
+    if uid in (0, owner_uid):
+        return True
+    return admin_gid is not None and admin_gid in caller_groups(pid, gid)
+
+
+def create_app(daemon: "Daemon", control_token: str | None = None, admin_gid: int | None = None) -> FastAPI:
     app = FastAPI(title="appliance control API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=2 * daemon.policy.max_upload_bytes + (1 << 20))
+    app.add_middleware(AuditRefusals, audit=daemon.audit)
     app.add_middleware(PeerCredentials, token=control_token, audit=daemon.audit)
     store, bus = daemon.store, daemon.bus
 
@@ -224,6 +334,7 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         return {"transport": "tcp", "remote": request.scope["state"].get("remote")}
 
     def audited(request: Request, action: str, job_id: str | None, call):
+        request.state.audited = True  # AuditRefusals need not write this call again
         uid, pid = peer(request)
         how = transport(request)
         try:
@@ -250,6 +361,16 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
             **how,
         )
         return result
+
+    def owned(request: Request, job_id: str, action: str) -> str:
+        """`job_id` when the caller may `action` it; else Forbidden (audited by the caller's `audited`)."""
+        row = store.get(_checked(job_id))
+        if not may_act(request.scope["state"], row.summary.uid, admin_gid):
+            raise Forbidden(
+                f"job {job_id} belongs to {row.summary.user}; only its owner, root or the daemon's admin group "
+                f"may {action} it"
+            )
+        return job_id
 
     @app.get("/status")
     async def status(request: Request) -> DaemonStatus:
@@ -297,16 +418,17 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         return JobList(jobs=daemon.supervisor.with_phase(store.list()))
 
     @app.get("/jobs/{job_id}")
-    async def show(job_id: str) -> JobDetail:
+    def show(job_id: str) -> JobDetail:
         row = store.get(_checked(job_id))
         job_dir = daemon.job_dir(job_id)
         summary = daemon.supervisor.with_phase([row.summary])[0]
+        last = tail_records(job_dir / "metrics.jsonl", 1)
         return JobDetail(
             **summary.model_dump(),
             spec=row.spec,
             plan=row.plan,
             events=store.events(0, job_id, kinds=("state",)),
-            last_record=_last_line(job_dir / "metrics.jsonl"),
+            last_record=last[-1] if last else None,
             checkpoints=_checkpoints(job_dir),
             best=_json_file(job_dir / "best" / "best.json"),
             job_dir=str(job_dir),
@@ -315,19 +437,19 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
     @app.post("/jobs/{job_id}/pause")
     async def pause(request: Request, job_id: str) -> JobSummary:
         return await asyncio.to_thread(
-            audited, request, "pause", job_id, lambda: daemon.supervisor.pause(_checked(job_id))
+            audited, request, "pause", job_id, lambda: daemon.supervisor.pause(owned(request, job_id, "pause"))
         )
 
     @app.post("/jobs/{job_id}/resume")
     async def resume(request: Request, job_id: str) -> JobSummary:
         return await asyncio.to_thread(
-            audited, request, "resume", job_id, lambda: daemon.supervisor.resume(_checked(job_id))
+            audited, request, "resume", job_id, lambda: daemon.supervisor.resume(owned(request, job_id, "resume"))
         )
 
     @app.post("/jobs/{job_id}/cancel")
     async def cancel(request: Request, job_id: str) -> JobSummary:
         return await asyncio.to_thread(
-            audited, request, "cancel", job_id, lambda: daemon.supervisor.cancel(_checked(job_id))
+            audited, request, "cancel", job_id, lambda: daemon.supervisor.cancel(owned(request, job_id, "cancel"))
         )
 
     @app.post("/jobs/{job_id}/export", status_code=201)
@@ -335,7 +457,7 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         def run() -> ExportResponse:
             from appliance.export import export_job
 
-            store.get(_checked(job_id))
+            owned(request, job_id, "export")
             result = export_job(
                 daemon.job_dir(job_id),
                 daemon.data_dir,
@@ -351,29 +473,35 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
         # A merged export loads and writes a whole model: keep it off the event loop.
         return await asyncio.to_thread(audited, request, "export", job_id, run)
 
+    # Plain `def` routes: FastAPI runs them in its thread pool, so a file read never blocks the event loop.
     @app.get("/jobs/{job_id}/metrics")
-    async def metrics(job_id: str, after_step: int = 0, limit: int = 1000) -> MetricsPage:
+    def metrics(job_id: str, after_step: int = 0, limit: int = 1000) -> MetricsPage:
         store.get(_checked(job_id))
         limit = max(1, min(limit, 10000))
-        rows = [row for row in _jsonl(daemon.job_dir(job_id) / "metrics.jsonl") if row.get("step", 0) > after_step]
+        rows = records_after_step(daemon.job_dir(job_id) / "metrics.jsonl", after_step, limit)
         page = rows[:limit]
         return MetricsPage(job_id=job_id, records=page, next_after_step=page[-1]["step"] if len(rows) > limit else None)
 
     @app.get("/jobs/{job_id}/samples")
-    async def samples(job_id: str, limit: int = 100) -> RecordsPage:
+    def samples(job_id: str, limit: int = 100) -> RecordsPage:
         store.get(_checked(job_id))
-        return RecordsPage(job_id=job_id, records=_jsonl(daemon.job_dir(job_id) / "samples.jsonl", last=limit))
+        limit = max(1, min(limit, MAX_RECORDS))
+        return RecordsPage(job_id=job_id, records=tail_records(daemon.job_dir(job_id) / "samples.jsonl", limit))
 
     @app.get("/jobs/{job_id}/judge")
-    async def judge(job_id: str, outcome: str | None = None, limit: int = 100) -> RecordsPage:
+    def judge(job_id: str, outcome: str | None = None, limit: int = 100) -> RecordsPage:
         store.get(_checked(job_id))
-        rows = _jsonl(daemon.job_dir(job_id) / "judge.jsonl")
-        if outcome:
-            rows = [row for row in rows if row.get("outcome") == outcome]
-        return RecordsPage(job_id=job_id, records=rows[-max(1, limit) :])
+        keep = (lambda row: row.get("outcome") == outcome) if outcome else None
+        rows = tail_records(
+            daemon.job_dir(job_id) / "judge.jsonl",
+            max(1, min(limit, MAX_RECORDS)),
+            keep,
+            contains=json.dumps(outcome).encode() if outcome else b"",
+        )
+        return RecordsPage(job_id=job_id, records=rows)
 
     @app.get("/jobs/{job_id}/log")
-    async def log(job_id: str, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
+    def log(job_id: str, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
         store.get(_checked(job_id))
         return _read_log(job_id, daemon.job_dir(job_id) / "log.txt", offset, max(1, min(max_bytes, 8 << 20)))
 
@@ -396,7 +524,11 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
 
         # Audited: the answer holds the job's token (the audit line does not).
         return await asyncio.to_thread(
-            audited, request, "endpoint", job_id, lambda: job_endpoint(daemon, _checked(job_id))
+            audited,
+            request,
+            "endpoint",
+            job_id,
+            lambda: job_endpoint(daemon, owned(request, job_id, "take the endpoint of")),
         )
 
     @app.post("/jobs/{job_id}/trajectories")
@@ -408,7 +540,7 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
             request,
             "submit_trajectories",
             job_id,
-            lambda: forward_trajectories(daemon, _checked(job_id), body.groups),
+            lambda: forward_trajectories(daemon, owned(request, job_id, "submit trajectories to"), body.groups),
         )
 
     @app.get("/device")
@@ -426,26 +558,6 @@ def _checked(job_id: str) -> str:
     if not JOB_ID_PATTERN.match(job_id):
         raise BadJobId(f"'{job_id}' is not a job id (ten lowercase hex digits, as 'appliance jobs list' shows)")
     return job_id
-
-
-def _jsonl(path: Path, last: int | None = None) -> list[dict]:
-    if not path.is_file():
-        return []
-    lines: Any = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    if last is not None:
-        lines = deque(lines, maxlen=max(1, last))
-    rows = []
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line being written right now
-    return rows
-
-
-def _last_line(path: Path) -> dict | None:
-    rows = _jsonl(path, last=2)
-    return rows[-1] if rows else None
 
 
 def _json_file(path: Path) -> dict | None:

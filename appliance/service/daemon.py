@@ -36,6 +36,8 @@ class DaemonOptions:
     data_dir: Path
     dataset_roots: tuple[Path, ...] = ()  # default: <data-dir>/datasets
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    secrets_roots: tuple[Path, ...] = ()  # default: <data-dir>/secrets
+    judge_endpoints: tuple[str, ...] = ()
     stop_timeout: float = 120.0
     max_restarts: int = 3
     backoff_seconds: tuple[float, ...] = (2.0, 4.0, 8.0)
@@ -67,6 +69,8 @@ class Daemon:
             or (datasets_dir(self.data_dir),),
             uploads_dir=uploads_dir(self.data_dir),
             max_upload_bytes=options.max_upload_bytes,
+            secrets_roots=tuple(Path(root).absolute() for root in options.secrets_roots),
+            judge_endpoints=options.judge_endpoints,
         )
         self.store = JobStore(self.data_dir / "appliance.db")
         self.audit = AuditLog(self.data_dir / "audit.jsonl")

@@ -91,6 +91,16 @@ def resolve_group(name: str | None) -> int:
         return os.getgid()
 
 
+def resolve_admin_group(name: str) -> int:
+    """--admin-group: a group name or number whose members may act on every job."""
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise DaemonError(f"--admin-group {name}: no such group; create it (groupadd {name}) or name another") from None
+
+
 def bind_control_socket(path: Path, gid: int, mode: int = 0o660) -> socket.socket:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,6 +188,7 @@ async def _serve(
     stop_timeout: float,
     tcp: socket.socket | None = None,
     control_token: str | None = None,
+    admin_gid: int | None = None,
 ) -> None:
     from appliance.service.control import create_app
 
@@ -188,7 +199,7 @@ async def _serve(
         loop.add_signal_handler(sig, stop.set)
     # proxy_headers off: X-Forwarded-For must never stand in for the address the audit log records.
     config = uvicorn.Config(
-        create_app(daemon, control_token=control_token),
+        create_app(daemon, control_token=control_token, admin_gid=admin_gid),
         http=PeerCredProtocol,
         lifespan="off",
         log_level="warning",
@@ -238,6 +249,7 @@ def run_daemon(
     metrics_port: int,
     control_addr: tuple[str, int] | None = None,
     control_token_file: Path | None = None,
+    admin_group: str | None = None,
 ) -> int:
     from appliance.metrics.server import serve_metrics
     from appliance.service.token_file import read_token_file
@@ -251,6 +263,7 @@ def run_daemon(
         raise DaemonError("--control-token-file is used only with --control-addr HOST:PORT; add one or drop it")
     control_token = read_token_file(control_token_file) if control_token_file is not None else None
     gid = resolve_group(group)
+    admin_gid = resolve_admin_group(admin_group) if admin_group else None
     daemon = Daemon(options)
     metrics_server = sock = tcp = None
     try:
@@ -258,7 +271,9 @@ def run_daemon(
         print(f"appliance serve: Prometheus metrics on {metrics_server.url}", file=sys.stderr, flush=True)
         sock = bind_control_socket(socket_path, gid)
         tcp = bind_control_tcp(*control_addr) if control_addr is not None else None
-        asyncio.run(_serve(daemon, sock, Path(socket_path), Notifier(), options.stop_timeout, tcp, control_token))
+        asyncio.run(
+            _serve(daemon, sock, Path(socket_path), Notifier(), options.stop_timeout, tcp, control_token, admin_gid)
+        )
     except OSError as error:
         raise DaemonError(f"cannot start serving: {error}") from error
     finally:

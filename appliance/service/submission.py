@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import stat
+import urllib.parse
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,11 @@ class Policy:
     dataset_roots: tuple[Path, ...]
     uploads_dir: Path
     max_upload_bytes: int
+    secrets_roots: tuple[Path, ...] = ()  # default: <data-dir>/secrets
+    judge_endpoints: tuple[str, ...] = ()  # URLs whose origin a judge.endpoint may name; none by default
+
+    def secret_roots(self) -> tuple[Path, ...]:
+        return self.secrets_roots or (self.data_dir / "secrets",)
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,68 @@ def _plugins(parsed: ParsedJob, plugins_dir: Path) -> tuple[ParsedJob, list[Conf
     return dataclasses.replace(parsed, data={**parsed.data, "rewards": kept}), errors
 
 
+def _origin(url: str) -> tuple[str, str, int | None] | None:
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None
+    return (parts.scheme.lower(), (parts.hostname or "").lower(), port) if parts.hostname else None
+
+
+def _token_problem(reference: str, roots: tuple[Path, ...]) -> str | None:
+    """Why the daemon may not read `reference` as a judge token file (None when it may)."""
+    candidate = Path(reference).expanduser()
+    if not candidate.is_absolute():
+        candidate = roots[0] / candidate
+    where = ", ".join(str(root) for root in roots)
+    if not any(_inside(candidate, root) for root in roots):
+        return f"the daemon reads judge token files only inside {where} (after links); ask an administrator to put it there"
+    try:
+        info = os.stat(os.path.realpath(candidate))
+    except OSError:
+        return f"no token file {reference} in {where}; ask an administrator to install it there"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{reference} is not a regular file"
+    if info.st_mode & 0o077 or info.st_uid not in (0, os.geteuid()):
+        return f"{reference} must be owned by the daemon's user and readable by it alone (chmod 600)"
+    return None
+
+
+def _judge_errors(parsed: ParsedJob, policy: Policy) -> tuple[ParsedJob, list[ConfigError]]:
+    """judge.token_file confined to the secrets roots, judge.endpoint to the administrator's allow-list."""
+    judge = parsed.data.get("judge")
+    if not isinstance(judge, dict):
+        return parsed, []
+    errors, hidden = [], {}
+    token_file, endpoint = judge.get("token_file"), judge.get("endpoint")
+    if isinstance(token_file, str) and token_file:
+        problem = _token_problem(token_file, policy.secret_roots())
+        if problem:
+            errors.append(parsed.error_at(("judge", "token_file"), problem))
+            hidden["token_file"] = None  # never read by the checks that follow
+        else:
+            hidden["token_file"] = os.path.realpath(policy.secret_roots()[0] / Path(token_file).expanduser())
+    if isinstance(endpoint, str) and endpoint:
+        allowed = {_origin(url) for url in policy.judge_endpoints} - {None}
+        if _origin(endpoint) not in allowed:
+            listed = ", ".join(policy.judge_endpoints) or "none"
+            errors.append(
+                parsed.error_at(
+                    ("judge", "endpoint"),
+                    f"judge endpoint {endpoint!r} is not on this daemon's allow-list ({listed}); an administrator "
+                    "adds it with 'appliance serve --judge-endpoint URL'",
+                )
+            )
+    if not hidden:
+        return parsed, errors
+    spec = parsed.spec
+    if spec is not None and spec.judge is not None and hidden.get("token_file"):
+        spec = spec.model_copy(update={"judge": spec.judge.model_copy(update={"token_file": hidden["token_file"]})})
+    data = {**parsed.data, "judge": {**judge, **hidden}}
+    return dataclasses.replace(parsed, data=data, spec=spec), errors
+
+
 def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted:
     """The runnable spec and its plan on `device`, or SubmissionRejected (nothing is kept)."""
     size = sum(len(text.encode("utf-8")) for text in request.uploads.values())
@@ -171,7 +240,9 @@ def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted
     parsed, errors, upload_dir = _dataset(parsed, request, policy)
     try:
         parsed, plugin_errors = _plugins(parsed, policy.plugins_dir)
-        errors = parsed.errors + errors + plugin_errors + world_errors(parsed, policy.plugins_dir, policy.data_dir)
+        parsed, judge_errors = _judge_errors(parsed, policy)
+        errors = parsed.errors + errors + plugin_errors + judge_errors
+        errors += world_errors(parsed, policy.plugins_dir, policy.data_dir)
         if upload_dir is not None:  # say the user's file name, not where the daemon keeps the upload
             staged, original = str(upload_dir / UPLOAD_FILE), request.uploads and next(iter(request.uploads))
             errors = [dataclasses.replace(e, message=e.message.replace(staged, str(original))) for e in errors]
@@ -200,7 +271,7 @@ def plan_on(spec: JobSpec, data_dir: Path, device):
     try:
         student = load_config(resolve_model(spec.student.model, data_dir, verify=False) / "config.json")
         judge = None
-        if spec.judge is not None and not spec.judge.share_student_base:
+        if spec.judge is not None and spec.judge.endpoint is None and not spec.judge.share_student_base:
             judge = load_config(resolve_model(spec.judge.model, data_dir, verify=False) / "config.json")
         return plan_job(spec, student, judge, device)
     except (ShapeError, ModelStoreError, ValueError) as error:

@@ -1,0 +1,41 @@
+"""The audit log rotates by size and sums a flood of unauthenticated TCP refusals into one line per window."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from appliance.service import audit
+from appliance.service.audit import AuditLog
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_log_rotates_by_size_and_keeps_its_backups(tmp_path):
+    log = AuditLog(tmp_path / "audit.jsonl", max_bytes=2000, backups=2)
+    for number in range(100):
+        log.record(uid=0, pid=1, action="cancel", job_id=None, outcome=f"ok {number}")
+    log.close()
+    files = sorted(path.name for path in tmp_path.iterdir())
+    assert files == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"]
+    assert all(path.stat().st_size <= 2000 for path in tmp_path.iterdir())
+    assert lines(tmp_path / "audit.jsonl")[-1]["outcome"] == "ok 99"
+    assert (tmp_path / "audit.jsonl").stat().st_mode & 0o777 == 0o640
+
+
+def test_a_flood_of_unauthenticated_requests_is_summarised(tmp_path, monkeypatch):
+    log = AuditLog(tmp_path / "audit.jsonl")
+    for _ in range(1000):
+        log.refused_tcp("10.0.0.9:4444", "refused: wrong bearer token (GET /" + "a" * 5000 + ")")
+    assert len(lines(tmp_path / "audit.jsonl")) == audit.WRITTEN_PER_WINDOW
+    assert all(len(line["outcome"]) <= audit.MAX_FIELD for line in lines(tmp_path / "audit.jsonl"))
+    monkeypatch.setattr(audit, "WINDOW_SECONDS", 0.0)  # the window ends now
+    time.sleep(0.01)
+    log.refused_tcp("10.0.0.9:4444", "refused: no bearer token")
+    log.close()
+    found = lines(tmp_path / "audit.jsonl")
+    assert "995 more unauthenticated TCP requests" in found[audit.WRITTEN_PER_WINDOW]["outcome"]
+    assert found[-1]["outcome"] == "refused: no bearer token"
+    assert (tmp_path / "audit.jsonl").stat().st_size < 10_000

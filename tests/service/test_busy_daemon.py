@@ -1,0 +1,83 @@
+"""A daemon whose job holds the largest judge log rotation allows: pages are capped, /status stays fast."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from daemon_support import Daemon, daemon_env, free_port, link_model_store, short_tmp_dir, tiny_job
+from service_latency import percentile
+
+JUDGE_LOG_BYTES = 64 * 1024 * 1024  # judge.log_max_bytes' default: the live file never grows past it
+
+
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory, store_data_dir):
+    data_dir = link_model_store(store_data_dir, tmp_path_factory.mktemp("busy") / "data")
+    server = Daemon(
+        data_dir,
+        short_tmp_dir() / "control.sock",
+        free_port(),
+        tmp_path_factory.mktemp("log") / "d.log",
+        [],
+        daemon_env(),
+    )
+    server.start()
+    client = server.client()
+    job = client.submit_text("busy.yaml", tiny_job(steps=1000)).job
+    client.cancel(job.id)
+    server.wait_state(job.id, "cancelled", timeout=120)
+    job_dir = server.data_dir / "jobs" / job.id
+    line = json.dumps({"outcome": "ok", "prompt": "p" * 400, "reply": "r" * 400}) + "\n"
+    with open(job_dir / "judge.jsonl", "w") as handle:
+        handle.write(line * (JUDGE_LOG_BYTES // len(line)))
+        handle.write(json.dumps({"outcome": "rare", "n": 1}) + "\n")
+    with open(job_dir / "metrics.jsonl", "w") as handle:
+        for step in range(1, 200001):
+            handle.write(json.dumps({"step": step, "loss": 0.5}) + "\n")
+    yield server, job.id
+    server.close()
+
+
+def test_huge_limits_return_one_capped_page(busy):
+    server, job_id = busy
+    client = server.client()
+    assert len(client.judge_log(job_id, limit=10**12).records) == 1000
+    assert client.judge_log(job_id, outcome="rare", limit=10**12).records == [{"outcome": "rare", "n": 1}]
+    assert len(client.metrics(job_id, limit=10**12).records) == 10000
+    assert client.job(job_id).last_record == {"step": 200000, "loss": 0.5}
+
+
+def test_status_stays_fast_while_12_clients_page_the_judge_log(busy):
+    server, job_id = busy
+    stop = threading.Event()
+    pages = []
+
+    def page(outcome):  # a filter that matches nothing scans the whole byte cap; none parses 1000 lines
+        with server.client(timeout=60) as client:
+            while not stop.is_set():
+                pages.append(len(client.judge_log(job_id, outcome=outcome, limit=1000).records))
+
+    readers = [threading.Thread(target=page, args=("missing" if n % 2 else None,)) for n in range(12)]
+    for reader in readers:
+        reader.start()
+    times = []
+    try:
+        with server.client() as client:
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:
+                began = time.perf_counter()
+                client.status()
+                times.append(time.perf_counter() - began)
+                time.sleep(0.02)
+    finally:
+        stop.set()
+        for reader in readers:
+            reader.join()
+    p99 = percentile(times, 0.99)
+    print(f"/status p99 {p99 * 1000:.1f} ms over {len(times)} requests; {len(pages)} judge pages read meanwhile")
+    assert pages and len(times) > 50
+    assert p99 < 0.25
