@@ -52,7 +52,7 @@ from appliance.service.api import (
     TrajectorySubmission,
 )
 from appliance.service.audit import user_name
-from appliance.service.store import BadTransition, UnknownJob
+from appliance.service.store import BadTransition, StoreUnwritable, UnknownJob
 from appliance.service.submission import SubmissionRejected
 from appliance.paths import exports_dir
 
@@ -176,6 +176,8 @@ def _status_of(error: ApplianceError) -> int:
         return 409
     if isinstance(error, Unauthenticated):
         return 403
+    if isinstance(error, StoreUnwritable):
+        return 507  # Insufficient Storage: reads still work; the message says what to free
     return 400  # BadJobId and any other ApplianceError: bad input the caller can correct
 
 

@@ -20,6 +20,7 @@ from appliance.paths import datasets_dir, jobs_dir, plugins_dir, uploads_dir
 from appliance.service.api import SubmitRequest
 from appliance.service.audit import AuditLog
 from appliance.service.control import EventBus
+from appliance.service.reaper import become_subreaper
 from appliance.service.store import JobStore
 from appliance.service.submission import Accepted, Policy, check_submission
 from appliance.service.supervisor import Slot, Supervisor, probe_slots, slot_device
@@ -60,6 +61,7 @@ class Daemon:
             os.close(self._lock_fd)
             raise DaemonError(f"another appliance daemon already serves {self.data_dir}; stop it first") from None
         self.started = time.time()
+        become_subreaper()  # orphans of killed worker groups come to us (the supervisor's tick reaps them)
         self.policy = Policy(
             data_dir=self.data_dir,
             plugins_dir=plugins_dir(self.data_dir),
