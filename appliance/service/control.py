@@ -335,16 +335,15 @@ def create_app(daemon: "Daemon", control_token: str | None = None) -> FastAPI:
     @app.post("/jobs/{job_id}/export", status_code=201)
     async def export(request: Request, job_id: str, body: ExportRequest) -> ExportResponse:
         def run() -> ExportResponse:
-            from appliance.export import export_job
-
             store.get(_checked(job_id))
-            result = export_job(
+            result = daemon.exports.run(  # in its own process, one at a time
+                job_id,
                 daemon.job_dir(job_id),
                 daemon.data_dir,
                 exports_dir(daemon.data_dir) / body.name,
-                checkpoint=body.checkpoint,
-                merged=body.merged,
-                dtype=body.dtype,
+                body.checkpoint,
+                body.merged,
+                body.dtype,
             )
             return ExportResponse(
                 path=str(result.path), kind=result.kind, job_id=job_id, step=result.step, manifest=result.manifest

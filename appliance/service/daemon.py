@@ -20,6 +20,7 @@ from appliance.paths import datasets_dir, jobs_dir, plugins_dir, uploads_dir
 from appliance.service.api import SubmitRequest
 from appliance.service.audit import AuditLog
 from appliance.service.control import EventBus
+from appliance.service.exports import ExportRunner
 from appliance.service.reaper import become_subreaper
 from appliance.service.store import JobStore
 from appliance.service.submission import Accepted, Policy, check_submission
@@ -73,6 +74,7 @@ class Daemon:
         self.store = JobStore(self.data_dir / "appliance.db")
         self.audit = AuditLog(self.data_dir / "audit.jsonl")
         self.bus = EventBus()
+        self.exports = ExportRunner()
         self.store.listeners.append(self.bus.notify)
         self.metrics = TrainingMetrics(version=__version__, student_model="", judge_model=None)
         self.metrics.observe_disk(self.data_dir)

@@ -10,8 +10,25 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import threading
 
 PR_SET_CHILD_SUBREAPER = 36
+_owned: set[int] = set()  # children other parts of the daemon wait for themselves (exports)
+_owned_lock = threading.Lock()
+
+
+def popen_owned(*args, **kwargs) -> subprocess.Popen:
+    """Popen whose child the reaper leaves to the caller; `release(proc)` once it has been waited for."""
+    with _owned_lock:
+        proc = subprocess.Popen(*args, **kwargs)
+        _owned.add(proc.pid)
+    return proc
+
+
+def release(proc: subprocess.Popen) -> None:
+    with _owned_lock:
+        _owned.discard(proc.pid)
 
 
 def become_subreaper() -> bool:
@@ -36,6 +53,11 @@ def reap_orphans(known: set[int]) -> int:
 
     waitid(WNOWAIT) peeks at one exited child without reaping it; when that child is someone's own
     (a worker, a subprocess.run in another thread), its owner reaps it and we look again on the next call."""
+    with _owned_lock:
+        return _reap(known | _owned)
+
+
+def _reap(known: set[int]) -> int:
     own_group, reaped = os.getpgrp(), 0
     while True:
         try:
