@@ -455,14 +455,14 @@ class Supervisor:
                     record = StepRecord.from_dict(message["record"])
                     self.store.add_event(worker.job_id, "step", message["record"], step=record.step, at=record.time)
                     self.store.update(worker.job_id, restarts=0)
-                    self.metrics.observe_step(record)
+                    self.metrics.observe_step(record, str(worker.slot.index))
                     worker.measured_bytes = dict(record.memory.components_used_bytes)
                     if record.memory.device_used_bytes is not None:
                         worker.device_used_bytes = record.memory.device_used_bytes
                 elif kind == "event":
                     event = RunEvent.from_dict(message["event"])
                     self._observe_event(worker, event)
-                    apply_event(self.metrics, event)
+                    apply_event(self.metrics, event, str(worker.slot.index))
                 elif kind in ("result", "disk_full", "error"):
                     worker.outcome = message
             except (KeyError, TypeError, ValueError) as error:
@@ -494,6 +494,7 @@ class Supervisor:
             print(f"supervisor: {worker.job_id}: reaping: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         finally:
             self.workers.pop(worker.slot.index, None)
+            self.metrics.forget_slot(str(worker.slot.index))
         self._settle_or_keep(worker, returncode)
 
     def _settle_or_keep(self, worker: Worker, returncode: int) -> None:

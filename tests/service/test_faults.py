@@ -180,7 +180,9 @@ def test_an_exception_while_reaping_still_settles_the_job_and_frees_the_slot(tmp
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(worker.channel, "close", eio)
+    supervisor.metrics.observe_planned({"student_weights": 100}, 1000, "0")  # as the worker's memory event does
     supervisor.cancel(job_id)
+    assert supervisor.metrics.memory_budget.collect()[0].samples == []  # the job's series went with its worker
     job = supervisor.store.get(job_id).summary
     assert job.state == "cancelled" and job.reason == "cancelled" and job.slot is None
     assert supervisor.workers == {} and worker.proc.poll() is not None
