@@ -112,9 +112,14 @@ def _write_merged(adapter: AdapterSource, base: BaseModel, folder: Path, dtype_n
 
 
 def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
+    """The process's umask, read without setting it (os.umask would change it for every thread meanwhile)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _finish_folder(folder: Path) -> None:

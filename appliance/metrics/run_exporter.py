@@ -14,12 +14,12 @@ from appliance.metrics.registry import TrainingMetrics
 from appliance.metrics.server import serve_metrics
 
 
-def apply_event(metrics: TrainingMetrics, event: RunEvent) -> None:
+def apply_event(metrics: TrainingMetrics, event: RunEvent, slot: str = "0") -> None:
     """What a RunEvent tells the metrics: the plan and device at the start, engine snapshots after a step."""
     if event.kind == "memory" and "planned_bytes" in event.data:
-        metrics.observe_planned(event.data["planned_bytes"], event.data["budget_bytes"])
+        metrics.observe_planned(event.data["planned_bytes"], event.data["budget_bytes"], slot)
         if event.data.get("device_total_bytes"):
-            metrics.observe_device_bytes(event.data["device_total_bytes"], event.data.get("device_used_bytes"))
+            metrics.observe_device_bytes(event.data["device_total_bytes"], event.data.get("device_used_bytes"), slot)
     elif event.kind == "engine_metrics":
         metrics.add_engine_snapshot(event.data["snapshot"])
 

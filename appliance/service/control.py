@@ -52,7 +52,7 @@ from appliance.service.api import (
 )
 from appliance.service.audit import user_name
 from appliance.service.job_files import records_after_step, tail_records
-from appliance.service.store import BadTransition, UnknownJob
+from appliance.service.store import BadTransition, StoreUnwritable, UnknownJob
 from appliance.service.submission import SubmissionRejected
 from appliance.paths import exports_dir
 
@@ -261,6 +261,8 @@ def _status_of(error: ApplianceError) -> int:
         return 409
     if isinstance(error, (Unauthenticated, Forbidden)):
         return 403
+    if isinstance(error, StoreUnwritable):
+        return 507  # Insufficient Storage: reads still work; the message says what to free
     return 400  # BadJobId and any other ApplianceError: bad input the caller can correct
 
 
@@ -455,16 +457,15 @@ def create_app(daemon: "Daemon", control_token: str | None = None, admin_gid: in
     @app.post("/jobs/{job_id}/export", status_code=201)
     async def export(request: Request, job_id: str, body: ExportRequest) -> ExportResponse:
         def run() -> ExportResponse:
-            from appliance.export import export_job
-
             owned(request, job_id, "export")
-            result = export_job(
+            result = daemon.exports.run(  # in its own process, one at a time
+                job_id,
                 daemon.job_dir(job_id),
                 daemon.data_dir,
                 exports_dir(daemon.data_dir) / body.name,
-                checkpoint=body.checkpoint,
-                merged=body.merged,
-                dtype=body.dtype,
+                body.checkpoint,
+                body.merged,
+                body.dtype,
             )
             return ExportResponse(
                 path=str(result.path), kind=result.kind, job_id=job_id, step=result.step, manifest=result.manifest

@@ -20,6 +20,8 @@ from appliance.paths import datasets_dir, jobs_dir, plugins_dir, uploads_dir
 from appliance.service.api import SubmitRequest
 from appliance.service.audit import AuditLog
 from appliance.service.control import EventBus
+from appliance.service.exports import ExportRunner
+from appliance.service.reaper import become_subreaper
 from appliance.service.store import JobStore
 from appliance.service.submission import Accepted, Policy, check_submission
 from appliance.service.supervisor import Slot, Supervisor, probe_slots, slot_device
@@ -62,6 +64,7 @@ class Daemon:
             os.close(self._lock_fd)
             raise DaemonError(f"another appliance daemon already serves {self.data_dir}; stop it first") from None
         self.started = time.time()
+        become_subreaper()  # orphans of killed worker groups come to us (the supervisor's tick reaps them)
         self.policy = Policy(
             data_dir=self.data_dir,
             plugins_dir=plugins_dir(self.data_dir),
@@ -75,6 +78,7 @@ class Daemon:
         self.store = JobStore(self.data_dir / "appliance.db")
         self.audit = AuditLog(self.data_dir / "audit.jsonl")
         self.bus = EventBus()
+        self.exports = ExportRunner()
         self.store.listeners.append(self.bus.notify)
         self.metrics = TrainingMetrics(version=__version__, student_model="", judge_model=None)
         self.metrics.observe_disk(self.data_dir)

@@ -58,7 +58,7 @@ CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
 
 # state -> the states it may move to. Terminal states (succeeded, failed, cancelled) move nowhere.
 TRANSITIONS: dict[str, frozenset[str]] = {
-    "queued": frozenset({"running", "paused", "cancelled"}),
+    "queued": frozenset({"running", "paused", "cancelled", "failed"}),  # failed: its files are missing
     "running": frozenset({"succeeded", "failed", "cancelled", "paused", "interrupted"}),
     "interrupted": frozenset({"queued", "running", "paused", "cancelled", "failed"}),
     "paused": frozenset({"queued", "cancelled"}),
@@ -81,6 +81,10 @@ class UnknownJob(StoreError):
 
 class BadTransition(StoreError):
     pass
+
+
+class StoreUnwritable(StoreError):
+    """The database refused a write (disk full, I/O error, a lock held too long); reads still work."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,18 @@ class JobStore:
     def _tx(self):
         return _Transaction(self)
 
-    def submit(self, name: str, uid: int, user: str, spec: dict, plan: dict | None, steps_total: int) -> JobSummary:
+    def submit(
+        self,
+        name: str,
+        uid: int,
+        user: str,
+        spec: dict,
+        plan: dict | None,
+        steps_total: int,
+        before_commit: Callable[[str], None] | None = None,
+    ) -> JobSummary:
+        """Insert a queued job; `before_commit(job_id)` writes its files inside the transaction, so the job
+        becomes visible only once they exist (an error there rolls the row back)."""
         now = time.time()
         with self._tx() as db:
             job_id = new_job_id()
@@ -150,6 +165,8 @@ class JobStore:
                 (job_id, name, uid, user, json.dumps(spec), json.dumps(plan) if plan else None, now, now, steps_total),
             )
             event = self._append(db, job_id, "state", None, {"from": None, "to": "queued", "reason": "submitted"}, now)
+            if before_commit is not None:
+                before_commit(job_id)
         self._notify(event)
         return self.get(job_id).summary
 
@@ -277,14 +294,42 @@ class _Transaction:
 
     def __enter__(self) -> sqlite3.Connection:
         self.store._lock.acquire()
-        self.store._db.execute("BEGIN IMMEDIATE")
+        try:
+            self.store._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as error:
+            self.store._lock.release()
+            raise _unwritable(self.store.path, error) from error
         return self.store._db
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            self.store._db.execute("ROLLBACK" if exc_type else "COMMIT")
+            if exc_type is None:
+                try:
+                    self.store._db.execute("COMMIT")
+                    return
+                except sqlite3.Error as error:
+                    _rollback(self.store._db)
+                    raise _unwritable(self.store.path, error) from error
+            _rollback(self.store._db)
+            if isinstance(exc, sqlite3.Error):
+                raise _unwritable(self.store.path, exc) from exc
         finally:
             self.store._lock.release()
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    try:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # the transaction is gone already (SQLite rolls back itself on some I/O errors)
+
+
+def _unwritable(path: Path, error: sqlite3.Error) -> StoreUnwritable:
+    return StoreUnwritable(
+        f"the job store {path} refuses writes ({error}); the daemon keeps serving reads. "
+        "Free space on its file system (or fix the I/O error) and retry"
+    )
 
 
 def _summary(row: sqlite3.Row) -> JobSummary:

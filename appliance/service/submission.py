@@ -27,6 +27,7 @@ from typing import Any
 from appliance.config.checks import PLUGIN_REWARD, with_absolute_paths, world_errors
 from appliance.config.load import ConfigError, ParsedJob, parse_job
 from appliance.config.schema import JobSpec
+from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 from appliance.service.api import ConfigErrorItem, SubmitRequest
 
@@ -111,7 +112,7 @@ def _dataset(
         upload_dir = policy.uploads_dir / uuid.uuid4().hex
         upload_dir.mkdir(parents=True, mode=0o750)
         target = upload_dir / UPLOAD_FILE
-        target.write_text(request.uploads[reference], encoding="utf-8")
+        write_atomically(target, request.uploads[reference], mode=0o640)  # fsynced before the job exists
         return _with_dataset(parsed, str(target)), [], upload_dir
     roots = policy.dataset_roots
     candidate = Path(reference).expanduser()

@@ -29,7 +29,8 @@ from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 from appliance.paths import jobs_dir
 from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
-from appliance.service.store import BadTransition, JobStore
+from appliance.service.reaper import reap_orphans
+from appliance.service.store import BadTransition, JobStore, StoreUnwritable
 from appliance.service.worker import EXIT_BAD_JOB, MODULE, Channel
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class Worker:
     stop_deadline: float | None = None
     cancel_reason: str | None = None
     outcome: dict | None = None  # the worker's last result / disk_full / error message
+    fault: str | None = None  # the daemon's own failure that ended the worker (its reports could not be kept)
     phase: str | None = None
     planned_bytes: dict[str, int] = field(default_factory=dict)
     budget_bytes: int | None = None
@@ -143,6 +145,7 @@ class Supervisor:
         self.version = version
         self.workers: dict[int, Worker] = {}
         self.retry_at: dict[str, float] = {}
+        self.unsettled: dict[str, tuple[Worker, int]] = {}  # reaped workers whose end the store refused so far
         self.restarts_total = Counter(
             "appliance_worker_restarts", "Workers restarted after they died", registry=metrics.registry
         )
@@ -160,14 +163,33 @@ class Supervisor:
         self._thread.start()
 
     def recover(self) -> None:
-        """After a start: leftovers of a dead daemon's workers are killed; running/interrupted jobs requeued."""
-        for job in self.store.list(("running", "interrupted")):
+        """After a start: leftovers of a dead daemon's workers are killed; running/interrupted jobs requeued.
+
+        A job the daemon died under counts as a restart (persisted), so a job that kills its daemon fails
+        after `max_restarts` daemon starts instead of looping; a job without its job.yaml fails."""
+        for job in self.store.list(("running", "interrupted", "queued")):
             row = self.store.get(job.id)
             if row.pgid and _is_worker_group(row.pgid):
                 kill_group(row.pgid)
                 _wait_gone(row.pgid, 10.0)
+            if not (self.job_dir(job.id) / "job.yaml").is_file():
+                self.store.transition(job.id, "failed", "its job.yaml is missing (the daemon died during submit)")
+                continue
+            if job.state == "queued":
+                continue
             if job.state == "running":
-                self.store.transition(job.id, "interrupted", "the daemon stopped while the job ran")
+                restarts = row.restarts + 1
+                if restarts > self.max_restarts:
+                    self.store.transition(
+                        job.id,
+                        "failed",
+                        f"the daemon stopped while the job ran, {restarts} times in a row; not restarted again",
+                        slot=None,
+                        pgid=None,
+                        restarts=restarts,
+                    )
+                    continue
+                self.store.transition(job.id, "interrupted", "the daemon stopped while the job ran", restarts=restarts)
             self.store.transition(
                 job.id, "queued", "requeued at daemon start; resumes from its newest checkpoint", slot=None, pgid=None
             )
@@ -191,6 +213,9 @@ class Supervisor:
                     self._reaped(worker)
                 elif worker.stop_deadline is not None and time.time() > worker.stop_deadline:
                     kill_group(worker.proc.pid)  # it did not stop in time: the last checkpoint stands
+            for worker, returncode in list(self.unsettled.values()):
+                self._settle_or_keep(worker, returncode)
+            reap_orphans({worker.proc.pid for worker in self.workers.values()})
             self._schedule()
         self.metrics.observe_disk(self.data_dir)
 
@@ -223,18 +248,24 @@ class Supervisor:
         import yaml
 
         spec = accepted.spec
+        text = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+
+        def write_job_file(job_id: str) -> None:  # inside the insert's transaction: no row without its file
+            write_atomically(self.job_dir(job_id) / "job.yaml", text, mode=0o644)
+
         try:
             job = self.store.submit(
-                spec.name, uid, user, spec.model_dump(mode="json"), accepted.plan.to_dict(), spec.grpo.steps
+                spec.name,
+                uid,
+                user,
+                spec.model_dump(mode="json"),
+                accepted.plan.to_dict(),
+                spec.grpo.steps,
+                before_commit=write_job_file,
             )
         except BaseException:
             accepted.discard()
             raise
-        job_dir = self.job_dir(job.id)
-        job_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(
-            job_dir / "job.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), mode=0o644
-        )
         self._publish_counts()
         self.wake()
         return job
@@ -363,24 +394,33 @@ class Supervisor:
             str(job_dir),
         ] + (["--resume"] if resume else [])
         environment = {**os.environ, **slot.env, "PYTHONUNBUFFERED": "1"}
-        with open(job_dir / "log.txt", "ab") as log:
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(),),
-                process_group=0,
-                env=environment,
-                cwd=job_dir,
-            )
+        try:
+            with open(job_dir / "log.txt", "ab") as log:
+                proc = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(theirs.fileno(),),
+                    process_group=0,
+                    env=environment,
+                    cwd=job_dir,
+                )
+        except OSError as error:  # fork failed (EAGAIN at the pids limit, ENOMEM), or the log cannot be opened
+            ours.close()
+            theirs.close()
+            self._crashed(job.id, None, f"the worker could not be started ({error})")
+            return
         theirs.close()
         worker = Worker(job.id, slot, proc, Channel(ours), time.time())
         worker.reader = threading.Thread(
             target=self._read_reports, args=(worker,), daemon=True, name=f"reports-{job.id}"
         )
         self.workers[slot.index] = worker
-        self.store.update(job.id, attempts=row.summary.attempts + 1, pgid=proc.pid, slot=slot.index)
+        try:
+            self.store.update(job.id, attempts=row.summary.attempts + 1, pgid=proc.pid, slot=slot.index)
+        except StoreUnwritable as error:
+            self._fault(worker, f"the job store refused the worker's start ({error})")
         spec = row.spec
         self.metrics.build_info.clear()
         self.metrics.build_info.labels(
@@ -390,7 +430,21 @@ class Supervisor:
         ).set(1)
         worker.reader.start()
 
+    def _fault(self, worker: Worker, reason: str) -> None:
+        """The daemon cannot follow this worker: end its group (so it never blocks sending to a dead reader)."""
+        print(f"supervisor: {worker.job_id}: {reason}", file=sys.stderr, flush=True)
+        worker.fault = worker.fault or reason
+        kill_group(worker.proc.pid)
+        self.wake()
+
     def _read_reports(self, worker: Worker) -> None:
+        try:
+            self._follow_reports(worker)
+        except Exception as error:  # the store refused a write, or a bug: the worker must not run unobserved
+            self._fault(worker, f"its reports could not be recorded ({type(error).__name__}: {error})")
+        self.wake()
+
+    def _follow_reports(self, worker: Worker) -> None:
         from appliance.grpo.step_record import RunEvent, StepRecord
         from appliance.metrics.run_exporter import apply_event
 
@@ -401,21 +455,20 @@ class Supervisor:
                     record = StepRecord.from_dict(message["record"])
                     self.store.add_event(worker.job_id, "step", message["record"], step=record.step, at=record.time)
                     self.store.update(worker.job_id, restarts=0)
-                    self.metrics.observe_step(record)
+                    self.metrics.observe_step(record, str(worker.slot.index))
                     worker.measured_bytes = dict(record.memory.components_used_bytes)
                     if record.memory.device_used_bytes is not None:
                         worker.device_used_bytes = record.memory.device_used_bytes
                 elif kind == "event":
                     event = RunEvent.from_dict(message["event"])
                     self._observe_event(worker, event)
-                    apply_event(self.metrics, event)
+                    apply_event(self.metrics, event, str(worker.slot.index))
                 elif kind in ("result", "disk_full", "error"):
                     worker.outcome = message
             except (KeyError, TypeError, ValueError) as error:
                 print(
                     f"supervisor: bad report from the worker of {worker.job_id}: {error}", file=sys.stderr, flush=True
                 )
-        self.wake()
 
     def _observe_event(self, worker: Worker, event) -> None:
         data = event.data
@@ -432,23 +485,51 @@ class Supervisor:
     def _reaped(self, worker: Worker) -> None:
         """The worker's process is gone: end its group, settle the job's state, free the slot."""
         returncode = worker.proc.wait()
-        kill_group(worker.proc.pid)
-        if worker.reader is not None:
-            worker.reader.join(timeout=10)
-        worker.channel.close()
-        self.workers.pop(worker.slot.index, None)
-        self.store.update(worker.job_id, slot=None, pgid=None)
+        try:
+            kill_group(worker.proc.pid)
+            if worker.reader is not None:
+                worker.reader.join(timeout=10)
+            worker.channel.close()
+        except Exception as error:  # the job is still settled and the slot freed
+            print(f"supervisor: {worker.job_id}: reaping: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        finally:
+            self.workers.pop(worker.slot.index, None)
+            self.metrics.forget_slot(str(worker.slot.index))
+        self._settle_or_keep(worker, returncode)
+
+    def _settle_or_keep(self, worker: Worker, returncode: int) -> None:
+        """Settle a reaped worker's job; while the store refuses writes it is kept and retried every tick."""
         try:
             self._settle(worker, returncode)
+            self.store.update(worker.job_id, slot=None, pgid=None)
+            self.unsettled.pop(worker.job_id, None)
+        except StoreUnwritable as error:
+            self.unsettled[worker.job_id] = (worker, returncode)
+            print(f"supervisor: {worker.job_id} not settled yet: {error}", file=sys.stderr, flush=True)
+            return
         except ApplianceError as error:  # e.g. cancelled by hand meanwhile
+            self.unsettled.pop(worker.job_id, None)
             print(f"supervisor: {worker.job_id}: {error}", file=sys.stderr, flush=True)
+        except Exception as error:  # a bug: the job must not stay "running" without a worker
+            self.unsettled.pop(worker.job_id, None)
+            self._settle_failed(worker.job_id, error)
         self._publish_counts()
+
+    def _settle_failed(self, job_id: str, error: Exception) -> None:
+        reason = f"the daemon could not settle the job ({type(error).__name__}: {error})"
+        print(f"supervisor: {job_id}: {reason}", file=sys.stderr, flush=True)
+        try:
+            self.store.transition(job_id, "failed", reason, slot=None, pgid=None)
+        except ApplianceError:
+            pass  # already settled, or the store refuses: recover() at the next start requeues it
 
     def _settle(self, worker: Worker, returncode: int) -> None:
         job_id, outcome = worker.job_id, worker.outcome or {}
         result = outcome.get("result") or {}
         if worker.cancel_reason:
             self.store.transition(job_id, "cancelled", worker.cancel_reason)
+        elif worker.fault:
+            self._crashed(job_id, returncode, worker.fault)
         elif outcome.get("type") == "result" and result.get("status") == "completed":
             self.store.transition(job_id, "succeeded", f"completed {result.get('step')} steps")
         elif outcome.get("type") == "result":
@@ -482,24 +563,29 @@ class Supervisor:
         else:
             self._crashed(job_id, returncode)
 
-    def _crashed(self, job_id: str, returncode: int) -> None:
+    def _crashed(self, job_id: str, returncode: int | None, cause: str | None = None) -> None:
+        """A worker that died (or never started): restart after a backoff, or fail after `max_restarts`."""
         restarts = self.store.get(job_id).restarts + 1
+        cause = cause or f"the worker ended with {describe_exit(returncode)}"
         if restarts > self.max_restarts:
             self.store.transition(
                 job_id,
                 "failed",
-                f"the worker ended with {describe_exit(returncode)} "
-                f"{restarts} times in a row; last lines of its log:\n{self._log_tail(job_id)}",
+                f"{cause}; {restarts} times in a row; last lines of its log:\n{self._log_tail(job_id)}",
+                slot=None,
+                pgid=None,
+                restarts=restarts,
             )
             return
         delay = self.backoff_seconds[min(restarts - 1, len(self.backoff_seconds) - 1)]
         self.store.transition(
             job_id,
             "interrupted",
-            f"the worker ended with {describe_exit(returncode)}; restart "
-            f"{restarts}/{self.max_restarts} in {delay:g} s from the newest checkpoint",
+            f"{cause}; restart {restarts}/{self.max_restarts} in {delay:g} s from the newest checkpoint",
+            slot=None,
+            pgid=None,
+            restarts=restarts,
         )
-        self.store.update(job_id, restarts=restarts)
         self.retry_at[job_id] = time.time() + delay
         self.restarts_total.inc()
 

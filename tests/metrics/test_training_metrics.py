@@ -82,12 +82,12 @@ def test_two_trainer_steps_add_up_in_the_counters_and_the_gauges_show_the_last(m
     assert got.value("appliance_prompt_tokens_total", role="student") == 2400
     assert got.value("appliance_completions_total") == 64
     assert got.value("appliance_train_steps_total") == 2
-    assert got.value("appliance_reward_mean") == 0.5
-    assert got.value("appliance_reward_std") == 0.4
-    assert got.value("appliance_loss") == pytest.approx(-0.024)
-    assert got.value("appliance_kl") == pytest.approx(0.006)
-    assert got.value("appliance_clip_ratio") == 0.05
-    assert got.value("appliance_generation_tokens_per_second", role="student") == 100.0
+    assert got.value("appliance_reward_mean", device="0") == 0.5
+    assert got.value("appliance_reward_std", device="0") == 0.4
+    assert got.value("appliance_loss", device="0") == pytest.approx(-0.024)
+    assert got.value("appliance_kl", device="0") == pytest.approx(0.006)
+    assert got.value("appliance_clip_ratio", device="0") == 0.05
+    assert got.value("appliance_generation_tokens_per_second", role="student", device="0") == 100.0
     assert got.value("appliance_step_duration_seconds_count", phase="train") == 2
     assert got.value("appliance_step_duration_seconds_sum", phase="train") == 40.0
     assert got.value("appliance_step_duration_seconds_bucket", phase="train", le="30.0") == 2
@@ -105,7 +105,7 @@ def test_skipped_updates_and_held_out_accuracy_reach_their_metrics(metrics, scra
     metrics.observe_step(step_record(3, nonfinite=True))
     got = scrape()
     assert got.value("appliance_nonfinite_steps_total") == 2
-    assert got.value("appliance_eval_accuracy") == 0.62
+    assert got.value("appliance_eval_accuracy", device="0") == 0.62
     assert got.value("appliance_train_steps_total") == 3
 
 
@@ -120,15 +120,17 @@ def test_plan_ledger_device_and_disk_fill_the_memory_gauges(metrics, scrape, pla
     got = scrape()
 
     for component in COMPONENTS:
-        assert got.value("appliance_memory_planned_bytes", component=component) == plan.components[component]
+        assert (
+            got.value("appliance_memory_planned_bytes", component=component, device="0") == plan.components[component]
+        )
     assert plan.components["student_weights"] > 0 and plan.components["judge_weights"] == 0
     assert {labels["component"] for labels in got.label_sets("appliance_memory_used_bytes")} == set(COMPONENTS)
-    assert got.value("appliance_memory_used_bytes", component="student_weights") == 150_000_000
-    assert got.value("appliance_memory_used_bytes", component="rollout_weights") == 270_000_000
-    assert got.value("appliance_memory_used_bytes", component="optimizer") == 0
-    assert got.value("appliance_memory_budget_bytes") == plan.budget_bytes == int(0.9 * 24 * GiB)
-    assert got.value("appliance_device_memory_total_bytes") == 24 * GiB
-    assert got.value("appliance_device_memory_used_bytes") == 5 * GiB
+    assert got.value("appliance_memory_used_bytes", component="student_weights", device="0") == 150_000_000
+    assert got.value("appliance_memory_used_bytes", component="rollout_weights", device="0") == 270_000_000
+    assert got.value("appliance_memory_used_bytes", component="optimizer", device="0") == 0
+    assert got.value("appliance_memory_budget_bytes", device="0") == plan.budget_bytes == int(0.9 * 24 * GiB)
+    assert got.value("appliance_device_memory_total_bytes", device="0") == 24 * GiB
+    assert got.value("appliance_device_memory_used_bytes", device="0") == 5 * GiB
     free = got.value("appliance_disk_free_bytes")
     assert 0 < free and abs(free - shutil.disk_usage(tmp_path).free) < 256 * 2**20
 
@@ -161,7 +163,7 @@ def test_judge_counters_only_go_up_and_a_new_judge_counts_on(metrics, scrape):
     assert [s["parse_error"] for s in seen] == [1, 1, 1, 1]
     assert [s["generated"] for s in seen] == [90, 250, 250, 290]
     assert [s["prompt"] for s in seen] == [300, 800, 800, 900]
-    assert got.value("appliance_generation_tokens_per_second", role="judge") == 40.0
+    assert got.value("appliance_generation_tokens_per_second", role="judge", device="0") == 40.0
     # Judging time per step: 2 s, 3 s, nothing, then 1 s from the new judge.
     assert got.value("appliance_step_duration_seconds_count", phase="judge") == 3
     assert got.value("appliance_step_duration_seconds_sum", phase="judge") == 6.0

@@ -1,0 +1,101 @@
+"""The daemon's exports: each in its own process (appliance.export.process), one at a time, queued, cancellable.
+
+Exports load the base model on the CPU, so the whole box is one export slot: a second request waits in FIFO
+order. `cancel(job_id)` ends a running export's process group (its staging folder is removed by the
+exporter's cleanup or left as a temporary the next export ignores) or drops a queued one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance.export.errors import ExportError
+from appliance.export.process import MODULE
+from appliance.service.reaper import popen_owned, release
+
+
+class ExportCancelled(ExportError):
+    """The export was cancelled before it finished."""
+
+
+@dataclass(frozen=True)
+class ExportDone:
+    path: Path
+    kind: str
+    step: int
+    manifest: dict
+
+
+class ExportRunner:
+    def __init__(self) -> None:
+        self._slot = threading.Lock()  # one export at a time
+        self._guard = threading.Lock()
+        self._running: dict[str, subprocess.Popen] = {}
+        self._cancelled: set[str] = set()
+        self._queued: dict[str, int] = {}
+
+    def run(
+        self, job_id: str, job_dir: Path, data_dir: Path, out: Path, checkpoint: str, merged: bool, dtype: str
+    ) -> ExportDone:
+        """Wait for the export slot, export in a child process, return its result (ExportError on failure)."""
+        with self._guard:
+            self._queued[job_id] = self._queued.get(job_id, 0) + 1
+        with self._slot:
+            with self._guard:
+                self._queued[job_id] -= 1
+                if not self._queued[job_id]:
+                    del self._queued[job_id]
+                if job_id in self._cancelled:
+                    self._cancelled.discard(job_id)
+                    raise ExportCancelled(f"the export of job '{job_id}' was cancelled while it waited")
+                command = [sys.executable, "-m", MODULE, str(job_dir), str(data_dir), str(out), checkpoint]
+                command += ["merged" if merged else "adapter", dtype]
+                proc = popen_owned(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+                self._running[job_id] = proc
+            try:
+                stdout, stderr = proc.communicate()
+            finally:
+                release(proc)
+                with self._guard:
+                    self._running.pop(job_id, None)
+                    cancelled = job_id in self._cancelled
+                    self._cancelled.discard(job_id)
+        if cancelled:
+            raise ExportCancelled(f"the export of job '{job_id}' was cancelled")
+        return _answer(proc.returncode, stdout, stderr)
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel the job's running or queued export; False when it has none."""
+        with self._guard:
+            proc = self._running.get(job_id)
+            if proc is None and job_id not in self._queued:
+                return False
+            self._cancelled.add(job_id)
+            if proc is None:
+                return True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return True
+
+
+def _answer(returncode: int, stdout: str, stderr: str) -> ExportDone:
+    lines = stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        answer = {}
+    if answer.get("ok"):
+        return ExportDone(Path(answer["path"]), answer["kind"], int(answer["step"]), answer["manifest"])
+    if answer.get("error"):
+        raise ExportError(answer["error"])
+    tail = "\n".join(stderr.strip().splitlines()[-12:])
+    raise ExportError(f"the export process ended with exit code {returncode}:\n{tail}")

@@ -1,0 +1,73 @@
+"""Exports run in their own process, one at a time, queued and cancellable; the umask is read, never set."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from appliance.export.errors import ExportError
+from appliance.export.exporter import _umask
+from appliance.service.exports import ExportCancelled, ExportRunner
+
+
+def _start(runner: ExportRunner, job_id: str, tmp_path, outcome: dict) -> threading.Thread:
+    def go() -> None:
+        try:
+            outcome[job_id] = runner.run(
+                job_id, tmp_path / job_id, tmp_path, tmp_path / f"out-{job_id}", "best", True, "bfloat16"
+            )
+        except ExportError as error:
+            outcome[job_id] = error
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    return thread
+
+
+def _until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_an_export_error_in_the_child_process_reaches_the_caller(tmp_path):
+    with pytest.raises(ExportError) as raised:
+        ExportRunner().run("nojob", tmp_path / "nojob", tmp_path, tmp_path / "out", "best", False, "bfloat16")
+    assert not isinstance(raised.value, ExportCancelled)
+    assert "nojob" in str(raised.value)
+
+
+def test_exports_run_one_at_a_time_and_a_queued_or_running_one_can_be_cancelled(tmp_path):
+    runner, outcome = ExportRunner(), {}
+    first = _start(runner, "first", tmp_path, outcome)
+    _until(lambda: "first" in runner._running)
+    child = runner._running["first"]
+    second = _start(runner, "second", tmp_path, outcome)
+    _until(lambda: "second" in runner._queued)
+    assert "second" not in runner._running  # waits for the one export slot
+    assert runner.cancel("second") is True
+    assert runner.cancel("first") is True
+    first.join(20)
+    second.join(20)
+    assert isinstance(outcome["first"], ExportCancelled) and "was cancelled" in str(outcome["first"])
+    assert isinstance(outcome["second"], ExportCancelled) and "while it waited" in str(outcome["second"])
+    assert child.returncode is not None and child.returncode < 0  # the process was killed, not left running
+    assert runner.cancel("first") is False and runner._running == {} and runner._queued == {}
+
+
+def test_the_umask_is_read_without_being_set(monkeypatch):
+    previous = os.umask(0o027)
+    try:
+
+        def refuse(mask):
+            raise AssertionError("os.umask changes the mask of every thread")
+
+        monkeypatch.setattr(os, "umask", refuse)
+        assert _umask() == 0o027
+    finally:
+        monkeypatch.undo()
+        os.umask(previous)

@@ -1,0 +1,243 @@
+"""Fault injection under the supervisor: fork failing, a full disk under the job store, a worker whose reports
+cannot be recorded, a daemon killed during submit, restarts capped across daemon starts, orphans reaped.
+
+After each fault no job is "running" without a live worker, the slot is free, and the job ends (or waits to
+restart) with a reason. Workers here are real processes; the only patch is subprocess.Popen raising the
+kernel's EAGAIN (the OS boundary).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from appliance.metrics.registry import TrainingMetrics
+from appliance.service.store import JobStore, StoreUnwritable
+from appliance.service.supervisor import Slot, Supervisor, Worker
+from appliance.service.worker import Channel
+
+SPEC = {"name": "t", "student": {"model": "m"}}
+
+
+def _supervisor(data_dir: Path, max_restarts: int = 2, backoff: float = 0.0) -> Supervisor:
+    store = JobStore(data_dir / "appliance.db")
+    metrics = TrainingMetrics(version="t", student_model="", judge_model=None)
+    return Supervisor(
+        store, data_dir, [Slot(0, "cpu", "cpu")], metrics, max_restarts=max_restarts, backoff_seconds=(backoff,)
+    )
+
+
+def _submit(supervisor: Supervisor) -> str:
+    def write(job_id: str) -> None:
+        folder = supervisor.job_dir(job_id)
+        folder.mkdir(parents=True)
+        (folder / "job.yaml").write_text("name: t\n")
+
+    return supervisor.store.submit("t", os.getuid(), "u", SPEC, None, 3, before_commit=write).id
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs for the job store, so that SQLite meets a real ENOSPC."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(folder: Path) -> Path:
+    filler = folder / "filler"
+    with open(filler, "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def _report_sender(sock: socket.socket) -> subprocess.Popen:
+    """A real child that keeps sending event reports down the channel, as a worker does between steps."""
+    code = textwrap.dedent(
+        """
+        import json, socket, sys, time
+        sock = socket.socket(fileno=int(sys.argv[1]))
+        event = {"type": "event", "event": {"kind": "log", "time": 0.0, "step": 1, "data": {"line": "x" * 200}}}
+        while True:
+            sock.sendall((json.dumps(event) + "\\n").encode())
+            time.sleep(0.01)
+        """
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(sock.fileno())], pass_fds=(sock.fileno(),), process_group=0
+    )
+
+
+def _attach(supervisor: Supervisor, job_id: str) -> Worker:
+    """Run `job_id` on slot 0 with a real report-sending child, as _spawn would (its reader thread included)."""
+    import threading
+
+    supervisor.store.transition(job_id, "running", "started on slot 0", slot=0)
+    ours, theirs = socket.socketpair()
+    proc = _report_sender(theirs)
+    theirs.close()
+    worker = Worker(job_id, supervisor.slots[0], proc, Channel(ours), time.time())
+    worker.reader = threading.Thread(target=supervisor._read_reports, args=(worker,), daemon=True)
+    supervisor.workers[0] = worker
+    supervisor.store.update(job_id, pgid=proc.pid)
+    worker.reader.start()
+    return worker
+
+
+def _until(predicate, timeout: float = 10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_fork_failing_with_eagain_interrupts_then_fails_the_job_and_frees_the_slot(tmp_path, monkeypatch):
+    supervisor = _supervisor(tmp_path, max_restarts=2)
+    job_id = _submit(supervisor)
+
+    def no_fork(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(subprocess, "Popen", no_fork)
+    supervisor.tick()
+    job = supervisor.store.get(job_id).summary
+    assert job.state == "interrupted" and "could not be started" in job.reason and "Resource temporarily" in job.reason
+    assert supervisor.workers == {} and job.slot is None
+    for _ in range(3):
+        supervisor.tick()
+    job = supervisor.store.get(job_id).summary
+    assert job.state == "failed" and "3 times in a row" in job.reason
+    assert supervisor.workers == {}
+
+
+def test_a_full_disk_under_the_database_keeps_reads_and_refuses_writes_clearly(small_disk):
+    supervisor = _supervisor(small_disk)
+    (small_disk / "jobs").mkdir()
+    job_id = _submit(supervisor)
+    filler = _fill(small_disk)
+    with pytest.raises(StoreUnwritable, match="refuses writes .*Free space"):
+        for _ in range(200):  # SQLite's WAL may hold a few pages in reserve
+            supervisor.store.add_event(job_id, "log", {"line": "y" * 4000})
+    with pytest.raises((StoreUnwritable, OSError)):  # the job file or the row: either way it is rolled back
+        _submit(supervisor)
+    assert [job.id for job in supervisor.store.list()] == [job_id]  # reads still served
+    assert supervisor.store.get(job_id).summary.state == "queued"
+    filler.unlink()
+    supervisor.store.add_event(job_id, "log", {"line": "after"})
+    assert supervisor.store.events(job_id=job_id, kinds=("log",))[-1].data == {"line": "after"}
+    supervisor.store.close()
+
+
+def test_a_reader_whose_store_refuses_writes_kills_the_worker_frees_the_slot_and_settles_later(small_disk):
+    supervisor = _supervisor(small_disk, backoff=600.0)
+    (small_disk / "jobs").mkdir()
+    job_id = _submit(supervisor)
+    worker = _attach(supervisor, job_id)
+    _until(lambda: supervisor.store.events(job_id=job_id, kinds=("log",)))
+    filler = _fill(small_disk)
+    assert worker.proc.wait(timeout=20) == -signal.SIGKILL  # the worker is ended, never blocked in sendall
+    assert "could not be recorded" in worker.fault
+    supervisor.tick()
+    assert supervisor.workers == {}  # the slot is free although the store still refuses the settle
+    assert job_id in supervisor.unsettled
+    filler.unlink()
+    supervisor.tick()
+    job = supervisor.store.get(job_id).summary
+    assert job.state == "interrupted" and job_id not in supervisor.unsettled and job.slot is None
+    assert "could not be recorded" in job.reason and "restart 1/2" in job.reason
+    supervisor.store.close()
+
+
+def test_an_exception_while_reaping_still_settles_the_job_and_frees_the_slot(tmp_path, monkeypatch):
+    supervisor = _supervisor(tmp_path)
+    job_id = _submit(supervisor)
+    worker = _attach(supervisor, job_id)
+
+    def eio() -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(worker.channel, "close", eio)
+    supervisor.metrics.observe_planned({"student_weights": 100}, 1000, "0")  # as the worker's memory event does
+    supervisor.cancel(job_id)
+    assert supervisor.metrics.memory_budget.collect()[0].samples == []  # the job's series went with its worker
+    job = supervisor.store.get(job_id).summary
+    assert job.state == "cancelled" and job.reason == "cancelled" and job.slot is None
+    assert supervisor.workers == {} and worker.proc.poll() is not None
+
+
+def test_an_exception_in_settle_fails_the_job_with_a_reason(tmp_path, monkeypatch):
+    supervisor = _supervisor(tmp_path)
+    job_id = _submit(supervisor)
+    worker = _attach(supervisor, job_id)
+
+    def broken(worker, returncode):
+        raise RuntimeError("settle broke")
+
+    monkeypatch.setattr(supervisor, "_settle", broken)
+    supervisor.cancel(job_id)
+    assert worker.proc.poll() is not None and supervisor.workers == {}
+    job = supervisor.store.get(job_id).summary
+    assert job.state == "failed" and "settle broke" in job.reason and job.slot is None
+
+
+def test_a_daemon_killed_during_submit_leaves_no_job_without_its_file(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import os, signal
+        from appliance.service.store import JobStore
+        store = JobStore({str(tmp_path / "appliance.db")!r})
+        def die(job_id):
+            os.kill(os.getpid(), signal.SIGKILL)  # after the INSERT, before COMMIT and the file
+        store.submit("t", 0, "u", {json.dumps(SPEC)!r}, None, 3, before_commit=die)
+        """
+    ).replace(f"{json.dumps(SPEC)!r}", json.dumps(SPEC))
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == -signal.SIGKILL
+    supervisor = _supervisor(tmp_path)
+    assert supervisor.store.list() == []
+    # A row committed by an older daemon without its file fails at the next start, with the reason.
+    job_id = supervisor.store.submit("t", 0, "u", SPEC, None, 3).id
+    supervisor.recover()
+    job = supervisor.store.get(job_id).summary
+    assert job.state == "failed" and "job.yaml is missing" in job.reason
+
+
+def test_restarts_are_capped_across_daemon_starts(tmp_path):
+    job_id = None
+    for start in range(3):
+        supervisor = _supervisor(tmp_path, max_restarts=2)
+        if job_id is None:
+            job_id = _submit(supervisor)
+        supervisor.recover()
+        if start < 2:
+            assert supervisor.store.get(job_id).summary.state == "queued"
+            supervisor.store.claim_next(0)  # the daemon dies while the job runs
+        supervisor.store.close()
+    supervisor = _supervisor(tmp_path, max_restarts=2)
+    supervisor.store.claim_next(0)
+    supervisor.recover()
+    job = supervisor.store.get(job_id).summary
+    assert job.state == "failed" and "3 times in a row" in job.reason
