@@ -102,6 +102,8 @@ def test_calculator_rollouts_run_concurrently_and_score_the_right_answer():
                 "tool_calls": 1.0,
                 "malformed_calls": 0.0,
                 "invalid_calls": 0.0,
+                "cut_turns": 0.0,
+                "turn_limit_reached": 0.0,
                 "correct": 1.0,
                 "used_tool": 1.0,
                 "success": 1.0,
