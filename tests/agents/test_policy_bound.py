@@ -212,3 +212,26 @@ def test_the_endpoint_answers_4xx_to_other_sampling_and_to_non_json_arguments(ti
         assert len(source.ledger) == 1
     finally:
         source.close()
+
+
+@pytest.mark.model
+def test_a_queued_group_that_grows_stale_is_dropped_at_collect_with_the_reason(tiny_engine, tmp_path, caplog):
+    from appliance.agents.external import CollectStopped, ExternalSource
+
+    stop: list[str] = []
+    source = ExternalSource(
+        tiny_engine, tmp_path, group_size=2, served_name="student", stop_requested=lambda: stop[0] if stop else None
+    )
+    try:
+        group = group_of(
+            played(source.ledger, tiny_engine.tokenizer, "What is 3 * 4?", 1.0),  # served at step 1
+            played(source.ledger, tiny_engine.tokenizer, "3 * 4?", 0.0),
+        )
+        assert source.submit([group])["accepted"] == 1  # fresh now: step 2 at the latest would train it
+        stop.append("the test is over")
+        with caplog.at_level("WARNING"), pytest.raises(CollectStopped):
+            source.collect(3, 1, 2)  # step 3: two steps after it was served
+        assert (source.queued, source.stale_dropped) == (0, 1)
+        assert "'s1' (served at step 1)" in caplog.text and "task.max_staleness = 1" in caplog.text
+    finally:
+        source.close()
