@@ -235,3 +235,21 @@ def test_a_queued_group_that_grows_stale_is_dropped_at_collect_with_the_reason(t
         assert "'s1' (served at step 1)" in caplog.text and "task.max_staleness = 1" in caplog.text
     finally:
         source.close()
+
+
+@pytest.mark.model
+def test_an_external_job_serves_with_its_grpo_sampling_and_staleness(tiny_engine, tmp_path):
+    from appliance.agents.source import make_source
+    from appliance.config.load import parse_job_text
+
+    spec = parse_job_text(
+        "name: x\nstudent: {model: m}\ntask: {environment: external, max_staleness: 2}\n"
+        "grpo: {temperature: 0.8, top_p: 0.95}\nrewards: [{name: environment}]\n",
+        "job.yaml",
+    )
+    source = make_source(spec, tiny_engine, tmp_path, job_dir=tmp_path)
+    try:
+        assert source.service.policy == SamplingPolicy(temperature=0.8, top_p=0.95)
+        assert source.max_staleness == 2
+    finally:
+        source.close()
