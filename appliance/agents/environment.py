@@ -124,6 +124,10 @@ class ToolEnvironment(ABC):
             turn = await client.chat(list(messages), tools)
             episode.turns += 1
             messages.append(turn.message())
+            if turn.sampled is not None and turn.sampled.finish_reason == "length":
+                # Cut at max_new_tokens: an unfinished call is not a malformed one; the episode ends here.
+                episode.cut_turns += 1
+                break
             for number, error in enumerate(turn.tool_call_errors, start=1):
                 episode.malformed_calls += 1
                 messages.append(
@@ -144,6 +148,10 @@ class ToolEnvironment(ABC):
             "tool_calls": float(episode.tool_calls),
             "malformed_calls": float(episode.malformed_calls),
             "invalid_calls": float(episode.invalid_calls),
+            "cut_turns": float(episode.cut_turns),
+            "turn_limit_reached": float(
+                episode.turns >= self.max_turns and not episode.done and episode.final_text is None
+            ),
             **metrics,
         }
         return Trajectory(
@@ -175,6 +183,7 @@ class Episode:
     turns: int = 0
     tool_calls: int = 0
     malformed_calls: int = 0  # calls that could not be read at all
+    cut_turns: int = 0  # turns the engine cut at max_new_tokens (finish_reason "length")
     invalid_calls: int = 0  # readable calls refused: unknown tool, bad arguments, illegal action
     done: bool = False
     final_text: str | None = None

@@ -41,6 +41,7 @@ the ledger.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import secrets
@@ -52,12 +53,12 @@ from typing import Any, Callable
 from pydantic import TypeAdapter, ValidationError
 
 from appliance.agents.endpoint_file import ENDPOINT_FILE, SUBMIT_ROUTE, previous_endpoint, write_endpoint
-from appliance.agents.ledger import DEFAULT_CAPACITY, ServedLedger, TrajectoryRefused, trained_turn_keys
+from appliance.agents.ledger import DEFAULT_CAPACITY, Freshness, ServedLedger, TrajectoryRefused, trained_turn_keys
 from appliance.agents.spool import GroupSpool, Spooled
 from appliance.agents.toolcalls import parse_tool_calls, template_messages
 from appliance.agents.trajectory import Message, TrajectoryGroup
 from appliance.engines.base import LocalEngine
-from appliance.engines.openai_server import ChatService, build_app, serve_app_in_thread
+from appliance.engines.openai_server import ChatService, SamplingPolicy, build_app, serve_app_in_thread
 from appliance.errors import ApplianceError, StopBeforeStep
 from appliance.paths import served_ledger_file, submitted_groups_dir
 
@@ -89,6 +90,14 @@ def request_messages(messages: list[dict]) -> list[Message]:
             first = error.errors()[0]
             at = ".".join(str(part) for part in first.get("loc", ()))
             raise ValueError(f"messages.{index}{'.' + at if at else ''}: {first.get('msg')}") from None
+        for number, call in enumerate(getattr(typed[-1], "tool_calls", [])):
+            try:
+                call.function.parsed_arguments()
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"messages.{index}.tool_calls.{number}.function.arguments is not JSON ({error.msg});"
+                    " send the arguments as the JSON text of an object, as the endpoint returned them"
+                ) from None
     return typed
 
 
@@ -102,8 +111,10 @@ class EndpointHooks:
         return template_messages(request_messages(messages), tools)
 
     def reply(self, prompt_ids: list[int], completion, call_id_prefix: str) -> dict[str, Any]:
+        policy = self.source.service.policy
+        sampling = {"temperature": policy.temperature, "top_p": policy.top_p} if policy is not None else None
         self.source.ledger.record(
-            prompt_ids, completion.token_ids, completion.text, completion.logprobs, self.source.step
+            prompt_ids, completion.token_ids, completion.text, completion.logprobs, self.source.step, sampling
         )
         calls = parse_tool_calls(completion.text, call_id_prefix=call_id_prefix).calls
         if not calls:
@@ -154,9 +165,12 @@ class ExternalSource:
         ledger_capacity: int = DEFAULT_CAPACITY,
         stop_requested: Callable[[], str | None] | None = None,
         host: str = "127.0.0.1",
+        policy: SamplingPolicy | None = None,
+        max_staleness: int = 1,
     ):
         job_dir = Path(job_dir)
         self.group_size, self.max_queued_groups = group_size, max_queued_groups
+        self.max_staleness = max_staleness
         self.stop_requested = stop_requested or (lambda: None)
         self.ledger = ServedLedger(ledger_capacity, served_ledger_file(job_dir))
         self.spool = GroupSpool(submitted_groups_dir(job_dir))
@@ -169,8 +183,10 @@ class ExternalSource:
             )
         self.step = 0
         self.accepted_total = 0
+        self.stale_dropped = 0
         self._arrived = threading.Condition()
-        self.service = ChatService(engine, served_name, hooks=EndpointHooks(self))  # logprobs: those sampled
+        # Logprobs: those sampled; under `policy` every request is sampled as the job samples.
+        self.service = ChatService(engine, served_name, hooks=EndpointHooks(self), policy=policy)
         # Submissions are checked while the trainer updates: with a tokenizer of their own (a fast tokenizer
         # shared between threads can fail with "Already borrowed" when the engine pads a batch meanwhile).
         self._tokenizer = copy.deepcopy(engine.tokenizer)
@@ -199,6 +215,7 @@ class ExternalSource:
         try:
             with self._arrived:
                 self._discard_trained_before(step)
+                self._drop_stale(step)
                 while len(self._queue) < scenarios:
                     reason = "the source was closed" if self._closed else self.stop_requested()
                     if reason:
@@ -210,8 +227,26 @@ class ExternalSource:
                 taken = [self._queue.popleft() for _ in range(scenarios)]
                 self.spool.take(taken, step)
                 return [entry.group for entry in taken]
+
         finally:
             self._close_gate()
+
+    def _drop_stale(self, step: int) -> None:
+        """Queued groups that grew older than `max_staleness` while they waited are dropped, with the reason."""
+        stale = [entry for entry in self._queue if _served_step(entry.group) < step - self.max_staleness]
+        if not stale:
+            return
+        self._queue = deque(entry for entry in self._queue if entry not in stale)
+        self.spool.take(stale, step)  # deleted with the step's checkpoint, never trained
+        self.stale_dropped += len(stale)
+        log.warning(
+            "step %d: %d queued trajectory groups were served more than task.max_staleness = %d steps earlier"
+            " (an older policy sampled them) and are dropped: %s",
+            step,
+            len(stale),
+            self.max_staleness,
+            ", ".join(f"{entry.group.scenario_id!r} (served at step {_served_step(entry.group)})" for entry in stale),
+        )
 
     @property
     def queued(self) -> int:
@@ -254,7 +289,9 @@ class ExternalSource:
                     " places are free; submit again after the next step",
                     429,
                 )
-            groups, keys = self.ledger.check(raw_groups, self.group_size, self._tokenizer)
+            # Accepted now, trained at the next collect's step at the earliest.
+            freshness = Freshness(self.step + 1, self.max_staleness)
+            groups, keys = self.ledger.check(raw_groups, self.group_size, self._tokenizer, freshness)
             with self._arrived:
                 entries = self.spool.add(groups)
             self.ledger.mark_used(keys)
@@ -277,6 +314,11 @@ class ExternalSource:
         # Waits for the request being generated to finish; later ones wait for the next collect.
         self.service.lock.acquire()
         self._gate_held = True
+
+
+def _served_step(group: TrajectoryGroup) -> int:
+    """The oldest step a group's turns were served at (the ledger wrote it when it accepted the group)."""
+    return min(int(t.metadata.get("served_step", 0)) for t in group.trajectories)
 
 
 def _serve(app, host: str, port: int | None):

@@ -21,6 +21,7 @@ did not serve or what was already submitted.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import struct
 import threading
@@ -32,7 +33,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from appliance.agents.ledger_file import LedgerFile, served_line
-from appliance.agents.toolcalls import template_messages
+from appliance.agents.toolcalls import parse_tool_calls, template_messages
 from appliance.agents.trajectory import AssistantMessage, TrajectoryGroup
 from appliance.errors import ApplianceError
 
@@ -53,6 +54,7 @@ class Served:
     step: int
     used: int = 0
     served: int = 1
+    sampling: dict | None = None  # the sampling parameters it was served with (temperature, top_p)
 
 
 def served_key(prompt_ids: list[int], token_ids: list[int]) -> bytes:
@@ -81,25 +83,41 @@ class ServedLedger:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def record(self, prompt_ids: list[int], token_ids: list[int], text: str, logprobs: list[float], step: int) -> None:
+    def record(
+        self,
+        prompt_ids: list[int],
+        token_ids: list[int],
+        text: str,
+        logprobs: list[float],
+        step: int,
+        sampling: dict | None = None,
+    ) -> None:
+        """One served completion, with the step (adapter version) and the sampling it was served with."""
         key = served_key(prompt_ids, token_ids)
         with self._lock:
-            self._add(key, text, tuple(logprobs), step)
+            self._add(key, text, tuple(logprobs), step, sampling)
             if self._file is not None:
-                self._file.append(served_line(key, text, logprobs, step))
+                self._file.append(served_line(key, text, logprobs, step, sampling=sampling))
                 if self._file.lines > 2 * self.capacity:
                     self._file.rewrite(self._lines())
 
-    def verify(self, raw_groups: list[Any], group_size: int, tokenizer=None) -> list[TrajectoryGroup]:
+    def verify(
+        self, raw_groups: list[Any], group_size: int, tokenizer=None, freshness: Freshness | None = None
+    ) -> list[TrajectoryGroup]:
         """The submitted groups, typed, when every assistant turn was served and unused; marks those turns used."""
-        groups, keys = self.check(raw_groups, group_size, tokenizer)
+        groups, keys = self.check(raw_groups, group_size, tokenizer, freshness)
         self.mark_used(keys)
         return groups
 
     def check(
-        self, raw_groups: list[Any], group_size: int, tokenizer=None
+        self, raw_groups: list[Any], group_size: int, tokenizer=None, freshness: Freshness | None = None
     ) -> tuple[list[TrajectoryGroup], list[bytes]]:
-        """The submitted groups, typed, and the keys of their turns; marks nothing (see `mark_used`)."""
+        """The submitted groups, typed, and the keys of their turns; marks nothing (see `mark_used`).
+
+        With `freshness`, a turn served more than `max_staleness` steps before the step that will train it is
+        refused. Each accepted trajectory's metadata gets `served_step` (its oldest turn's step) and
+        `served_sampling`, written here from the ledger (whatever the client put there is replaced).
+        """
         groups = [_parse_group(index, raw, group_size) for index, raw in enumerate(raw_groups)]
         with self._lock:
             keys: list[bytes] = []
@@ -111,8 +129,15 @@ class ServedLedger:
                     turns = trajectory.trained_turns()
                     if not turns:
                         raise TrajectoryRefused(f"{where} has no assistant turn: there is nothing to train")
+                    served = []
                     for number, (m, message) in enumerate(turns):
-                        keys.append(self._check_turn(f"{where}, assistant turn {number} (message {m})", message, keys))
+                        turn_where = f"{where}, assistant turn {number} (message {m})"
+                        keys.append(self._check_turn(turn_where, message, keys))
+                        served.append(self._entries[keys[-1]])
+                        if freshness is not None:
+                            freshness.check(turn_where, served[-1].step)
+                    trajectory.metadata["served_step"] = min(entry.step for entry in served)
+                    trajectory.metadata["served_sampling"] = served[0].sampling
                     if tokenizer is not None:
                         _check_context(where, trajectory, tokenizer)
         return groups, keys
@@ -150,14 +175,14 @@ class ServedLedger:
             if self._file is not None:
                 self._file.close()
 
-    def _add(self, key: bytes, text: str, logprobs: tuple[float, ...], step: int) -> None:
+    def _add(self, key: bytes, text: str, logprobs: tuple[float, ...], step: int, sampling: dict | None) -> None:
         """One more serve of `key`: the same completion again counts once more, anything else replaces it."""
         same = self._entries.get(key)
         if same is not None and same.text == text and _close(same.logprobs, logprobs):
             # Two rollouts of a group can sample the very same completion: each may be submitted once.
-            self._insert(key, Served(text, logprobs, step, same.used, same.served + 1))
+            self._insert(key, Served(text, logprobs, step, same.used, same.served + 1, sampling))
         else:
-            self._insert(key, Served(text, logprobs, step))
+            self._insert(key, Served(text, logprobs, step, sampling=sampling))
 
     def _insert(self, key: bytes, served: Served) -> None:
         self._entries[key] = served
@@ -170,17 +195,19 @@ class ServedLedger:
             key = bytes.fromhex(line["key"])
             logprobs = tuple(float(v) for v in line["logprobs"])
             if "served" in line:  # a rewritten entry carries its counts (served_line writes both or neither)
-                self._insert(
-                    key, Served(line["text"], logprobs, line["step"], line.get("used", 0), line.get("served", 1))
-                )
+                counts = line.get("used", 0), line.get("served", 1)
+                self._insert(key, Served(line["text"], logprobs, line["step"], *counts, line.get("sampling")))
             else:  # an appended serve
-                self._add(key, line["text"], logprobs, line["step"])
+                self._add(key, line["text"], logprobs, line["step"], line.get("sampling"))
             return
         for key in map(bytes.fromhex, line["used"]):
             self._use(key)
 
     def _lines(self) -> list[dict[str, Any]]:
-        return [served_line(key, s.text, s.logprobs, s.step, s.used, s.served) for key, s in self._entries.items()]
+        return [
+            served_line(key, s.text, s.logprobs, s.step, s.used, s.served, s.sampling)
+            for key, s in self._entries.items()
+        ]
 
     def _check_turn(self, where: str, message: AssistantMessage, taken: list[bytes]) -> bytes:
         sampled = message.sampled
@@ -199,10 +226,48 @@ class ServedLedger:
         if served.used + taken.count(key) >= served.served:
             raise TrajectoryRefused(f"{where} was already submitted: each served completion trains once")
         if message.content != served.text:
-            raise TrajectoryRefused(f"{where}: the text differs from what the endpoint served for these token ids")
+            raise TrajectoryRefused(
+                f"{where}: the text differs from what the endpoint served for these token ids (edited or cut,"
+                " e.g. at a stop string); submit the content exactly as served"
+            )
+        # Structured calls are rendered into the next prompt when the text lacks them: they must be the served ones.
+        if message.tool_calls and _calls(message.tool_calls) != _calls(parse_tool_calls(served.text).calls):
+            raise TrajectoryRefused(
+                f"{where}: its tool_calls differ from the calls the endpoint served for this turn (added, dropped"
+                " or edited); submit the tool_calls exactly as served"
+            )
         if not _close(served.logprobs, sampled.logprobs):
             raise TrajectoryRefused(f"{where}: the logprobs differ from those the endpoint served")
         return key
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How old a served turn may be: `step` is the step that will train it, `max_staleness` the job's bound."""
+
+    step: int
+    max_staleness: int
+
+    def check(self, where: str, served_step: int) -> None:
+        age = self.step - served_step
+        if age > self.max_staleness:
+            raise TrajectoryRefused(
+                f"{where} is stale: it was served at step {served_step} and would train at step {self.step},"
+                f" {age} steps later; this job accepts turns at most task.max_staleness = {self.max_staleness}"
+                " steps old (an older policy sampled it); roll it out again"
+            )
+
+
+def _calls(calls) -> list[tuple[str, Any]]:
+    """Tool calls as (name, arguments) to compare; arguments that are not JSON compare as their text."""
+    out = []
+    for call in calls:
+        try:
+            arguments = json.loads(call.function.arguments)
+        except json.JSONDecodeError:
+            arguments = ("not JSON", call.function.arguments)
+        out.append((call.function.name, arguments))
+    return out
 
 
 def trained_turn_keys(groups: list[TrajectoryGroup]) -> list[bytes]:
@@ -241,7 +306,10 @@ def _check_context(where: str, trajectory, tokenizer) -> None:
     Text, not token ids: a turn the model sampled in a non-canonical tokenisation is re-tokenised differently
     inside the next turn's prompt, and that honest trajectory must not be refused.
     """
-    rendered = template_messages(trajectory.messages, trajectory.tools)
+    try:
+        rendered = template_messages(trajectory.messages, trajectory.tools)
+    except ValueError as error:  # a tool call whose arguments are not JSON cannot be rendered
+        raise TrajectoryRefused(f"{where}: {error}") from None
     shift = len(rendered) - len(trajectory.messages)  # 1 when a system message was added for the tools
     for number, (m, message) in enumerate(trajectory.trained_turns()):
         expected = tokenizer.apply_chat_template(rendered[: m + shift], tokenize=False, add_generation_prompt=True)

@@ -38,10 +38,18 @@ KEY_HEX_LENGTH = 64
 
 
 def served_line(
-    key: bytes, text: str, logprobs: Iterable[float], step: int, used: int = 0, served: int | None = None
+    key: bytes,
+    text: str,
+    logprobs: Iterable[float],
+    step: int,
+    used: int = 0,
+    served: int | None = None,
+    sampling: dict | None = None,
 ) -> dict[str, Any]:
     """A served completion; a rewrite adds how often it was served and used (an append: one serve, unused)."""
     line = {"key": key.hex(), "text": text, "logprobs": list(logprobs), "step": step}
+    if sampling is not None:
+        line["sampling"] = sampling
     if served is not None:
         line.update(served=served, used=used)
     return line

@@ -132,6 +132,7 @@ def make_source(
     """
     if spec.task.environment == EXTERNAL_ENVIRONMENT:
         from appliance.agents.external import ExternalSource
+        from appliance.engines.openai_server import SamplingPolicy
 
         if job_dir is None:
             raise AgentEnvironmentError(
@@ -145,5 +146,7 @@ def make_source(
             served_name=spec.student.model,
             max_queued_groups=max(16, 4 * spec.grpo.prompts_per_step),
             stop_requested=stop_requested,
+            policy=SamplingPolicy(spec.grpo.temperature, spec.grpo.top_p),
+            max_staleness=spec.task.max_staleness,
         )
     return EnvironmentSource(build_environment(spec, data_dir), engine, rollout_sampling(spec), seed=spec.grpo.seed)

@@ -13,9 +13,11 @@ produced uses the token ids it sampled, verbatim, with their logprobs. When
 re-tokenising the rendered text of such a turn gives different ids (a
 non-canonical tokenisation was sampled), the sampled ids are the ones kept and
 the turn is counted in `drifted_turns`. When the client recorded the ids of the
-prompt each turn was generated from, `context_mismatches` counts the turns
-whose training context differs from that prompt, so "trains exactly as it was
-generated" is checked rather than assumed.
+prompt each turn was generated from, the context just before the turn is those
+served ids (never a re-tokenisation of the same text), and `context_mismatches`
+counts the turns whose earlier tokens differ from that prompt (a sampled
+non-canonical tokenisation, which the next prompt re-tokenised), so "trains
+exactly as it was generated" is checked rather than assumed.
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
+def _decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
 def _after(longer: str, prefix: str, what: str) -> str:
     if not longer.startswith(prefix):
         raise TemplateError(
@@ -88,7 +94,9 @@ def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajector
     for index, message in trajectory.trained_turns():
         position = index + shift
         prompt = _render(tokenizer, rendered[:position], generation_prompt=True)
-        add_context(_after(prompt, covered, f"message {index}'s generation prompt"))
+        before = len(out.input_ids)
+        segment = _after(prompt, covered, f"message {index}'s generation prompt")
+        add_context(segment)
         turn_text = _after(
             _render(tokenizer, rendered[: position + 1], generation_prompt=False), prompt, f"assistant message {index}"
         )
@@ -99,12 +107,16 @@ def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajector
                 "its tokens cannot be matched to what the model wrote"
             )
         rest = turn_text[len(content) :]
-        if (
-            message.sampled is not None
-            and message.sampled.prompt_token_ids is not None
-            and out.input_ids != message.sampled.prompt_token_ids
-        ):
-            out.context_mismatches += 1
+        served = message.sampled.prompt_token_ids if message.sampled is not None else None
+        if served is not None and out.input_ids != served:
+            if served[:before] == out.input_ids[:before] and _decode(tokenizer, served[before:]) == segment:
+                # The same text tokenised otherwise (a merge across a segment boundary): train on the served ids.
+                del out.input_ids[before:], out.assistant_mask[before:], out.logprobs[before:]
+                out.input_ids += served[before:]
+                out.assistant_mask += [0] * (len(served) - before)
+                out.logprobs += [None] * (len(served) - before)
+            else:
+                out.context_mismatches += 1
         trained, glue = _trained_tokens(tokenizer, message, content, rest, eos, out)
         out.input_ids += trained
         out.assistant_mask += [1] * len(trained)

@@ -126,6 +126,11 @@ class TaskSpec(Spec):
     environment_options: dict[str, float | int | str | bool] = {}
     # Overrides the environment's own turn limit (assistant turns per rollout).
     max_turns: PositiveInt | None = None
+    # External rollouts: a turn served more than this many steps before the step that trains it is refused.
+    max_staleness: Annotated[int, Field(ge=0)] = 1
+    # Truncated trajectories (a turn cut at max_new_tokens, or cut to the planned length): trained as they are
+    # (off), without their cut turns (turn), or not at all (trajectory). Rewards see `truncated` either way.
+    mask_truncated: Literal["off", "turn", "trajectory"] = "off"
 
     @model_validator(mode="after")
     def _operand_range(self) -> "TaskSpec":
@@ -145,7 +150,7 @@ class TaskSpec(Spec):
     @model_validator(mode="after")
     def _environment_or_dataset(self) -> "TaskSpec":
         if self.environment is None:
-            stray = self._changed({"environment_options", "max_turns"})
+            stray = self._changed({"environment_options", "max_turns", "max_staleness", "mask_truncated"})
             if stray:
                 raise ValueError(
                     f"{' and '.join(stray)} {'apply' if len(stray) > 1 else 'applies'} to agent jobs only; "

@@ -74,6 +74,34 @@ class ChatRequest(BaseModel):
     tool_choice: Any = None  # accepted for compatibility; the model always chooses ("auto")
 
 
+@dataclass(frozen=True)
+class SamplingPolicy:
+    """The sampling a job trains on: an endpoint with a policy serves with exactly this and refuses other asks."""
+
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...] = ()
+
+    def refusal(self, request: "ChatRequest") -> str | None:
+        """Why `request` asks for other sampling than the job's, or None."""
+        asked = request.model_fields_set
+        stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+        if ("temperature" in asked and request.temperature != self.temperature) or (
+            "top_p" in asked and request.top_p != self.top_p
+        ):
+            return (
+                f"this job samples at temperature {self.temperature} and top_p {self.top_p} (what it trains on);"
+                f" the request asks temperature {request.temperature} and top_p {request.top_p}: drop them or send"
+                " the job's values"
+            )
+        if "stop" in asked and stop and stop != self.stop:
+            return (
+                f"this job's stop strings are {list(self.stop)}; the request asks {list(stop)}: a stop string would"
+                " cut the text but not the sampled tokens, so drop `stop` and cut the reply in your own code"
+            )
+        return None
+
+
 class ServiceClosed(Exception):
     """The endpoint's owner stopped serving the model."""
 
@@ -134,9 +162,14 @@ class ChatService:
     """The endpoint's logic over one engine, independent of the HTTP framework."""
 
     def __init__(
-        self, engine: LocalEngine, served_name: str, hooks: ChatHooks | None = None, scorer: TokenLogprobs | None = None
+        self,
+        engine: LocalEngine,
+        served_name: str,
+        hooks: ChatHooks | None = None,
+        scorer: TokenLogprobs | None = None,
+        policy: SamplingPolicy | None = None,
     ):
-        self.engine = engine
+        self.engine, self.policy = engine, policy
         self.served_name = served_name
         self.hooks, self.scorer = hooks, scorer
         # Held around every engine call; a trainer sharing the engine holds it while it updates the weights.
@@ -166,22 +199,27 @@ class ChatService:
             raise ValueError("set add_generation_prompt false with continue_final_message (as vLLM requires)")
         if request.stream:
             raise ValueError("streaming is not supported by this server; send stream: false")
+        refusal = self.policy.refusal(request) if self.policy is not None else None
+        if refusal is not None:
+            raise ValueError(refusal)
         prompt = self.render(request)
         stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
         sampling = Sampling(
             max_new_tokens=request.max_completion_tokens or request.max_tokens or 256,
             n=request.n,
-            temperature=request.temperature,
-            top_p=request.top_p,
+            temperature=request.temperature if self.policy is None else self.policy.temperature,
+            top_p=request.top_p if self.policy is None else self.policy.top_p,
             seed=request.seed,
-            stop=stop,
+            stop=stop if self.policy is None else self.policy.stop,
         )
+        # Under a policy the text keeps the stop string: the served text is always the sampled tokens' text.
+        trim = self.policy is None and stop and not request.include_stop_str_in_output
         request_id = uuid.uuid4().hex
         with self.lock:
             if not self.open:
                 raise ServiceClosed("the model is no longer served here (the job is ending)")
             completions = self.engine.generate([prompt], sampling)[0]
-            if stop and not request.include_stop_str_in_output:
+            if trim:
                 completions = [_without_stop(completion, stop) for completion in completions]
             logprobs = [self._logprobs(request, c) if request.logprobs else None for c in completions]
             extras = [

@@ -217,6 +217,8 @@ class Trainer:
                 self.rewards,
                 grpo.scale_rewards,
                 self.agent.max_tokens,
+                self.spec.task.mask_truncated,
+                self.step + 1,
             )
         self._enter("train")
         if scored.truncated:

@@ -21,7 +21,7 @@ there: the cut part is neither trained nor context, and the record says so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -45,21 +45,29 @@ class EnvironmentReward:
 
 @dataclass
 class TrajectoryTokens:
-    """One trajectory as training data, cut to the bound."""
+    """One trajectory as training data, cut to the bound; `cut_turn` when the cut fell inside an assistant turn."""
 
     tokens: TokenizedTrajectory
-    truncated: bool
+    truncated: bool  # cut to the planned bound
+    cut_turn: bool = False
+    finish_reasons: tuple[str, ...] = ()  # of the trained turns, as the engine reported them
 
     @property
     def first_trained(self) -> int | None:
         mask = self.tokens.assistant_mask
         return mask.index(1) if 1 in mask else None
 
+    @property
+    def length_cut(self) -> bool:
+        """Cut anywhere: at the planned bound, or a turn at max_new_tokens (finish_reason "length")."""
+        return self.truncated or "length" in self.finish_reasons
+
 
 def tokens_of(tokenizer, trajectory: Trajectory, max_tokens: int | None) -> TrajectoryTokens:
     tokens = tokenize_trajectory(tokenizer, trajectory)
+    reasons = tuple(m.sampled.finish_reason for _, m in trajectory.trained_turns() if m.sampled is not None)
     if max_tokens is None or len(tokens.input_ids) <= max_tokens:
-        return TrajectoryTokens(tokens, truncated=False)
+        return TrajectoryTokens(tokens, truncated=False, finish_reasons=reasons)
     cut = TokenizedTrajectory(
         input_ids=tokens.input_ids[:max_tokens],
         assistant_mask=tokens.assistant_mask[:max_tokens],
@@ -67,7 +75,46 @@ def tokens_of(tokenizer, trajectory: Trajectory, max_tokens: int | None) -> Traj
         drifted_turns=tokens.drifted_turns,
         context_mismatches=tokens.context_mismatches,
     )
-    return TrajectoryTokens(cut, truncated=True)
+    inside = bool(tokens.assistant_mask[max_tokens]) and bool(tokens.assistant_mask[max_tokens - 1])
+    return TrajectoryTokens(cut, truncated=True, cut_turn=inside, finish_reasons=reasons)
+
+
+def masked_for_truncation(item: TrajectoryTokens, mode: str) -> TrajectoryTokens:
+    """`item` with its truncated part out of training: `mode` is task.mask_truncated (off | turn | trajectory)."""
+    if mode == "off" or not item.length_cut:
+        return item
+    mask = list(item.tokens.assistant_mask)
+    runs = _runs(mask)  # one run of trained tokens per trained turn, in order
+    if mode == "trajectory" or len(runs) != len(item.finish_reasons):
+        drop = runs  # a turn without tokens leaves the runs unmatched: the whole trajectory is the safe cut
+    else:
+        drop = [run for run, reason in zip(runs, item.finish_reasons) if reason == "length"]
+        if item.cut_turn and runs:
+            drop.append(runs[-1])
+    for start, end in drop:
+        mask[start:end] = [0] * (end - start)
+    tokens = replace(item.tokens, assistant_mask=mask)
+    return replace(item, tokens=tokens)
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    runs, start = [], None
+    for index, value in enumerate([*mask, 0]):
+        if value and start is None:
+            start = index
+        elif not value and start is not None:
+            runs.append((start, index))
+            start = None
+    return runs
+
+
+def trained_transcript(tokenizer, trajectory: Trajectory, item: TrajectoryTokens) -> str:
+    """What rewards and the judge read: the transcript, or for a trajectory cut to the bound exactly the kept text."""
+    if not item.truncated:
+        return transcript_text(trajectory)
+    start = item.first_trained if item.first_trained is not None else len(item.tokens.input_ids)
+    kept = tokenizer.decode(item.tokens.input_ids[start:], skip_special_tokens=True)
+    return f"{kept}\n\n[cut here: the trajectory is longer than the {len(item.tokens.input_ids)} tokens trained]"
 
 
 @dataclass
@@ -77,6 +124,7 @@ class ScoredTrajectories:
     tokens: list[TrajectoryTokens]  # flat, group-major
     scores: RewardScores  # flat, group-major
     advantages: GroupAdvantages
+    step: int | None = None  # the step that trains them: turns served at an earlier step are off-policy
 
     @property
     def flat(self) -> list[Trajectory]:
@@ -104,7 +152,10 @@ class ScoredTrajectories:
                 continue
             tokens = item.tokens
             logprobs = None
-            if use_engine_logprobs:
+            # Served by an older adapter (external rollouts): the truncated importance weight corrects it.
+            served = self.flat[index].metadata.get("served_step")
+            off_policy = self.step is not None and served is not None and int(served) < self.step
+            if use_engine_logprobs or off_policy:
                 if any(p is None for p, m in zip(tokens.logprobs[start:], tokens.assistant_mask[start:]) if m):
                     raise ValueError(
                         f"trajectory {index} has assistant tokens without sampled logprobs; "
@@ -141,6 +192,8 @@ class ScoredTrajectories:
                     "trained_tokens": item.tokens.trained_tokens,
                     "context_tokens": item.tokens.context_tokens,
                     **({"truncated": True} if item.truncated else {}),
+                    **({"length_cut": True} if item.length_cut else {}),
+                    "finish_reasons": list(item.finish_reasons),
                 }
             )
         return records
@@ -164,26 +217,43 @@ def score_trajectories(
     rewards: list[WeightedReward],
     scale_rewards: bool,
     max_tokens: int | None,
+    mask_truncated: str = "off",
+    step: int | None = None,
 ) -> ScoredTrajectories:
-    """Tokens, every job reward and group advantages of a step's trajectory groups."""
+    """Tokens, every job reward and group advantages of a step's trajectory groups.
+
+    Rewards see what is trained (the transcript cut at the bound) and, in the sample's metadata, `truncated`
+    (cut at the bound or a turn cut at max_new_tokens), `cut_to_bound`, `finish_reasons` and
+    `turn_limit_reached`.
+    """
     sizes = {len(group.trajectories) for group in groups}
     if len(sizes) != 1 or min(sizes) < 2:
         raise ValueError(f"every trajectory group needs the same size of at least 2, got sizes {sorted(sizes)}")
+    flat = [(index, group, trajectory) for index, group in enumerate(groups) for trajectory in group.trajectories]
+    tokens = [tokens_of(tokenizer, trajectory, max_tokens) for _, _, trajectory in flat]
     samples = [
         RewardSample(
             prompt=opening_text(trajectory),
-            completion=transcript_text(trajectory),
+            completion=trained_transcript(tokenizer, trajectory, item),
             reference=None,
-            metadata={**trajectory.metrics, "environment_reward": trajectory.reward, "scenario_id": group.scenario_id},
+            metadata={
+                **trajectory.metrics,
+                "environment_reward": trajectory.reward,
+                "scenario_id": group.scenario_id,
+                "truncated": item.length_cut,
+                "cut_to_bound": item.truncated,
+                "finish_reasons": list(item.finish_reasons),
+                "turn_limit_reached": bool(trajectory.metrics.get("turn_limit_reached", 0.0)),
+            },
             group=index,
         )
-        for index, group in enumerate(groups)
-        for trajectory in group.trajectories
+        for (index, group, trajectory), item in zip(flat, tokens)
     ]
     scores = score_samples(rewards, samples)
     totals = torch.tensor(scores.total, dtype=torch.float32).view(len(groups), -1)
-    tokens = [tokens_of(tokenizer, trajectory, max_tokens) for group in groups for trajectory in group.trajectories]
-    return ScoredTrajectories(environment, groups, tokens, scores, group_advantages(totals, scale_by_std=scale_rewards))
+    tokens = [masked_for_truncation(item, mask_truncated) for item in tokens]
+    advantages = group_advantages(totals, scale_by_std=scale_rewards)
+    return ScoredTrajectories(environment, groups, tokens, scores, advantages, step)
 
 
 @dataclass

@@ -116,7 +116,8 @@ class GrpoUpdater:
         prepared, diffs = [], []
         for chunk in _chunks(samples, micro_batch_size):
             batch = _batch(self.student, chunk)
-            has_engine = all(s.engine_logprobs is not None for s in chunk)
+            # Samples without engine logprobs (on-policy in a mixed batch) get the old logprobs: weight 1.
+            has_engine = any(s.engine_logprobs is not None for s in chunk)
             old = weights = None
             if self.spec.iterations > 1 or has_engine:
                 with torch.no_grad():
@@ -125,7 +126,9 @@ class GrpoUpdater:
                 from appliance.engines.importance import truncated_importance_weights
 
                 mask = batch.completion_mask.to(old.device).float()
-                engine_logp = _padded([s.engine_logprobs for s in chunk], old.shape[1]).to(old.device)
+                engine_logp = _padded([s.engine_logprobs or [] for s in chunk], old.shape[1]).to(old.device)
+                given = torch.tensor([s.engine_logprobs is not None for s in chunk], device=old.device)
+                engine_logp = torch.where(given.unsqueeze(1), engine_logp, old)
                 weights, _ = truncated_importance_weights(old, engine_logp, mask, self.importance_sampling_cap)
                 diffs.append((old - engine_logp).abs()[mask.bool()])
             prepared.append(MicroBatch(chunk, batch, old if self.spec.iterations > 1 else None, weights))

@@ -74,6 +74,23 @@ def test_agent_only_keys_without_an_environment_are_refused():
         parse_job("name: x\nstudent: {model: m}\ntask: {max_turns: 3}\nrewards: [{name: correctness}]\n", "job.yaml")
 
 
+@pytest.mark.parametrize(
+    "task, says",
+    [
+        ("{max_staleness: 3}", "max_staleness applies to agent jobs only"),
+        ("{mask_truncated: turn}", "mask_truncated applies to agent jobs only"),
+        ("{environment: external, mask_truncated: some}", "mask_truncated"),
+        ("{environment: external, max_staleness: -1}", "max_staleness"),
+    ],
+)
+def test_the_truncation_and_staleness_keys_are_checked(task, says):
+    with pytest.raises(Exception, match=says):
+        parse_job(f"name: x\nstudent: {{model: m}}\ntask: {task}\nrewards: [{{name: correctness}}]\n", "job.yaml")
+    text = "name: x\nstudent: {model: m}\ntask: {environment: external, max_staleness: 0, mask_truncated: trajectory}\n"
+    spec = parse_job(text + "rewards: [{name: environment}]\n", "job.yaml")
+    assert (spec.task.max_staleness, spec.task.mask_truncated) == (0, "trajectory")
+
+
 def test_make_source_builds_the_environment_and_says_what_external_needs(tmp_path):
     spec = parse_job(JOB.format(environment="builtin:game2048", extra="  max_turns: 2\n"), "job.yaml")
     source = make_source(spec, engine=None, data_dir=tmp_path)

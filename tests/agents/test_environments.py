@@ -102,6 +102,8 @@ def test_calculator_rollouts_run_concurrently_and_score_the_right_answer():
                 "tool_calls": 1.0,
                 "malformed_calls": 0.0,
                 "invalid_calls": 0.0,
+                "cut_turns": 0.0,
+                "turn_limit_reached": 0.0,
                 "correct": 1.0,
                 "used_tool": 1.0,
                 "success": 1.0,
@@ -340,3 +342,15 @@ def test_2048_worked_moves_come_from_a_game_outside_both_splits():
         Game2048Environment(worked_examples=9)
     with pytest.raises(AgentEnvironmentError, match="worked_examples"):
         EmailSearchEnvironment(worked_examples=-1)
+
+
+def test_email_search_counts_a_stated_fact_not_a_substring():
+    from appliance.agents.envs.email_search import states_fact
+
+    assert states_fact("2026-03-14", "2026-03-14")
+    assert states_fact("The report is due on 2026-03-14.", "2026-03-14")
+    assert not states_fact("1234", "123")  # a longer number holds the digits, not the fact
+    assert not states_fact("2026-03-15", "2026-03-14")
+    # every date of a year listed: the fact is in there, but that is a dump, not an answer
+    dump = " ".join(f"2026-03-{day:02d}" for day in range(1, 29))
+    assert "2026-03-14" in dump and not states_fact(dump, "2026-03-14")

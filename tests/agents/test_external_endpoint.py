@@ -24,6 +24,7 @@ import pytest
 from appliance.agents.endpoint_file import ENDPOINT_FILE, SUBMIT_ROUTE, read_endpoint_file
 from appliance.agents.external import ExternalSource
 from appliance.engines.base import Completion
+from appliance.engines.openai_server import SamplingPolicy
 
 pytestmark = pytest.mark.model
 
@@ -33,7 +34,9 @@ REPO_ROOT = AGENT.parent.parent.parent
 
 @pytest.fixture
 def source(tiny_engine, tmp_path):
-    source = ExternalSource(tiny_engine, tmp_path, group_size=2, served_name="student", max_queued_groups=2)
+    source = ExternalSource(
+        tiny_engine, tmp_path, group_size=2, served_name="student", max_queued_groups=2, policy=SamplingPolicy(1.0, 1.0)
+    )
     yield source
     source.close()
 
@@ -131,6 +134,10 @@ def test_an_external_agent_plays_and_its_groups_are_collected(source, tmp_path):
     thread.join(30)
     assert "error" not in box
     collected = box["groups"]
+    # the ledger wrote when and how each trajectory's turns were served (the client's say replaced)
+    for group in groups:
+        for trajectory in group["trajectories"]:
+            trajectory["metadata"].update(served_step=1, served_sampling={"temperature": 1.0, "top_p": 1.0})
     assert [g.model_dump(mode="json") for g in collected] == groups
     again = submit(source, groups)
     assert again.status_code == 422 and "already submitted" in again.json()["error"]["message"]

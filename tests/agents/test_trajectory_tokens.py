@@ -193,3 +193,31 @@ def test_sampled_ids_and_logprobs_must_pair_up_and_groups_hold_one_scenario():
     one = Trajectory(scenario_id="a", messages=[UserMessage(content="x")])
     with pytest.raises(ValueError, match=r"group of scenario 'a' holds trajectories of \['b'\]"):
         TrajectoryGroup(scenario_id="a", trajectories=[one, one.model_copy(update={"scenario_id": "b"})])
+
+
+def test_training_uses_the_served_prompt_ids_not_a_retokenisation(tokenizer):
+    messages = [UserMessage(content="What is 12 * 34?")]
+    prompt = tokenizer.apply_chat_template(
+        template_messages(messages, [MULTIPLY]), tokenize=False, add_generation_prompt=True
+    )
+    split = prompt.index("What is") + 2  # inside a word: the served ids tokenise the same text otherwise
+    served = tokenizer(prompt[:split], add_special_tokens=False)["input_ids"]
+    served += tokenizer(prompt[split:], add_special_tokens=False)["input_ids"]
+    canonical = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert served != canonical and tokenizer.decode(served) == tokenizer.decode(canonical)
+    trajectory = Trajectory(
+        scenario_id="s",
+        tools=[MULTIPLY],
+        messages=[
+            *messages,
+            AssistantMessage(
+                content="<answer>408</answer>", sampled=_sampled(tokenizer, "<answer>408</answer>", prompt_ids=served)
+            ),
+        ],
+    )
+    tokens = tokenize_trajectory(tokenizer, trajectory)
+    assert tokens.input_ids[: len(served)] == served and tokens.context_mismatches == 0
+    assert tokens.assistant_mask[: len(served)] == [0] * len(served)
+    assert tokens.input_ids[len(served) :][: len(trajectory.messages[-1].sampled.token_ids)] == (
+        trajectory.messages[-1].sampled.token_ids
+    )

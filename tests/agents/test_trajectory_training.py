@@ -110,6 +110,7 @@ def test_sample_records_show_the_trained_mask_as_segments(tokenizer, scored):
         "segments",
         "trained_tokens",
         "context_tokens",
+        "finish_reasons",
     }
     assert (record["step"], record["kind"], record["environment"], record["scenario"]) == (
         3,

@@ -29,7 +29,7 @@ SYSTEM_PROMPT = (
 )
 
 
-# The worked example's question: its call is shown, never its product, and it is context only.
+# The worked episodes' questions: each shown whole (call, tool result, answer) before the question, as context only.
 EXAMPLE_OPERANDS = ((23, 41), (17, 56))
 
 

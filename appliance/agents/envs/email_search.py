@@ -6,7 +6,7 @@ emails (id, date, sender, subject), `read(message_id)` shows one, and
 `answer(answer, message_id)` ends the episode. Questions are split into train
 and held-out once, by a fixed seed.
 
-Reward: 1 for citing the right email, +0.5 when the answer contains the fact,
+Reward: 1 for citing the right email, +0.5 when the answer states the fact (its words, in a short answer),
 -0.05 for each tool call after the third (few steps win), -0.25 for each
 malformed or refused call; an episode that never answers scores at most 0.
 
@@ -37,6 +37,21 @@ class SearchState:
     answer: str
     cited: str | None = None
     answered: str | None = None
+
+
+# An answer may put the fact in a short sentence; one this many words longer than the fact is a dump, not an answer.
+ANSWER_SLACK_WORDS = 8
+
+
+def states_fact(answer: str, fact: str) -> bool:
+    """True when `answer` states `fact`: its words in order as whole words, in an answer not much longer than it.
+
+    Not a substring test: "12" is not in "123", and an answer listing every date of the mailbox does not pass.
+    """
+    said, wanted = _WORD.findall(answer.lower()), _WORD.findall(fact.lower())
+    if not wanted or len(said) > len(wanted) + ANSWER_SLACK_WORDS:
+        return False
+    return any(said[start : start + len(wanted)] == wanted for start in range(len(said) - len(wanted) + 1))
 
 
 class EmailSearchEnvironment(ToolEnvironment):
@@ -138,7 +153,7 @@ class EmailSearchEnvironment(ToolEnvironment):
 
     def score(self, state: SearchState, episode: Episode) -> tuple[float, dict[str, float]]:
         right_email = state.cited == state.email_id
-        has_fact = state.answered is not None and state.answer.lower() in state.answered.lower()
+        has_fact = state.answered is not None and states_fact(state.answered, state.answer)
         reward = (
             float(right_email)
             + 0.5 * has_fact
