@@ -16,7 +16,6 @@ fails with the last lines of its log as the reason.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 from appliance.paths import jobs_dir
 from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
+from appliance.service.groups import describe_exit, is_worker_group, kill_group, wait_gone
 from appliance.service.reaper import reap_orphans
 from appliance.service.store import BadTransition, JobStore, StoreUnwritable
 from appliance.service.worker import EXIT_BAD_JOB, MODULE, Channel
@@ -98,33 +98,6 @@ class Worker:
     device_used_bytes: int = 0
 
 
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
-def kill_group(pgid: int | None, sig: int = signal.SIGKILL) -> None:
-    if pgid:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 class Supervisor:
     def __init__(
         self,
@@ -169,9 +142,9 @@ class Supervisor:
         after `max_restarts` daemon starts instead of looping; a job without its job.yaml fails."""
         for job in self.store.list(("running", "interrupted", "queued")):
             row = self.store.get(job.id)
-            if row.pgid and _is_worker_group(row.pgid):
+            if row.pgid and is_worker_group(row.pgid):
                 kill_group(row.pgid)
-                _wait_gone(row.pgid, 10.0)
+                wait_gone(row.pgid, 10.0)
             if not (self.job_dir(job.id) / "job.yaml").is_file():
                 self.store.transition(job.id, "failed", "its job.yaml is missing (the daemon died during submit)")
                 continue
@@ -598,24 +571,3 @@ class Supervisor:
 
     def _publish_counts(self) -> None:
         self.metrics.set_jobs(self.store.counts())
-
-
-def _is_worker_group(pgid: int) -> bool:
-    """True when a process of group `pgid` runs this appliance's worker (not a recycled group id)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[2]) == pgid and MODULE.encode() in (entry / "cmdline").read_bytes():
-                return True
-        except (OSError, ValueError, IndexError):
-            continue
-    return False
-
-
-def _wait_gone(pgid: int, timeout: float) -> None:
-    deadline = time.time() + timeout
-    while _is_worker_group(pgid) and time.time() < deadline:
-        time.sleep(0.05)

@@ -77,5 +77,5 @@ def test_the_reaper_leaves_a_known_child_and_a_same_group_child_to_their_owner()
     ours = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"])  # as subprocess.run in another thread
     os.waitid(os.P_PID, known.pid, os.WEXITED | os.WNOWAIT)
     os.waitid(os.P_PID, ours.pid, os.WEXITED | os.WNOWAIT)
-    assert reap_orphans({known.pid}) == 0
+    reap_orphans({known.pid})  # may reap real orphans of earlier tests; never these two
     assert known.wait() == 7 and ours.wait() == 5
