@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Callable
 
+from appliance.service.api import CheckpointInfo, LogChunk
+
 BLOCK = 64 * 1024
+CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
 MAX_SCAN_BYTES = 16 * 1024 * 1024  # the most one request reads of a job file
 # Two scans at a time: more only contend for the GIL with the event loop (and /status with it).
 _READERS = threading.BoundedSemaphore(2)
@@ -92,3 +96,46 @@ def _after_step(path: Path, after_step: int, limit: int, max_bytes: int) -> list
                 if len(found) > limit:
                     break
     return found
+
+
+def json_file(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def checkpoints(job_dir: Path) -> list[CheckpointInfo]:
+    root = job_dir / "checkpoints"
+    found = []
+    if root.is_dir():
+        for folder in sorted(root.iterdir()):
+            match = CHECKPOINT_DIR.match(folder.name)
+            if match and (folder / "state.json").is_file():  # state.json is written last: complete
+                found.append(CheckpointInfo(step=int(match[1]), path=str(folder)))
+    return found
+
+
+def read_log(job_id: str, path: Path, offset: int, max_bytes: int) -> LogChunk:
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = max(0, size + offset) if offset < 0 else min(offset, size)
+            handle.seek(start)
+            data = handle.read(max_bytes)
+    except FileNotFoundError:
+        return LogChunk(job_id=job_id, text="", offset=0, next_offset=0, size=0)
+    text, consumed = complete_utf8(data)
+    return LogChunk(
+        job_id=job_id, text=text, offset=start, next_offset=start + consumed, size=max(size, start + len(data))
+    )
+
+
+def complete_utf8(data: bytes) -> tuple[str, int]:
+    """The text of `data` and the bytes it used: a character cut at the end waits for the next read."""
+    for cut in range(0, 4):
+        try:
+            return data[: len(data) - cut].decode("utf-8"), len(data) - cut
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", errors="replace"), len(data)

@@ -86,6 +86,8 @@ class BadTransition(StoreError):
 class StoreUnwritable(StoreError):
     """The database refused a write (disk full, I/O error, a lock held too long); reads still work."""
 
+    http_status = 507  # Insufficient Storage: the message says what to free
+
 
 @dataclass(frozen=True)
 class JobRow:

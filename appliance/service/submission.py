@@ -40,6 +40,7 @@ class SubmissionRejected(ApplianceError):
     def __init__(self, status: int, message: str, errors: list[ConfigError] | None = None, plan: dict | None = None):
         super().__init__(message)
         self.status, self.errors, self.plan = status, errors or [], plan
+        self.http_status = status
 
     def items(self) -> list[ConfigErrorItem]:
         return [ConfigErrorItem(**error.as_dict(), text=str(error)) for error in self.errors]

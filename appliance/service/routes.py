@@ -1,0 +1,344 @@
+"""The control API's routes: module-level routers, with the daemon, the caller and auditing as dependencies.
+
+Reads of job files are plain `def` routes (FastAPI runs them in its thread
+pool) over bounded pages; mutating calls go through `Auditor`, which writes
+their outcome to the audit log and checks that the caller may act on the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Callable, TypeVar
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from appliance import __version__
+from appliance.errors import ApplianceError
+from appliance.paths import exports_dir
+from appliance.service.api import (
+    JOB_ID_PATTERN,
+    DaemonStatus,
+    DeviceStatus,
+    EndpointInfo,
+    EventsPage,
+    ExportRequest,
+    ExportResponse,
+    JobDetail,
+    JobList,
+    JobSummary,
+    LogChunk,
+    MetricsPage,
+    ModelInfo,
+    ModelList,
+    RecordsPage,
+    SubmitRequest,
+    SubmitResponse,
+    TrajectoriesAccepted,
+    TrajectorySubmission,
+)
+from appliance.service.audit import user_name
+from appliance.service.job_files import checkpoints, json_file, read_log, records_after_step, tail_records
+
+if TYPE_CHECKING:
+    from appliance.service.daemon import Daemon
+
+MAX_LONG_POLL_SECONDS = 60.0
+MAX_RECORDS = 1000  # the most records one page of samples or judge calls holds
+TCP_UID = -1  # the owner recorded for a job submitted over TCP: a token holder, not a Unix user
+T = TypeVar("T")
+
+
+class BadJobId(ApplianceError):
+    http_status = 400
+
+
+class Forbidden(ApplianceError):
+    """The caller may see the job but not act on it."""
+
+    http_status = 403
+
+
+def caller_groups(pid: int, gid: int) -> set[int]:
+    """The peer process's primary and supplementary groups, read from /proc while its connection is open."""
+    groups = {gid}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Groups:"):
+                groups.update(int(value) for value in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return groups
+
+
+def may_act(state: dict, owner_uid: int, admin_gid: int | None) -> bool:
+    """Owner, root, the admin group, or a TCP token holder (the administrator's token) may act on a job."""
+    credentials = state.get("peer")
+    if not credentials:
+        return state.get("remote") is not None  # passed PeerCredentials with the daemon's bearer token
+    pid, uid, gid = credentials
+    if uid in (0, owner_uid):
+        return True
+    return admin_gid is not None and admin_gid in caller_groups(pid, gid)
+
+
+def checked(job_id: str) -> str:
+    if not JOB_ID_PATTERN.match(job_id):
+        raise BadJobId(f"'{job_id}' is not a job id (ten lowercase hex digits, as 'appliance jobs list' shows)")
+    return job_id
+
+
+def get_daemon(request: Request) -> "Daemon":
+    return request.app.state.daemon
+
+
+# Any, not Daemon: daemon.py imports this package at load time, and FastAPI evaluates the annotation.
+DaemonDep = Annotated[Any, Depends(get_daemon)]
+
+
+class Auditor:
+    """The caller of one request (SO_PEERCRED uid/pid, or the TCP address) and the audit log's record of its call."""
+
+    def __init__(self, request: Request, daemon: DaemonDep) -> None:
+        self.daemon, self.state = daemon, request.scope["state"]
+        self.request = request
+        credentials = self.state.get("peer")
+        self.pid, self.uid = (credentials[0], credentials[1]) if credentials else (None, None)
+        self.how = {"transport": "unix"} if credentials else {"transport": "tcp", "remote": self.state.get("remote")}
+
+    def owner(self) -> tuple[int, str]:
+        if self.uid is not None:
+            return self.uid, user_name(self.uid)
+        return TCP_UID, f"token@{(self.state.get('remote') or '?').rsplit(':', 1)[0]}"
+
+    def owned(self, job_id: str, action: str) -> str:
+        """`job_id` when the caller may `action` it; else Forbidden."""
+        row = self.daemon.store.get(checked(job_id))
+        if not may_act(self.state, row.summary.uid, self.request.app.state.admin_gid):
+            raise Forbidden(
+                f"job {job_id} belongs to {row.summary.user}; only its owner, root or the daemon's admin group "
+                f"may {action} it"
+            )
+        return job_id
+
+    def _record(self, action: str, job_id: str | None, outcome: str) -> None:
+        self.daemon.audit.record(uid=self.uid, pid=self.pid, action=action, job_id=job_id, outcome=outcome, **self.how)
+
+    def call(self, action: str, job_id: str | None, run: Callable[[], T]) -> T:
+        """run() with its outcome audited, refusals included (AuditRefusals then skips the 4xx)."""
+        self.state["audited"] = True
+        try:
+            result = run()
+        except ApplianceError as error:
+            self._record(action, job_id, f"refused: {str(error).splitlines()[0] if str(error) else ''}")
+            raise
+        except Exception as error:
+            self._record(action, job_id, f"error: {error}")
+            raise
+        self._record(action, getattr(result, "id", job_id) if result is not None else job_id, "ok")
+        return result
+
+    async def in_thread(self, action: str, job_id: str | None, run: Callable[[], T]) -> T:
+        return await asyncio.to_thread(self.call, action, job_id, run)
+
+
+AuditorDep = Annotated[Auditor, Depends(Auditor)]
+daemon_router = APIRouter()
+jobs_router = APIRouter(prefix="/jobs")
+
+
+@daemon_router.get("/status")
+async def status(daemon: DaemonDep, caller: AuditorDep) -> DaemonStatus:
+    policy = daemon.policy
+    return DaemonStatus(
+        version=__version__,
+        pid=os.getpid(),
+        uptime_seconds=time.time() - daemon.started,
+        jobs=daemon.store.counts(),
+        slots=len(daemon.supervisor.slots),
+        data_dir=str(daemon.data_dir),
+        plugins_dir=str(policy.plugins_dir),
+        dataset_roots=[str(root) for root in policy.dataset_roots],
+        max_upload_bytes=policy.max_upload_bytes,
+        caller_uid=caller.uid,
+    )
+
+
+@daemon_router.get("/events")
+async def events(daemon: DaemonDep, after: int = 0, job: str | None = None, timeout: float = 0.0) -> EventsPage:
+    if job is not None:
+        checked(job)
+    deadline = time.monotonic() + max(0.0, min(timeout, MAX_LONG_POLL_SECONDS))
+    while True:
+        newest = daemon.store.last_event_id()
+        found = daemon.store.events(after, job, limit=1000)
+        if found or time.monotonic() >= deadline:
+            cursor = found[-1].id if len(found) == 1000 else max([newest, after] + [e.id for e in found])
+            return EventsPage(events=found, cursor=cursor)
+        await daemon.bus.wait(deadline - time.monotonic())
+
+
+@daemon_router.get("/device")
+async def device(daemon: DaemonDep) -> DeviceStatus:
+    return daemon.supervisor.device_status()
+
+
+@daemon_router.get("/models")
+def models(daemon: DaemonDep) -> ModelList:
+    from appliance.models.store import ModelStore, ModelStoreError
+
+    store = ModelStore(daemon.data_dir)
+    found = []
+    for name in store.names():
+        try:
+            model = store.get(name)
+            found.append(
+                ModelInfo(
+                    name=name,
+                    path=str(model.path),
+                    architecture=model.architecture,
+                    parameters=model.parameters,
+                    size_bytes=model.size_bytes,
+                )
+            )
+        except (ModelStoreError, OSError, ValueError):
+            found.append(ModelInfo(name=name, path=str(store.path_of(name))))
+    return ModelList(models=found)
+
+
+@jobs_router.post("", status_code=201)
+async def submit(body: SubmitRequest, response: Response, daemon: DaemonDep, caller: AuditorDep) -> SubmitResponse:
+    uid, user = caller.owner()
+
+    def run() -> SubmitResponse:
+        accepted = daemon.check(body)
+        if body.dry_run:
+            accepted.discard()
+            return SubmitResponse(job=None, plan=accepted.plan.to_dict(), dry_run=True)
+        job = daemon.supervisor.submit(accepted, uid=uid, user=user)
+        return SubmitResponse(job=job, plan=accepted.plan.to_dict())
+
+    if body.dry_run:
+        response.status_code = 200  # nothing was created
+    # Validation loads the dataset and plans the job: keep it off the event loop.
+    return await caller.in_thread("dry_run" if body.dry_run else "submit", None, run)
+
+
+@jobs_router.get("")
+async def list_jobs(daemon: DaemonDep) -> JobList:
+    return JobList(jobs=daemon.supervisor.with_phase(daemon.store.list()))
+
+
+@jobs_router.get("/{job_id}")
+def show(job_id: str, daemon: DaemonDep) -> JobDetail:
+    row = daemon.store.get(checked(job_id))
+    job_dir = daemon.job_dir(job_id)
+    summary = daemon.supervisor.with_phase([row.summary])[0]
+    last = tail_records(job_dir / "metrics.jsonl", 1)
+    return JobDetail(
+        **summary.model_dump(),
+        spec=row.spec,
+        plan=row.plan,
+        events=daemon.store.events(0, job_id, kinds=("state",)),
+        last_record=last[-1] if last else None,
+        checkpoints=checkpoints(job_dir),
+        best=json_file(job_dir / "best" / "best.json"),
+        job_dir=str(job_dir),
+    )
+
+
+@jobs_router.post("/{job_id}/pause")
+async def pause(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> JobSummary:
+    return await caller.in_thread("pause", job_id, lambda: daemon.supervisor.pause(caller.owned(job_id, "pause")))
+
+
+@jobs_router.post("/{job_id}/resume")
+async def resume(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> JobSummary:
+    return await caller.in_thread("resume", job_id, lambda: daemon.supervisor.resume(caller.owned(job_id, "resume")))
+
+
+@jobs_router.post("/{job_id}/cancel")
+async def cancel(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> JobSummary:
+    return await caller.in_thread("cancel", job_id, lambda: daemon.supervisor.cancel(caller.owned(job_id, "cancel")))
+
+
+@jobs_router.post("/{job_id}/export", status_code=201)
+async def export(job_id: str, body: ExportRequest, daemon: DaemonDep, caller: AuditorDep) -> ExportResponse:
+    def run() -> ExportResponse:
+        caller.owned(job_id, "export")
+        result = daemon.exports.run(  # in its own process, one at a time
+            job_id,
+            daemon.job_dir(job_id),
+            daemon.data_dir,
+            exports_dir(daemon.data_dir) / body.name,
+            body.checkpoint,
+            body.merged,
+            body.dtype,
+        )
+        return ExportResponse(
+            path=str(result.path), kind=result.kind, job_id=job_id, step=result.step, manifest=result.manifest
+        )
+
+    # The export waits for its slot and its child process: keep it off the event loop.
+    return await caller.in_thread("export", job_id, run)
+
+
+@jobs_router.get("/{job_id}/metrics")
+def metrics(job_id: str, daemon: DaemonDep, after_step: int = 0, limit: int = 1000) -> MetricsPage:
+    daemon.store.get(checked(job_id))
+    limit = max(1, min(limit, 10000))
+    rows = records_after_step(daemon.job_dir(job_id) / "metrics.jsonl", after_step, limit)
+    page = rows[:limit]
+    return MetricsPage(job_id=job_id, records=page, next_after_step=page[-1]["step"] if len(rows) > limit else None)
+
+
+@jobs_router.get("/{job_id}/samples")
+def samples(job_id: str, daemon: DaemonDep, limit: int = 100) -> RecordsPage:
+    daemon.store.get(checked(job_id))
+    limit = max(1, min(limit, MAX_RECORDS))
+    return RecordsPage(job_id=job_id, records=tail_records(daemon.job_dir(job_id) / "samples.jsonl", limit))
+
+
+@jobs_router.get("/{job_id}/judge")
+def judge(job_id: str, daemon: DaemonDep, outcome: str | None = None, limit: int = 100) -> RecordsPage:
+    import json
+
+    daemon.store.get(checked(job_id))
+    keep: Any = (lambda row: row.get("outcome") == outcome) if outcome else None
+    rows = tail_records(
+        daemon.job_dir(job_id) / "judge.jsonl",
+        max(1, min(limit, MAX_RECORDS)),
+        keep,
+        contains=json.dumps(outcome).encode() if outcome else b"",
+    )
+    return RecordsPage(job_id=job_id, records=rows)
+
+
+@jobs_router.get("/{job_id}/log")
+def log(job_id: str, daemon: DaemonDep, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
+    daemon.store.get(checked(job_id))
+    return read_log(job_id, daemon.job_dir(job_id) / "log.txt", offset, max(1, min(max_bytes, 8 << 20)))
+
+
+@jobs_router.get("/{job_id}/endpoint")
+async def endpoint(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> EndpointInfo:
+    from appliance.service.external import job_endpoint
+
+    # Audited: the answer holds the job's token (the audit line does not).
+    return await caller.in_thread(
+        "endpoint", job_id, lambda: job_endpoint(daemon, caller.owned(job_id, "take the endpoint of"))
+    )
+
+
+@jobs_router.post("/{job_id}/trajectories")
+async def trajectories(
+    job_id: str, body: TrajectorySubmission, daemon: DaemonDep, caller: AuditorDep
+) -> TrajectoriesAccepted:
+    from appliance.service.external import forward_trajectories
+
+    def run() -> TrajectoriesAccepted:
+        return forward_trajectories(daemon, caller.owned(job_id, "submit trajectories to"), body.groups)
+
+    return await caller.in_thread("submit_trajectories", job_id, run)
