@@ -52,7 +52,7 @@ grpo:
   group_size: 2
   prompts_per_step: 1
   max_new_tokens: 8
-  steps: 1
+  steps: 2
 checkpoint:
   every: 1
   keep_last: 1
@@ -79,9 +79,11 @@ def alert_queries() -> list[tuple[str, str]]:
     return [(rule["alert"], rule["expr"]) for group in rules["groups"] for rule in group["rules"]]
 
 
-def query(base: str, expr: str, at: float | None = None) -> dict:
-    """An instant query; `at` evaluates it while the job ran (a finished job's gauges are removed)."""
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr, **({"time": at} if at else {})})
+def query(base: str, expr: str, during: tuple[float, float]) -> dict:
+    """A range query over the job's run, one point a second: a finished job's gauges are removed when its
+    worker ends, so a panel must show data while the job ran, not after."""
+    start, end = during
+    url = f"{base}/api/v1/query_range?" + urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": 1})
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
             return json.loads(response.read())
@@ -92,7 +94,7 @@ def query(base: str, expr: str, at: float | None = None) -> dict:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, store_data_dir):
     """A daemon that ran the job above to the end while a real Prometheus scraped it every second;
-    yields (prometheus base URL, every appliance_* sample name Prometheus scraped, a time the job still ran)."""
+    yields (prometheus base URL, every appliance_* sample name Prometheus scraped, (submitted, ended) times)."""
     tmp = tmp_path_factory.mktemp("dashboard")
     folder = short_tmp_dir()
     daemon = Daemon(
@@ -108,6 +110,7 @@ def live(tmp_path_factory, store_data_dir):
         with run_prometheus([f"127.0.0.1:{daemon.metrics_port}"]) as prometheus:
             job_file = tmp / "dashboard.yaml"
             job_file.write_text(JOB)
+            submitted_at = time.time()
             submitted = daemon.cli("submit", str(job_file), "--json")
             assert submitted.returncode == 0, submitted.stderr
             job_id = json.loads(submitted.stdout)["job"]["id"]
@@ -119,10 +122,10 @@ def live(tmp_path_factory, store_data_dir):
             assert job.state == "succeeded", job_log.read_text()[-3000:]
             time.sleep(5)  # a few more scrapes: rates need two samples in their window
             # The job's own gauges are removed when its worker ends (just before job.updated): the names
-            # are those Prometheus ever scraped, and queries run at a moment the job still trained.
+            # are those Prometheus ever scraped, and queries cover the run from submit to end.
             with urllib.request.urlopen(f"{prometheus}/api/v1/label/__name__/values", timeout=10) as response:
                 names = set(json.loads(response.read())["data"])
-            yield prometheus, names, job.updated - 1.0
+            yield prometheus, names, (submitted_at, job.updated)
     finally:
         daemon.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -130,9 +133,9 @@ def live(tmp_path_factory, store_data_dir):
 
 @pytest.mark.parametrize("name, expr", panel_queries(), ids=[name for name, _ in panel_queries()])
 def test_every_panel_query_parses_and_returns_series(live, name: str, expr: str):
-    prometheus, _, at = live
+    prometheus, _, during = live
 
-    body = query(prometheus, expr, at)
+    body = query(prometheus, expr, during)
 
     assert body["status"] == "success", f"{name}: {body.get('error')}"
     if all(metric.startswith("DCGM_") for metric in METRIC.findall(expr)):
@@ -142,9 +145,9 @@ def test_every_panel_query_parses_and_returns_series(live, name: str, expr: str)
 
 @pytest.mark.parametrize("name, expr", alert_queries(), ids=[name for name, _ in alert_queries()])
 def test_every_alert_expression_parses_against_the_live_server(live, name: str, expr: str):
-    prometheus, _, at = live
+    prometheus, _, during = live
 
-    body = query(prometheus, expr, at)
+    body = query(prometheus, expr, during)
 
     assert body["status"] == "success", f"{name}: {body.get('error')}"
 
