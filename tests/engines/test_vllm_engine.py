@@ -291,6 +291,10 @@ def test_the_student_endpoint_serves_over_vllm_and_its_ledger_checks_what_vllm_s
         assert refused.status_code == 422 and "the logprobs differ" in refused.json()["error"]["message"]
         assert submit(played).status_code == 200
         collecting.join(60)
-        assert [group.model_dump(mode="json") for group in box["groups"]] == played
+        collected = [group.model_dump(mode="json") for group in box["groups"]]
+        for trajectory in (t for group in collected for t in group["trajectories"]):  # the ledger's own record
+            assert trajectory["metadata"].pop("served_step") == 1
+            assert trajectory["metadata"].pop("served_sampling") is None  # this source was given no policy
+        assert collected == played
     finally:
         source.close()
