@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
-from appliance.paths import jobs_dir
+from appliance.paths import STATE_DIR_MODE, STATE_FILE_MODE, jobs_dir
 from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
 from appliance.service.store import BadTransition, JobStore
 from appliance.service.worker import EXIT_BAD_JOB, MODULE, Channel
@@ -231,9 +231,9 @@ class Supervisor:
             accepted.discard()
             raise
         job_dir = self.job_dir(job.id)
-        job_dir.mkdir(parents=True, exist_ok=True)
+        job_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         write_atomically(
-            job_dir / "job.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), mode=0o644
+            job_dir / "job.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), mode=STATE_FILE_MODE
         )
         self._publish_counts()
         self.wake()
@@ -346,7 +346,7 @@ class Supervisor:
         import socket
 
         job_dir = self.job_dir(job.id)
-        job_dir.mkdir(parents=True, exist_ok=True)
+        job_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         row = self.store.get(job.id)
         # A first start begins at step 0; every later start resumes from the newest complete checkpoint.
         resume = row.summary.attempts > 0
