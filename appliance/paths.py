@@ -3,19 +3,69 @@
 from __future__ import annotations
 
 import os
+import pwd
+import stat
 from pathlib import Path
 
+from appliance.errors import ApplianceError
+
 SYSTEM_DATA_DIR = Path("/var/lib/appliance")
+# State folders are owner/group-only: the group reaches the daemon through its socket, others not at all.
+STATE_DIR_MODE = 0o750
+STATE_FILE_MODE = 0o640
+
+
+class DataDirError(ApplianceError):
+    """The data directory belongs to another user (or is not a folder): the appliance will not use it."""
 
 
 def default_data_dir() -> Path:
-    """$APPLIANCE_DATA_DIR, else /var/lib/appliance when writable, else ./.appliance."""
+    """$APPLIANCE_DATA_DIR, else /var/lib/appliance when writable, else ./.appliance (refused when another
+    user made it: a shared working folder must not hand its state to whoever created .appliance first)."""
     from_env = os.environ.get("APPLIANCE_DATA_DIR")
     if from_env:
         return Path(from_env)
     if SYSTEM_DATA_DIR.is_dir() and os.access(SYSTEM_DATA_DIR, os.W_OK):
         return SYSTEM_DATA_DIR
-    return Path(".appliance")
+    fallback = Path(".appliance")
+    if fallback.exists() or fallback.is_symlink():
+        check_owner(fallback)
+    return fallback
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_owner(path: Path) -> None:
+    """Refuse a data dir that is not a folder of this user's (a link is judged by where it leads)."""
+    try:
+        info = path.stat()
+    except OSError as error:
+        raise DataDirError(f"cannot use the data dir {path}: {error.strerror}") from error
+    if not stat.S_ISDIR(info.st_mode):
+        raise DataDirError(f"the data dir {path} is not a folder; pass --data-dir FOLDER")
+    if info.st_uid != os.geteuid():
+        raise DataDirError(
+            f"the data dir {path} belongs to {_user(info.st_uid)}, not to {_user(os.geteuid())}: "
+            "run as its owner, or pass --data-dir (or set APPLIANCE_DATA_DIR) to a folder you own"
+        )
+
+
+def own_data_dir(path: Path) -> Path:
+    """The data dir, created owner/group-only when missing and refused when another user owns it.
+
+    Others lose their access to one that is ours (from before state folders were 0750)."""
+    path = Path(path)
+    path.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+    check_owner(path)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o007:
+        os.chmod(path, mode & ~0o007)
+    return path
 
 
 def models_dir(data_dir: Path) -> Path:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from collections.abc import Callable, Iterable
 
+from rich.text import Text
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
@@ -56,6 +57,8 @@ class ApplianceApp(App):
         self.now = now  # the clock for ages and ETAs (frozen in snapshot tests)
         self.reachable: bool | None = None
         self.unreachable_reason = ""
+        self.version_problem: str | None = None
+        self.poll_problems: dict[str, str] = {}  # poller group -> what its last fetch raised
         self.sub_title = self.socket_path
 
     def on_mount(self) -> None:
@@ -79,7 +82,6 @@ class ApplianceApp(App):
         self.unreachable_reason = message.reason
         if self.reachable is not False:
             self.reachable = False
-            self.add_class("-unreachable")
             self.show_banner()
 
     def on_daemon_reachable(self, _: m.DaemonReachable) -> None:
@@ -87,15 +89,37 @@ class ApplianceApp(App):
             if self.reachable is False:
                 self.notify("The daemon answers again.", title="reconnected")
             self.reachable = True
-            self.remove_class("-unreachable")
             self.show_banner()
+            polling.once(self, "version", lambda: feeds.daemon_version(self.client))
+
+    def on_daemon_version(self, message: m.DaemonVersion) -> None:
+        self.version_problem = feeds.version_problem(message)
+        self.show_banner()
+
+    def on_poll_failed(self, message: m.PollFailed) -> None:
+        self.poll_problems[message.group] = message.text
+        self.show_banner()
+
+    def on_poll_recovered(self, message: m.PollRecovered) -> None:
+        self.poll_problems.pop(message.group, None)
+        self.show_banner()
+
+    def banner_text(self) -> str:
+        """The daemon's reachability, a version mismatch, and each poller that fails, one line each."""
+        lines = []
+        if self.reachable is False:
+            lines.append(f"Daemon unreachable, retrying every {feeds.RETRY_SECONDS:.0f}s: {self.unreachable_reason}")
+        if self.version_problem:
+            lines.append(self.version_problem)
+        live = {poller.group for screen in self.screen_stack for poller in screen.query(polling.Poller)}
+        for group in [group for group in self.poll_problems if group not in live]:
+            del self.poll_problems[group]  # its screen is gone
+        lines += [f"{group} failed, retrying: {text}" for group, text in self.poll_problems.items()]
+        return "\n".join(lines)
 
     def show_banner(self) -> None:
-        text = (
-            ""
-            if self.reachable is not False
-            else f"Daemon unreachable, retrying every {feeds.RETRY_SECONDS:.0f}s: {self.unreachable_reason}"
-        )
+        text = Text(self.banner_text())  # the daemon's words: never read as markup
+        self.set_class(bool(text.plain), "-banner")
         for screen in self.screen_stack:
             for banner in screen.query("#banner"):
                 banner.update(text)
@@ -108,13 +132,13 @@ class ApplianceApp(App):
     def on_job_changed(self, message: m.JobChanged) -> None:
         severity = "error" if message.state == "failed" else "information"
         reason = f": {message.reason}" if message.reason else ""
-        self.notify(f"{message.name} ({message.job_id}) is {message.state}{reason}", severity=severity)
+        self.notify(f"{message.name} ({message.job_id}) is {message.state}{reason}", severity=severity, markup=False)
 
     def on_action_done(self, message: m.ActionDone) -> None:
-        self.notify(message.text, title=message.action)
+        self.notify(message.text, title=message.action, markup=False)
 
     def on_action_failed(self, message: m.ActionFailed) -> None:
-        self.notify(message.text, title=f"{message.action} failed", severity="error")
+        self.notify(message.text, title=f"{message.action} failed", severity="error", markup=False)
 
     # ----- actions ------------------------------------------------------------------------------------
 

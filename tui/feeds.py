@@ -1,4 +1,4 @@
-"""The blocking calls to the daemon, each returning typed messages; the app and screens run them in workers.
+"""The blocking calls (the daemon, job files on disk), each returning typed messages; workers run them.
 
 Reads raise the client's errors and tui.polling turns them into messages
 (DaemonUnreachable, ActionFailed) so that a poller keeps going and reconnects
@@ -8,8 +8,11 @@ message themselves.
 
 from __future__ import annotations
 
-from appliance.grpo.step_record import StepRecord
-from appliance.service.api import TERMINAL_STATES, JobSummary
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from appliance.service.api import API_VERSION, TERMINAL_STATES, JobSummary, StepRecord
 from appliance.service.client import Client, ClientError
 from tui import messages as m
 from tui.views import TREND_STEPS
@@ -202,6 +205,46 @@ def submit(client: Client, file_name: str, text: str, dry_run: bool) -> m.Valida
         return m.Validated(True, [], response.plan)
     job = response.job
     return m.ActionDone("submit", job.id, f"submitted {job.name} ({job.id}): {job.state}")
+
+
+def daemon_version(client: Client) -> m.DaemonVersion:
+    """The daemon's version and API version, or why its /status cannot be read by this client."""
+    try:
+        status = client.status()
+    except ValidationError as error:
+        return m.DaemonVersion(
+            None, None, f"its /status answer does not match this client's API ({error.error_count()} fields differ)"
+        )
+    return m.DaemonVersion(status.version, status.api_version, None)
+
+
+def version_problem(message: m.DaemonVersion) -> str | None:
+    """One sentence when the daemon speaks another API version than this client, else None."""
+    if message.problem is None and message.api_version == API_VERSION:
+        return None
+    daemon = message.problem or f"the daemon {message.version} speaks API v{message.api_version}"
+    return (
+        f"Version mismatch: this client speaks API v{API_VERSION} and {daemon}; "
+        "install the same appliance version for the client and the daemon"
+    )
+
+
+def example_files(folders: list[Path]) -> m.ExamplesFound:
+    """Job files (*.yaml) in the folders that exist; the first of a name wins."""
+    found: dict[str, Path] = {}
+    for folder in folders:
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.yaml")):
+                found.setdefault(path.name, path)
+    return m.ExamplesFound(list(found.values()))
+
+
+def read_job_file(path: Path) -> m.JobFileRead:
+    """A job file's text, or why it cannot be read."""
+    try:
+        return m.JobFileRead(path, path.read_text(encoding="utf-8"), None)
+    except (OSError, UnicodeDecodeError) as error:
+        return m.JobFileRead(path, None, f"cannot read {path}: {error}")
 
 
 def is_final(state: str) -> bool:

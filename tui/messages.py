@@ -2,14 +2,16 @@
 
 Workers (threads running blocking client calls) post these; screens and the
 app update widgets only in their handlers (DESIGN.md habit 4). Payloads are
-the daemon's own API types (appliance.service.api) and StepRecords.
+the daemon's own API types (appliance.service.api, StepRecord included).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
 from textual.message import Message
+
+from appliance.service.api import DeviceStatus, JobDetail, JobSummary, JsonObject, StepRecord
 
 
 class DaemonUnreachable(Message):
@@ -20,6 +22,33 @@ class DaemonUnreachable(Message):
         self.reason = reason
 
 
+class PollFailed(Message):
+    """A poller's fetch raised something other than a refusal (a bug, an answer of another version); it retries."""
+
+    def __init__(self, group: str, text: str) -> None:
+        super().__init__()
+        self.group = group
+        self.text = text
+
+
+class PollRecovered(Message):
+    """A poller that had failed fetched again."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__()
+        self.group = group
+
+
+class DaemonVersion(Message):
+    """The daemon's /status: its version and API version, or why they could not be read."""
+
+    def __init__(self, version: str | None, api_version: int | None, problem: str | None) -> None:
+        super().__init__()
+        self.version = version
+        self.api_version = api_version
+        self.problem = problem
+
+
 class DaemonReachable(Message):
     """A call succeeded after the daemon had been unreachable (or for the first time)."""
 
@@ -27,7 +56,9 @@ class DaemonReachable(Message):
 class JobsLoaded(Message):
     """The daemon's job list, each job's recent step records (oldest first) and its memory budget."""
 
-    def __init__(self, jobs: list[Any], records: dict[str, list[Any]], budgets: dict[str, int | None]) -> None:
+    def __init__(
+        self, jobs: list[JobSummary], records: dict[str, list[StepRecord]], budgets: dict[str, int | None]
+    ) -> None:
         super().__init__()
         self.jobs = jobs
         self.records = records
@@ -37,7 +68,7 @@ class JobsLoaded(Message):
 class JobLoaded(Message):
     """One job in full: spec, state, events, plan, checkpoints, best."""
 
-    def __init__(self, job: Any) -> None:
+    def __init__(self, job: JobDetail) -> None:
         super().__init__()
         self.job = job
 
@@ -45,7 +76,7 @@ class JobLoaded(Message):
 class StepsArrived(Message):
     """New step records of a job, in step order (the first page, or the steps after the last one shown)."""
 
-    def __init__(self, job_id: str, records: list[Any]) -> None:
+    def __init__(self, job_id: str, records: list[StepRecord]) -> None:
         super().__init__()
         self.job_id = job_id
         self.records = records
@@ -54,7 +85,7 @@ class StepsArrived(Message):
 class SamplesLoaded(Message):
     """The samples of one step: each prompt with its group of completions."""
 
-    def __init__(self, job_id: str, step: int | None, steps: list[int], samples: list[Any]) -> None:
+    def __init__(self, job_id: str, step: int | None, steps: list[int], samples: list[JsonObject]) -> None:
         super().__init__()
         self.job_id = job_id
         self.step = step
@@ -65,7 +96,7 @@ class SamplesLoaded(Message):
 class JudgeLoaded(Message):
     """Judge log entries, filtered by outcome (None: all)."""
 
-    def __init__(self, job_id: str, outcome: str | None, entries: list[Any]) -> None:
+    def __init__(self, job_id: str, outcome: str | None, entries: list[JsonObject]) -> None:
         super().__init__()
         self.job_id = job_id
         self.outcome = outcome
@@ -85,7 +116,7 @@ class LogLoaded(Message):
 class DeviceLoaded(Message):
     """Device and budget status: planned vs used bytes per component, phase now, time sharing."""
 
-    def __init__(self, status: Any, plans: dict[str, dict]) -> None:
+    def __init__(self, status: DeviceStatus, plans: dict[str, JsonObject]) -> None:
         super().__init__()
         self.status = status
         self.plans = plans  # job id -> its memory plan, for the jobs on the device
@@ -94,7 +125,7 @@ class DeviceLoaded(Message):
 class HistoriesLoaded(Message):
     """Whole step histories of several jobs (the compare screen)."""
 
-    def __init__(self, histories: dict[str, list[Any]], names: dict[str, str]) -> None:
+    def __init__(self, histories: dict[str, list[StepRecord]], names: dict[str, str]) -> None:
         super().__init__()
         self.histories = histories
         self.names = names
@@ -134,8 +165,26 @@ class ActionFailed(Message):
 class Validated(Message):
     """A dry-run submit: the memory plan when the job is valid, else every error."""
 
-    def __init__(self, ok: bool, errors: list[str], plan: Any) -> None:
+    def __init__(self, ok: bool, errors: list[str], plan: JsonObject | None) -> None:
         super().__init__()
         self.ok = ok
         self.errors = errors
         self.plan = plan
+
+
+class ExamplesFound(Message):
+    """The example job files found on disk (the new job screen's picker)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        super().__init__()
+        self.paths = paths
+
+
+class JobFileRead(Message):
+    """A job file read from disk: its text, or why it could not be read."""
+
+    def __init__(self, path: Path, text: str | None, problem: str | None) -> None:
+        super().__init__()
+        self.path = path
+        self.text = text
+        self.problem = problem

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from appliance.grpo.step_record import StepRecord
-from appliance.service.api import JobSummary, SlotStatus
+from appliance.service.api import JobSummary, SlotStatus, StepRecord
 from appliance.service.samples import group_records
 from tui.widgets.job_table import JobRow
 from tui.widgets.memory_bar import MemoryView

@@ -35,6 +35,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# Re-exported: a metrics page's records in their typed form (what the TUI imports).
+from appliance.grpo.step_record import PHASES as PHASES
+from appliance.grpo.step_record import StepRecord as StepRecord
+
 API_VERSION = 1
 DEFAULT_SOCKET = "/run/appliance/control.sock"
 
@@ -47,6 +51,10 @@ JOB_ID_PATTERN = re.compile(r"^[0-9a-f]{10}$")
 # Kinds of JobEvent: "state" {"from", "to", "reason"}; "step" (a StepRecord dict);
 # "phase", "checkpoint", "eval", "log", "memory" (the RunEvent data of that kind).
 EVENT_KINDS: tuple[str, ...] = ("state", "step", "phase", "checkpoint", "eval", "log", "memory")
+
+
+# A JSON object as the daemon serves it: a samples or judge-log line, a memory plan.
+JsonObject = dict[str, Any]
 
 
 class _Wire(BaseModel):

@@ -16,7 +16,7 @@ from pathlib import Path
 from appliance import __version__
 from appliance.errors import ApplianceError
 from appliance.metrics.registry import TrainingMetrics
-from appliance.paths import datasets_dir, jobs_dir, plugins_dir, uploads_dir
+from appliance.paths import STATE_DIR_MODE, datasets_dir, jobs_dir, own_data_dir, plugins_dir, uploads_dir
 from appliance.service.api import SubmitRequest
 from appliance.service.audit import AuditLog
 from appliance.service.control import EventBus
@@ -48,15 +48,14 @@ class DaemonOptions:
 
 class Daemon:
     def __init__(self, options: DaemonOptions):
-        self.data_dir = Path(options.data_dir).absolute()
+        self.data_dir = own_data_dir(Path(options.data_dir).absolute())  # refused when another user owns it
         for folder in (
-            self.data_dir,
             jobs_dir(self.data_dir),
             plugins_dir(self.data_dir),
             datasets_dir(self.data_dir),
             uploads_dir(self.data_dir),
         ):
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         self._lock_fd = os.open(self.data_dir / "appliance.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

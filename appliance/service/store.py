@@ -11,6 +11,7 @@ one cursor follows everything.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from appliance.errors import ApplianceError
+from appliance.paths import STATE_FILE_MODE
 from appliance.service.api import JOB_STATES, JobEvent, JobSummary
 
 SCHEMA_VERSION = 1
@@ -107,6 +109,8 @@ class JobStore:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        # Created owner/group-only; SQLite gives its -wal and -shm files the database's mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, STATE_FILE_MODE))
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.RLock()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
-from appliance.paths import jobs_dir
+from appliance.paths import STATE_DIR_MODE, STATE_FILE_MODE, jobs_dir
 from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
 from appliance.service.groups import describe_exit, is_worker_group, kill_group, wait_gone
 from appliance.service.reaper import reap_orphans
@@ -224,7 +224,8 @@ class Supervisor:
         text = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
 
         def write_job_file(job_id: str) -> None:  # inside the insert's transaction: no row without its file
-            write_atomically(self.job_dir(job_id) / "job.yaml", text, mode=0o644)
+            self.job_dir(job_id).mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+            write_atomically(self.job_dir(job_id) / "job.yaml", text, mode=STATE_FILE_MODE)
 
         try:
             job = self.store.submit(
@@ -350,7 +351,7 @@ class Supervisor:
         import socket
 
         job_dir = self.job_dir(job.id)
-        job_dir.mkdir(parents=True, exist_ok=True)
+        job_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         row = self.store.get(job.id)
         # A first start begins at step 0; every later start resumes from the newest complete checkpoint.
         resume = row.summary.attempts > 0

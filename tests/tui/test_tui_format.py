@@ -50,6 +50,6 @@ def test_rows_sort_and_fit_eighty_columns():
     assert [row.name for row in sort_rows(rows, "age")] == ["a-very-long-job-name-indeed", "old"]
     assert [row.name for row in sort_rows(rows, "reward")][0] == "a-very-long-job-name-indeed"
     compact = cells(rows[1], now=10.0, compact=True)
-    assert compact[0] == " a-very-long-job…" and "3/10" in compact[2]
+    assert compact[0].plain == " a-very-long-job…" and "3/10" in compact[2]
     wide = cells(rows[1], now=10.0, compact=False)
     assert wide[1] == "b" * 10 and wide[-1] == "8s"

@@ -9,6 +9,8 @@ test stops the daemon under the app and starts it again.
 
 from __future__ import annotations
 
+import stat
+
 import pytest
 from daemon_support import tiny_job
 from tui_support import in_thread, screen_text, until, widget_text
@@ -76,6 +78,11 @@ async def test_operator_path_against_a_real_daemon(daemon):
         await pilot.press("ctrl+s")
         await until(pilot, lambda: "submitted tui-pilot" in screen_text(app), "the submit confirmation", 60)
         [job] = await in_thread(client.jobs)
+        job_dir = daemon.data_dir / "jobs" / job.id  # owner/group-only state
+        assert (stat.S_IMODE(job_dir.stat().st_mode), stat.S_IMODE((job_dir / "job.yaml").stat().st_mode)) == (
+            0o750,
+            0o640,
+        )
         await pilot.press("escape")
 
         # The jobs screen lists it by name and follows its state.

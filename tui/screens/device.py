@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from appliance.service.api import SlotStatus
+from appliance.service.api import JsonObject, SlotStatus
 from tui import feeds, polling, views
 from tui import messages as m
 from tui.screens.base import DaemonScreen
@@ -51,15 +52,17 @@ class DeviceScreen(DaemonScreen):
         self.query_one("#device-foot", Static).update(f"disk free {fmt.gib(message.status.disk_free_bytes)}")
 
 
-def slot_head(slot: SlotStatus, plan: dict) -> Table:
+def slot_head(slot: SlotStatus, plan: JsonObject) -> Table:
     choices = plan.get("choices") or {}
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
-    table.add_row(f"{slot.kind} {slot.index}", f"{slot.name}  used {fmt.used_of(slot.used_bytes, slot.total_bytes)}")
-    table.add_row("job", slot.job_id or "idle")
+    table.add_row(
+        Text(f"{slot.kind} {slot.index}"), Text(f"{slot.name}  used {fmt.used_of(slot.used_bytes, slot.total_bytes)}")
+    )
+    table.add_row("job", Text(slot.job_id or "idle"))
     if slot.job_id:
-        table.add_row("phase", slot.phase or "starting")
+        table.add_row("phase", Text(slot.phase or "starting"))
         if "time_share" in choices:
             table.add_row(
                 "time sharing",

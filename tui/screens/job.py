@@ -12,8 +12,7 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.widgets import RichLog, Select, Static, TabbedContent, TabPane, TextArea
 
-from appliance.grpo.step_record import PHASES, StepRecord
-from appliance.service.api import JobDetail
+from appliance.service.api import PHASES, JobDetail, JsonObject, StepRecord
 from appliance.service.samples import is_trajectory, parse_trajectory
 from tui import feeds, polling, views
 from tui import messages as m
@@ -221,8 +220,10 @@ def render_stats(records: list[StepRecord], job: JobDetail | None) -> Table:
     last = records[-1]
     table.add_row(
         "reward",
-        f"{fmt.number(last.reward_mean)} ± {fmt.number(last.reward_std)}  "
-        + "  ".join(f"{name} {fmt.number(stats.mean)}" for name, stats in sorted(last.rewards.items())),
+        Text(  # reward names are the job file's (plugin paths): plain text, never markup
+            f"{fmt.number(last.reward_mean)} ± {fmt.number(last.reward_std)}  "
+            + "  ".join(f"{name} {fmt.number(stats.mean)}" for name, stats in sorted(last.rewards.items()))
+        ),
     )
     evaluated = [record.eval for record in records if record.eval is not None]
     if evaluated:
@@ -253,7 +254,7 @@ def render_stats(records: list[StepRecord], job: JobDetail | None) -> Table:
     return table
 
 
-def render_samples(samples: list[dict]) -> RenderableType:
+def render_samples(samples: list[JsonObject]) -> RenderableType:
     """Each prompt with its group of completions (reward per function, advantage), or each scenario with its
     group of agent trajectories (turns, tool calls, the trained mask)."""
     grouped = views.group_samples(samples)
@@ -306,13 +307,15 @@ def render_completions(grouped: dict[int, list[list[dict]]]) -> Table:
                 table.add_row(
                     str(index),
                     Text(str(sample.get("completion", "")).strip()),
-                    f"{fmt.number(sample.get('reward'), 2)}  {rewards}\n"
-                    f"advantage {fmt.number(sample.get('advantage'), 2)}",
+                    Text(
+                        f"{fmt.number(sample.get('reward'), 2)}  {rewards}\n"
+                        f"advantage {fmt.number(sample.get('advantage'), 2)}"
+                    ),
                 )
     return table
 
 
-def render_judge(entries: list[dict]) -> Table:
+def render_judge(entries: list[JsonObject]) -> Table:
     table = Table(box=None, expand=True, padding=(0, 1))
     table.add_column("step", justify="right", width=4)
     table.add_column("outcome", width=11)
@@ -321,9 +324,9 @@ def render_judge(entries: list[dict]) -> Table:
     for entry in entries:
         scores = entry.get("scores") or []
         table.add_row(
-            str(entry.get("step", "")),
-            entry.get("outcome", ""),
-            " ".join(fmt.number(s, 2) for s in scores) if isinstance(scores, list) else str(scores),
+            Text(str(entry.get("step", ""))),
+            Text(str(entry.get("outcome", ""))),
+            Text(" ".join(fmt.number(s, 2) for s in scores) if isinstance(scores, list) else str(scores)),
             Text(str(entry.get("raw_output", "")).strip()),
         )
         if entry.get("errors"):
@@ -331,7 +334,7 @@ def render_judge(entries: list[dict]) -> Table:
     return table
 
 
-def render_plan(plan: dict) -> Table:
+def render_plan(plan: JsonObject) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
@@ -339,8 +342,8 @@ def render_plan(plan: dict) -> Table:
     choices = plan.get("choices") or {}
     table.add_row("fits", "yes" if plan.get("fits") else "no")
     table.add_row("peak", f"{fmt.gib(plan.get('peak_bytes'), 2)} of {fmt.gib(plan.get('budget_bytes'), 2)} budget")
-    table.add_row("engines", ", ".join(f"{role} {name}" for role, name in engines.items() if name))
+    table.add_row("engines", Text(", ".join(f"{role} {name}" for role, name in engines.items() if name)))
     for key in ("time_share", "micro_batch_size", "gradient_checkpointing", "rollout_weights"):
         if key in choices:
-            table.add_row(key.replace("_", " "), str(choices[key]))
+            table.add_row(key.replace("_", " "), Text(str(choices[key])))
     return table

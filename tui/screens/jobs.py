@@ -6,8 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
-from appliance.grpo.step_record import StepRecord
-from appliance.service.api import JOB_STATES, JobSummary
+from appliance.service.api import JOB_STATES, JobSummary, StepRecord
 from tui import feeds, polling, views
 from tui import messages as m
 from tui.screens.base import DaemonScreen

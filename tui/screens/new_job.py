@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
@@ -16,15 +17,9 @@ from tui.screens.job import render_plan
 from tui.widgets.memory_bar import MemoryBar
 
 
-def example_files() -> list[Path]:
-    """Job files in ./examples and in the source tree's examples/ (a checkout or the image's copy)."""
-    folders = [Path.cwd() / "examples", Path(__file__).resolve().parents[2] / "examples"]
-    found: dict[str, Path] = {}
-    for folder in folders:
-        if folder.is_dir():
-            for path in sorted(folder.glob("*.yaml")):
-                found.setdefault(path.name, path)
-    return list(found.values())
+def example_folders() -> list[Path]:
+    """./examples and the source tree's examples/ (a checkout or the image's copy)."""
+    return [Path.cwd() / "examples", Path(__file__).resolve().parents[2] / "examples"]
 
 
 class NewJobScreen(DaemonScreen):
@@ -41,9 +36,8 @@ class NewJobScreen(DaemonScreen):
         self.file_name = "job.yaml"  # what the daemon's errors name until a file is loaded
 
     def body(self) -> ComposeResult:
-        examples = example_files()
         with Horizontal(id="new-source"):
-            yield Select([(path.name, str(path)) for path in examples], prompt="an example", id="example")
+            yield Select([], prompt="an example", id="example")
             yield Input(placeholder="or a path to a job file, then enter", id="path")
         with Horizontal(id="new-main"):
             yield TextArea("", id="editor", show_line_numbers=True, soft_wrap=False, tab_behavior="indent")
@@ -58,6 +52,15 @@ class NewJobScreen(DaemonScreen):
             yield Button("Validate", id="validate")
             yield Button("Submit", variant="success", id="submit")
 
+    def on_mount(self) -> None:
+        folders = example_folders()
+        polling.once(self, "examples", lambda: feeds.example_files(folders))
+
+    def on_examples_found(self, message: m.ExamplesFound) -> None:
+        select = self.query_one("#example", Select)
+        with select.prevent(Select.Changed):
+            select.set_options([(path.name, str(path)) for path in message.paths])
+
     def on_select_changed(self, event: Select.Changed) -> None:
         if event.value is not Select.BLANK:
             self.load(Path(str(event.value)))
@@ -66,13 +69,19 @@ class NewJobScreen(DaemonScreen):
         self.load(Path(event.value).expanduser())
 
     def load(self, path: Path) -> None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            self.query_one("#new-result", Static).update(f"cannot read {path}: {error}")
+        """Read the file in a worker; on_job_file_read puts it in the editor."""
+        polling.once(self, "read", lambda: feeds.read_job_file(path))
+
+    def on_job_file_read(self, message: m.JobFileRead) -> None:
+        if message.text is None:
+            self.show_result(message.problem or "")
             return
-        self.file_name = str(path)
-        self.query_one("#editor", TextArea).load_text(text)
+        self.file_name = str(message.path)
+        self.query_one("#editor", TextArea).load_text(message.text)
+
+    def show_result(self, text: str) -> None:
+        """The daemon's sentences, shown as plain text (never read as markup)."""
+        self.query_one("#new-result", Static).update(Text(text))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "validate":
@@ -83,7 +92,7 @@ class NewJobScreen(DaemonScreen):
     def send(self, dry_run: bool) -> None:
         text = self.query_one("#editor", TextArea).text
         if not text.strip():
-            self.query_one("#new-result", Static).update("The job file is empty: pick an example or a path.")
+            self.show_result("The job file is empty: pick an example or a path.")
             return
         client, name = self.app.client, self.file_name
         polling.once(self, "submit", lambda: feeds.submit(client, name, text, dry_run))
@@ -99,14 +108,14 @@ class NewJobScreen(DaemonScreen):
         if message.ok:
             result.update(render_plan(message.plan))
         else:
-            result.update("\n".join(message.errors))
+            result.update(Text("\n".join(message.errors)))
         if message.plan:
             self.query_one("#new-plan-bar", MemoryBar).show(views.plan_memory_view(message.plan))
 
     def on_action_done(self, message: m.ActionDone) -> None:
         if message.action == "submit":
-            self.query_one("#new-result", Static).update(message.text)
+            self.show_result(message.text)
 
     def on_action_failed(self, message: m.ActionFailed) -> None:
         if message.action == "submit":
-            self.query_one("#new-result", Static).update(message.text)
+            self.show_result(message.text)

@@ -74,10 +74,10 @@ def columns(compact: bool) -> list[str]:
 def cells(row: JobRow, now: float, compact: bool) -> list:
     state = Text(row.state, style=f"bold {STATE_STYLES.get(row.state, '')}".strip())
     mark = "●" if row.marked else " "
-    name = row.name if len(row.name) <= NAME_WIDTH else row.name[: NAME_WIDTH - 1] + "…"
+    name = Text(row.name if len(row.name) <= NAME_WIDTH else row.name[: NAME_WIDTH - 1] + "…")  # never markup
     if compact:
         return [
-            f"{mark}{name}",
+            Text(mark) + name,
             state,
             f"{fmt.progress_bar(row.step, row.steps_total, 5)} {row.step}/{row.steps_total}",
             f"{fmt.number(row.reward):>5} {fmt.sparkline(row.rewards, 6)}",
