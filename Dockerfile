@@ -33,7 +33,12 @@ ENV HF_HUB_OFFLINE=1 \
     APPLIANCE_MODELS_DIR=/models \
     PATH=/opt/appliance/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    HF_HOME=/var/lib/appliance/cache/huggingface \
+    TRITON_CACHE_DIR=/var/lib/appliance/cache/triton \
+    VLLM_CACHE_ROOT=/var/lib/appliance/cache/vllm \
+    TORCHINDUCTOR_CACHE_DIR=/var/lib/appliance/cache/torchinductor \
+    XDG_CACHE_HOME=/var/lib/appliance/cache
 
 # /models: the model store, mounted read-only. /var/lib/appliance: jobs, database, audit log.
 # /run/appliance: the control socket, shared with the host so operators reach it over SSH.
@@ -48,5 +53,6 @@ HEALTHCHECK --interval=30s --timeout=10s --start-period=10m --retries=3 \
 
 ENTRYPOINT ["appliance", "serve"]
 # Metrics on every interface of the container's own network namespace, so that a published port
-# reaches them; the units publish it on the host's loopback only (127.0.0.1:9464).
-CMD ["--data-dir", "/var/lib/appliance", "--socket", "/run/appliance/control.sock", "--group", "appliance", "--metrics-addr", "0.0.0.0:9464"]
+# reaches them; the units publish it on the host's loopback only (127.0.0.1:9464). A stop gives
+# running steps 150 s to checkpoint, inside the units' 170 s container stop timeout.
+CMD ["--data-dir", "/var/lib/appliance", "--socket", "/run/appliance/control.sock", "--group", "appliance", "--metrics-addr", "0.0.0.0:9464", "--stop-timeout", "150"]

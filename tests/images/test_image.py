@@ -89,6 +89,7 @@ def test_entrypoint_is_the_daemon_with_flags_it_knows(image):
         "--socket": "/run/appliance/control.sock",
         "--group": "appliance",
         "--metrics-addr": "0.0.0.0:9464",
+        "--stop-timeout": "150",
     }
 
     help_text = image.run(*entrypoint, "--help")

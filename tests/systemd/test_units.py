@@ -7,6 +7,7 @@ checked against the key list below (the operator guide shows `quadlet -dryrun` o
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -181,3 +182,36 @@ def test_tmpfiles_makes_the_socket_and_state_directories(host_root: Path):
         "/var/lib/appliance-models": (0o750, 10001),
     }
     assert made["/run/appliance"].st_uid == 10001 and made["/var/lib/appliance-models"].st_uid == 0
+
+
+def _seconds_after(words: list[str], flag: str) -> float:
+    return float(words[words.index(flag) + 1])
+
+
+def test_a_stop_lets_the_running_step_checkpoint_before_anything_is_killed():
+    """systemd's stop timeout > the container's stop timeout > the daemon's own checkpoint budget, with room.
+
+    Quadlet stops with `podman stop`, whose default 10 s would SIGKILL the daemon mid-checkpoint; the Docker
+    unit stops with `docker stop --time`. The daemon's budget is the image CMD's --stop-timeout.
+    """
+    container, service = SYSTEMD_DIR / "appliance.container", SYSTEMD_DIR / "appliance.service"
+    dockerfile = (SYSTEMD_DIR.parent / "Dockerfile").read_text()
+    cmd = json.loads(next(line for line in dockerfile.splitlines() if line.startswith("CMD ["))[len("CMD ") :])
+    daemon_budget = _seconds_after(cmd, "--stop-timeout")
+    margin = 10.0
+
+    podman_stop = float(values(container, "Container", "StopTimeout")[0])
+    docker_stop = _seconds_after(values(service, "Service", "ExecStop")[0].split(), "--time")
+    for unit, container_stop in ((container, podman_stop), (service, docker_stop)):
+        systemd_stop = float(values(unit, "Service", "TimeoutStopSec")[0])
+        assert systemd_stop >= container_stop + margin, unit.name
+        assert container_stop >= daemon_budget + margin, unit.name
+
+
+def test_both_units_run_an_init_and_bound_the_process_count():
+    container = SYSTEMD_DIR / "appliance.container"
+    exec_start = values(SYSTEMD_DIR / "appliance.service", "Service", "ExecStart")[0].split()
+
+    assert values(container, "Container", "RunInit") == ["true"] and "--init" in exec_start
+    pids_limit = int(values(container, "Container", "PidsLimit")[0])
+    assert 0 < pids_limit == int(exec_start[exec_start.index("--pids-limit") + 1])
