@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -133,9 +134,19 @@ def _load_lenient(span: str) -> Any:
     if len(span) > YAML_MAX_CHARS:
         return None
     try:
+        if _has_anchors(span):  # a judge's answer has no use for them; expanding them is an alias bomb
+            return None
         return yaml.load(span, Loader=_YAML_LOADER)
     except Exception:  # noqa: BLE001 - YAML's constructors raise more than YAMLError (dates, huge ints)
         return None
+
+
+def _has_anchors(span: str) -> bool:
+    """Whether the YAML text defines an anchor or uses an alias, read from its events before any node is built."""
+    return any(
+        isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None
+        for event in yaml.parse(span, Loader=_YAML_LOADER)
+    )
 
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -165,19 +176,30 @@ def _no_json_error(text: str) -> JudgeOutputError:
 def validate_score(value: Any, where: str = "score") -> float:
     """A raw 0-10 score as a number in 0..1; JudgeOutputError if it is not a finite number in range."""
     if isinstance(value, bool) or value is None:
-        raise JudgeOutputError(f"{where} must be a number from 0 to 10, got {value!r}")
+        raise JudgeOutputError(f"{where} must be a number from 0 to 10, got {_shown(value)}")
     if isinstance(value, str):
         try:
             value = float(value.strip().removesuffix("/10").strip())
         except ValueError:
-            raise JudgeOutputError(f"{where} must be a number from 0 to 10, got {value!r}") from None
+            raise JudgeOutputError(f"{where} must be a number from 0 to 10, got {_shown(value)}") from None
     if not isinstance(value, (int, float)):
-        raise JudgeOutputError(f"{where} must be a number from 0 to 10, got {value!r}")
+        raise JudgeOutputError(f"{where} must be a number from 0 to 10, got {_shown(value)}")
     if not math.isfinite(value):
-        raise JudgeOutputError(f"{where} must be a number from 0 to 10, got {value!r}")
+        raise JudgeOutputError(f"{where} must be a number from 0 to 10, got {_shown(value)}")
     if not 0 <= value <= SCORE_MAX:
         raise JudgeOutputError(f"{where} {value:g} is outside 0 to 10")
     return float(value) / SCORE_MAX
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 60
+_SHORT_REPR.maxlist = _SHORT_REPR.maxdict = 6
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """The value for an error message, cut: the message goes into the retry prompt and judge.jsonl."""
+    text = _SHORT_REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _reason(entry: dict) -> str:

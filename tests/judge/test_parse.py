@@ -134,3 +134,31 @@ def test_group_keeps_explanations_by_id():
 def test_find_json_values_prefers_fenced_blocks_and_skips_broken_ones():
     text = 'junk {"a": 1 and more\n```json\n{"b": 2}\n```\nthen {"c": 3}'
     assert list(find_json_values(text))[:2] == [{"b": 2}, {"c": 3}]
+
+
+def _alias_bomb(levels: int) -> str:
+    """A YAML flow mapping whose score is an alias that expands to 9**levels items; a few hundred bytes."""
+    rows = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    rows += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "{" + ", ".join(rows) + f", score: *a{levels - 1}}}"
+
+
+def test_an_alias_bomb_in_a_judge_answer_is_not_expanded():
+    import time
+
+    answer = _alias_bomb(levels=7)  # 9**7 = 4.8 million nodes if expanded
+    assert len(answer) < 500
+    started = time.monotonic()
+    with pytest.raises(JudgeOutputError) as caught:
+        parse_pointwise(answer)
+    assert time.monotonic() - started < 1.0
+    assert len(str(caught.value)) < 200  # it goes into the retry prompt and judge.jsonl
+
+
+def test_a_bad_score_error_is_short_whatever_the_answer_holds():
+    with pytest.raises(JudgeOutputError) as caught:
+        parse_pointwise('{"score": "' + "9" * 100 + "x" * 100_000 + '", "reason": "r"}')
+    assert len(str(caught.value)) < 200
+    with pytest.raises(JudgeOutputError) as caught:
+        parse_pointwise('{"score": [' + ", ".join(["1"] * 50_000) + '], "reason": "r"}')
+    assert len(str(caught.value)) < 200
