@@ -73,6 +73,9 @@ class TrainingMetrics:
         self.kl = Gauge(PREFIX + "kl", "KL divergence to the reference policy, last step", SLOT, registry=r)
         self.loss = Gauge(PREFIX + "loss", "GRPO loss of the last step", SLOT, registry=r)
         self.clip_ratio = Gauge(PREFIX + "clip_ratio", "Fraction of clipped token ratios, last step", SLOT, registry=r)
+        self.last_step_time = Gauge(
+            PREFIX + "last_step_timestamp_seconds", "When the running job last finished a step", SLOT, registry=r
+        )
         self.memory_planned = Gauge(
             PREFIX + "memory_planned_bytes", "Planned device bytes per component", ["component", "device"], registry=r
         )
@@ -146,6 +149,7 @@ class TrainingMetrics:
         self._gauge(self.kl, slot).set(record.kl)
         self._gauge(self.loss, slot).set(record.loss)
         self._gauge(self.clip_ratio, slot).set(record.clip_ratio)
+        self._gauge(self.last_step_time, slot).set(record.time)
         for phase in STEP_PHASES:
             if record.seconds.get(phase) is not None:
                 self.step_duration.labels(phase=phase).observe(record.seconds[phase])

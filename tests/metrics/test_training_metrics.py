@@ -87,6 +87,7 @@ def test_two_trainer_steps_add_up_in_the_counters_and_the_gauges_show_the_last(m
     assert got.value("appliance_loss", device="0") == pytest.approx(-0.024)
     assert got.value("appliance_kl", device="0") == pytest.approx(0.006)
     assert got.value("appliance_clip_ratio", device="0") == 0.05
+    assert got.value("appliance_last_step_timestamp_seconds", device="0") == step_record(2).time
     assert got.value("appliance_generation_tokens_per_second", role="student", device="0") == 100.0
     assert got.value("appliance_step_duration_seconds_count", phase="train") == 2
     assert got.value("appliance_step_duration_seconds_sum", phase="train") == 40.0
@@ -214,6 +215,7 @@ def test_build_info_jobs_and_no_job_or_step_label_anywhere(metrics, scrape, plan
         "appliance_kl",
         "appliance_loss",
         "appliance_clip_ratio",
+        "appliance_last_step_timestamp_seconds",
         "appliance_memory_planned_bytes",
         "appliance_memory_used_bytes",
         "appliance_memory_budget_bytes",
