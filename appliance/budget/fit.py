@@ -66,6 +66,8 @@ def candidates(
     micro_batches = [micro_batch] if micro_batch else halvings(work.sequences)
     checkpointings = [checkpointing] if checkpointing is not None else [False, True]
     weights = [rollout_weights] if rollout_weights != "auto" else ["merged_copy", "shared"]
+    if work.rollout_engine == "vllm":  # vLLM holds its own copy whatever the setting: one candidate
+        weights = weights[:1]
     judge_batches = halvings(work.judge_calls) if work.judge is not None else [0]
     for ts, w, gc in itertools.product((False, True), weights, checkpointings):
 
@@ -180,7 +182,11 @@ def _reasons(
         )
     else:
         reasons["gradient_checkpointing"] = "off: the activations of the micro-batch fit without recomputation"
-    if rollout_weights != "auto":
+    if work.rollout_engine == "vllm":
+        reasons["rollout_weights"] = (
+            f"vLLM holds its own copy of the student ({gib(phases['generate'].resident['rollout_weights'])})"
+        )
+    elif rollout_weights != "auto":
         reasons["rollout_weights"] = "set by engine.rollout_weights in the job"
     elif s.rollout_weights == "merged_copy":
         reasons["rollout_weights"] = (

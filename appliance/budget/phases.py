@@ -83,6 +83,27 @@ class Sizing:
     judge_batch: int
 
 
+def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
+    """The rollout engine's own copy of the student, planned for the engine that holds it.
+
+    vLLM always loads its own copy (it cannot share the trainer's tensors): bitsandbytes 4-bit on CUDA for
+    a 4-bit student (engines/vllm_engine.for_student), else the compute dtype; under FSDP it is
+    tensor-parallel over the devices the base is sharded on, so each holds its share. The transformers merged copy
+    holds the model in the compute dtype plus the dequantized fp32 base of the LoRA targets it re-merges
+    from after every step (engines/merged_copy.py); sharing the trainer's weights holds nothing more.
+    """
+    if work.rollout_engine == "vllm":
+        quantized = work.device_kind == "cuda" and work.student_quantization in ("nf4", "fp4")
+        quantization = work.student_quantization if quantized else "none"
+        whole = c.weights_bytes(work.student, quantization, work.dtype_bytes, work.double_quant)
+        return -(-whole // work.student_shards)
+    if rollout_weights != "merged_copy":
+        return 0
+    return (
+        work.student.total_params * work.dtype_bytes + c.lora_target_params(work.student, list(work.lora_targets)) * 4
+    )
+
+
 def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
     """Bytes of each component when it is resident (activations: the train phase's)."""
     dtype = work.dtype_bytes
@@ -94,13 +115,7 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
         "student_weights": c.sharded_weights_bytes(
             work.student, work.student_quantization, dtype, work.double_quant, work.student_shards
         ),
-        # A merged copy: the model in the compute dtype, plus the dequantized (fp32) base weights of the
-        # LoRA targets it keeps to re-merge the adapter after every step (engines/merged_copy.py).
-        "rollout_weights": (
-            work.student.total_params * dtype + c.lora_target_params(work.student, list(work.lora_targets)) * 4
-        )
-        if s.rollout_weights == "merged_copy"
-        else 0,
+        "rollout_weights": rollout_weights_bytes(work, s.rollout_weights),
         "student_lora": c.student_lora_bytes(work.trainable_params),
         "optimizer": c.optimizer_bytes(work.trainable_params, work.optimizer),
         "activations": c.activation_bytes(

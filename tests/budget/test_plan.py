@@ -82,7 +82,8 @@ def test_24gib_with_an_nf4_judge_time_shares_with_smaller_batches(job, configs):
     plan = replan(job, configs, gpu(24), "judge.quantization: nf4")
     assert plan.fits and plan.choices.time_share
     assert plan.choices.micro_batch_size < at_80.choices.micro_batch_size
-    assert plan.choices.rollout_weights == "shared"
+    # vLLM rolls out from its own 4-bit copy at any budget: planned as such, not as a merged fp copy.
+    assert plan.choices.reasons["rollout_weights"].startswith("vLLM holds its own copy of the student")
     assert "would need" in plan.choices.reasons["micro_batch_size"]
 
 
@@ -187,3 +188,12 @@ def test_to_dict_carries_every_number_in_bytes(job, configs):
     }
     assert document["choices"]["rollout_kv_bytes"] == document["phases"]["generate"]["resident"]["rollout_kv"]
     assert all(isinstance(v, int) for v in document["components"].values())
+
+
+def test_vllm_rollout_weights_are_the_copy_vllm_loads(job, configs):
+    """vLLM loads the 4-bit student with bitsandbytes on CUDA: its copy weighs what the trainer's base does,
+    not the merged full-precision copy (plus fp32 LoRA targets) that only the transformers engine keeps."""
+    plan = plan_job(job, *configs, gpu(80))
+    generate = plan.phases["generate"].resident
+    assert plan.rollout_engine == "vllm"
+    assert generate["rollout_weights"] == generate["student_weights"]
