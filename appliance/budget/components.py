@@ -44,8 +44,14 @@ VLLM_MAX_BATCHED_TOKENS = 8192
 
 OPTIMIZER_BYTES_PER_PARAM = {"adamw_32bit": 2 * 4, "paged_adamw_8bit": 2 * 1}
 
-# At the loss the logits, their fp32 log-softmax, the gradient of the
-# log-probs and the gradient of the logits are alive at once.
+# The trainer computes the sampled tokens' logprobs a chunk of tokens at a time (grpo/token_logprobs.py):
+# at most this many bytes of fp32 logits per chunk ...
+LOGIT_CHUNK_BYTES = 256 * 2**20
+# ... of which this many chunk-sized tensors are alive at once (backward: the recomputed logits, under a
+# 16-bit head also their fp32 cast, the softmax and the logits' gradient).
+LOGIT_CHUNK_COPIES = 4
+# Models whose logits are not a plain linear head (ModelShape.scaled_logits) materialise them whole: at
+# the loss the logits, their fp32 log-softmax, the gradient of the log-probs and of the logits.
 LOGITS_COPIES_IN_TRAINING = 4
 # On the CPU a step's tensors cost more than autograd keeps: bitsandbytes' CPU
 # path dequantizes each weight into temporaries in forward and again in backward,
@@ -152,6 +158,22 @@ def _saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str], dtype
     return norms + attention + mlp + _lora_input_bytes(shape, lora_targets, dtype_bytes)
 
 
+def logit_chunk_tokens(vocab: int, chunk_bytes: int = LOGIT_CHUNK_BYTES) -> int:
+    """Tokens per logprob chunk: one chunk's fp32 logits within `chunk_bytes`."""
+    return max(1, chunk_bytes // (vocab * FP32))
+
+
+def logprob_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
+    """The loss's working memory for `tokens` logprobs: chunks of logits, or the whole logits where it must.
+
+    Besides the chunk the head keeps its input and gets that input's gradient ([tokens, hidden] each).
+    """
+    if shape.scaled_logits:
+        return LOGITS_COPIES_IN_TRAINING * tokens * shape.vocab * FP32
+    chunk = LOGIT_CHUNK_COPIES * min(tokens, logit_chunk_tokens(shape.vocab)) * shape.vocab * FP32
+    return chunk + 2 * tokens * shape.hidden * dtype_bytes
+
+
 def activation_bytes(
     shape: ModelShape,
     micro_batch: int,
@@ -162,12 +184,12 @@ def activation_bytes(
     lora_targets: list[str],
     device_kind: str = "cuda",
 ) -> int:
-    """Peak training activations for one micro-batch, logits included.
+    """Peak training activations for one micro-batch, the loss's logits included.
 
     Without checkpointing every layer keeps its saved tensors; with it, each layer
     keeps only its input and one layer's tensors are rebuilt during backward.
-    Logits are computed for `logit_tokens` positions per sequence: a GRPO trainer
-    needs them for the completion only (transformers' `logits_to_keep`).
+    Logprobs are computed for `logit_tokens` positions per sequence (the
+    completion), a chunk of them at a time (`logprob_bytes`).
     """
     tokens = micro_batch * sequence_tokens
     per_layer = _saved_per_token_per_layer(shape, lora_targets, dtype_bytes) * tokens
@@ -175,7 +197,7 @@ def activation_bytes(
         layers = shape.layers * shape.hidden * dtype_bytes * tokens + per_layer
     else:
         layers = shape.layers * per_layer
-    logits = LOGITS_COPIES_IN_TRAINING * micro_batch * logit_tokens * shape.vocab * FP32
+    logits = logprob_bytes(shape, micro_batch * logit_tokens, dtype_bytes)
     if device_kind != "cpu":
         return layers + logits
     return int((layers + logits) * CPU_ACTIVATION_OVERHEAD) + CPU_STEP_WORKING_BYTES

@@ -51,6 +51,9 @@ class ModelShape:
     norm_params: int
     # Linear layers (in_features, out_features) per decoder block, by module name.
     block_linears: tuple[tuple[str, int, int], ...]
+    # Logits are more than lm_head(hidden) (Gemma 2's soft-capping, Cohere's logit_scale): the trainer then
+    # computes them whole (grpo/student.py plain_head) instead of a chunk at a time.
+    scaled_logits: bool = False
 
     @property
     def total_params(self) -> int:
@@ -164,6 +167,7 @@ def shape_from_config(config: dict, name: str = "model") -> ModelShape:
         embedding_params=embedding,
         norm_params=norm,
         block_linears=block_linears,
+        scaled_logits=bool(config.get("final_logit_softcapping") or config.get("logit_scale")),
     )
 
 

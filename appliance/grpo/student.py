@@ -5,8 +5,9 @@ disabled, so no second copy of the weights is held. The model rests in eval
 mode (generation shares these weights); only the gradient pass runs in
 training mode, where LoRA dropout applies and transformers' gradient
 checkpointing recomputes each layer (it is a no-op on layers in eval mode). Log-probabilities are
-computed only at completion positions (`logits_to_keep`), because the logits
-tensor (batch x positions x vocab x 4 bytes) is the largest in the step.
+computed only at completion positions and never as a whole logits tensor (batch x positions x
+vocab x 4 bytes, the largest in the step): the decoder's last hidden states go through the LM
+head a chunk at a time (token_logprobs.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from appliance.config.schema import StudentSpec
+from appliance.grpo.token_logprobs import chunked_token_logprobs, plain_token_logprobs
 from appliance.models.loading import load_causal_lm, load_tokenizer, resolve_compute_dtype
 
 
@@ -57,10 +59,12 @@ def pack_batch(
     return TokenBatch(torch.tensor(rows), torch.tensor(masks), torch.tensor(targets), torch.tensor(target_masks))
 
 
-def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits)[index] without materialising the whole log-softmax."""
-    chosen = torch.gather(logits, -1, index.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, dim=-1)
+def plain_head(causal_lm) -> torch.nn.Linear | None:
+    """The LM head when logits are exactly head(hidden) (no LoRA or 4-bit head, no soft-capping or scaling)."""
+    head = causal_lm.get_output_embeddings()
+    config = causal_lm.config
+    scaled = getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
+    return head if type(head) is torch.nn.Linear and not scaled else None
 
 
 class Student:
@@ -117,20 +121,24 @@ class Student:
 
     def _logprobs(self, batch: TokenBatch, temperature: float, reference: bool) -> torch.Tensor:
         batch_device = {k: getattr(batch, k).to(self.device) for k in ("input_ids", "attention_mask", "completion_ids")}
-        position_ids = (batch_device["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        inputs = {
+            "input_ids": batch_device["input_ids"],
+            "attention_mask": batch_device["attention_mask"],
+            "position_ids": (batch_device["attention_mask"].cumsum(-1) - 1).clamp(min=0),
+            "use_cache": False,
+        }
         width = batch.completion_ids.shape[1]
+        targets = batch_device["completion_ids"]
+        causal_lm = self.model.get_base_model()
+        head = plain_head(causal_lm)
         context = self.model.disable_adapter() if reference else nullcontext()
         grad = torch.no_grad() if reference else nullcontext()
         with context, grad:
-            output = self.model(
-                input_ids=batch_device["input_ids"],
-                attention_mask=batch_device["attention_mask"],
-                position_ids=position_ids,
-                logits_to_keep=width + 1,
-                use_cache=False,
-            )
-        logits = output.logits[:, :-1, :].float() / temperature
-        return selective_log_softmax(logits, batch_device["completion_ids"])
+            if head is None:
+                logits = self.model(**inputs, logits_to_keep=width + 1).logits[:, :-1, :]
+                return plain_token_logprobs(logits, targets, temperature)
+            hidden = causal_lm.get_decoder()(**inputs).last_hidden_state
+            return chunked_token_logprobs(hidden[:, -(width + 1) : -1, :], head, targets, temperature)
 
     def save_adapter(self, folder: Path) -> None:
         self.model.save_pretrained(str(folder))

@@ -63,28 +63,45 @@ def test_lora_all_linear_and_an_unknown_target():
         c.lora_params(llama, 8, ["c_attn"])
 
 
-def test_logits_are_batch_x_completion_x_vocab_x_4_bytes_per_copy():
+def test_logprobs_cost_one_chunk_of_logits_not_batch_x_completion_x_vocab():
     qwen = shape("Qwen2.5-7B")
-    one_more_logit_token = c.activation_bytes(qwen, 4, 1024, 513, 2, True, ATTENTION) - c.activation_bytes(
+    # 256 MiB of fp32 logits per chunk: 441 tokens of Qwen's 152,064-token vocabulary.
+    assert c.logit_chunk_tokens(152064) == 441
+    tokens = 32 * 1024
+    chunk = c.LOGIT_CHUNK_COPIES * 441 * 152064 * 4
+    head_input_and_gradient = 2 * tokens * 3584 * 2
+    assert c.logprob_bytes(qwen, tokens, 2) == chunk + head_input_and_gradient
+    # Past one chunk, another token costs its hidden state and gradient only, not another row of logits.
+    one_more = c.activation_bytes(qwen, 4, 1024, 513, 2, True, ATTENTION) - c.activation_bytes(
         qwen, 4, 1024, 512, 2, True, ATTENTION
     )
-    assert one_more_logit_token == c.LOGITS_COPIES_IN_TRAINING * 4 * 152064 * 4
+    assert one_more == 4 * 2 * 3584 * 2
+    # Fewer tokens than a chunk: the chunk is that small.
+    assert c.logprob_bytes(qwen, 10, 2) == c.LOGIT_CHUNK_COPIES * 10 * 152064 * 4 + 2 * 10 * 3584 * 2
+
+
+def test_soft_capped_logits_are_planned_whole():
+    # Gemma 2 caps its logits after the head, so the trainer takes the plain path: every row of logits at once.
+    gemma = shape("Gemma-2-9B")
+    assert gemma.scaled_logits and not shape("Qwen2.5-7B").scaled_logits
+    assert c.logprob_bytes(gemma, 4 * 512, 2) == c.LOGITS_COPIES_IN_TRAINING * 4 * 512 * 256000 * 4
 
 
 def test_gradient_checkpointing_keeps_one_hidden_state_per_layer():
     qwen = shape("Qwen2.5-7B")
     full = c.activation_bytes(qwen, 8, 1024, 512, 2, False, ATTENTION)
     checkpointed = c.activation_bytes(qwen, 8, 1024, 512, 2, True, ATTENTION)
-    logits = c.LOGITS_COPIES_IN_TRAINING * 8 * 512 * 152064 * 4
+    logits = c.logprob_bytes(qwen, 8 * 512, 2)
     layer_inputs = 28 * 3584 * 2 * 8 * 1024
     assert checkpointed - logits > layer_inputs
     assert (full - logits) / (checkpointed - logits) > 5
 
 
-def test_activations_scale_linearly_with_the_micro_batch():
+def test_layer_activations_scale_linearly_with_the_micro_batch():
     qwen = shape("Qwen2.5-7B")
-    one = c.activation_bytes(qwen, 1, 1024, 512, 2, False, ATTENTION)
-    assert c.activation_bytes(qwen, 8, 1024, 512, 2, False, ATTENTION) == pytest.approx(8 * one, rel=1e-6)
+    one = c.activation_bytes(qwen, 1, 1024, 512, 2, False, ATTENTION) - c.logprob_bytes(qwen, 512, 2)
+    eight = c.activation_bytes(qwen, 8, 1024, 512, 2, False, ATTENTION) - c.logprob_bytes(qwen, 8 * 512, 2)
+    assert eight == pytest.approx(8 * one, rel=1e-6)
 
 
 def test_kv_cache_for_a_rollout_batch():
