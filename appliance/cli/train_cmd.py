@@ -8,9 +8,14 @@ transformers, bitsandbytes, vLLM) goes to the job's log.txt unless --verbose.
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 
+from appliance import __version__
 from appliance.cli.main import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, add_data_dir, data_dir_of
+from appliance.cli.terminal import Terminal
+from appliance.config.checks import load_checked_job
+from appliance.errors import ApplianceError, DiskFullError, JobStopped
 from appliance.metrics.server import parse_metrics_addr
 
 
@@ -73,113 +78,125 @@ def sampled_note(temperature: float, samples: int) -> str:
 
 
 def _train(args) -> int:
-    from appliance import __version__
-    from appliance.cli.terminal import Terminal
-    from appliance.config.checks import load_checked_job
-    from appliance.errors import ApplianceError, DiskFullError, JobStopped
-    from appliance.grpo.job import prepare_job_dir
-
+    # The training stack (torch, transformers) loads only when a job runs, not for `appliance --help`.
     from appliance.grpo.distributed import launched_rank
 
-    data_dir = data_dir_of(args)
-    rank = launched_rank()
+    data_dir, rank = data_dir_of(args), launched_rank()
     try:
-        metrics_address = parse_metrics_addr(args.metrics_addr) if args.metrics_addr else None
         spec = load_checked_job(args.file, data_dir)
+        metrics_address = parse_metrics_addr(args.metrics_addr) if args.metrics_addr else None
         if rank is None and (spec.resources.world_size > 1 or args.nnodes or args.node_rank):
             return _launch(args, spec, data_dir)
-        if rank is not None:  # started by the launcher, which prepared the job folder
-            job_dir = _rank_job_dir(data_dir, spec, rank)
-        else:
-            job_dir = prepare_job_dir(data_dir, spec, resume=args.resume, restart=args.restart)
-            if args.resume:
-                from appliance.grpo.data_parallel import check_world_size
-
-                check_world_size(job_dir, 1)
+        job_dir = _rank_job_dir(data_dir, spec, rank) if rank is not None else _job_dir(args, spec, data_dir)
     except (ApplianceError, ValueError) as error:
-        print("\n".join(f"error: {line}" for line in str(error).splitlines()), file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _refused(error, EXIT_BAD_INPUT)
+    progress = Progress(job_dir, spec, rank, args.verbose, metrics_address, data_dir)
+    try:
+        _run(args, spec, data_dir, job_dir, progress)
+    except (DiskFullError, JobStopped) as error:
+        return _refused(error, EXIT_FAILURE)
+    except ApplianceError as error:
+        return _refused(error, EXIT_BAD_INPUT if progress.terminal.steps_seen == 0 else EXIT_FAILURE)
+    except Exception as error:  # the last complete checkpoint stays; say how to continue
+        return _crashed(error, args.file, job_dir, progress.terminal.last_step)
+    finally:
+        progress.close(rank)
+    if rank is None:  # a rank's launcher reports the job's end
+        print(f"done: checkpoints in {job_dir / 'checkpoints'}, best adapter in {job_dir / 'best'}")
+    return EXIT_OK
 
-    exporter = None
-    if metrics_address:
-        from appliance.metrics.run_exporter import RunExporter
 
-        exporter = RunExporter(
+def _run(args, spec, data_dir: Path, job_dir: Path, progress: "Progress") -> None:
+    from appliance.grpo.run import run_job
+
+    with progress.terminal:
+        run_job(
+            spec,
             data_dir,
-            *metrics_address,
-            version=__version__,
-            student_model=spec.student.model,
-            judge_model=spec.judge.model if spec.judge else None,
+            job_dir,
+            job_file_dir=args.file.resolve().parent,
+            resume=args.resume,
+            evaluate=args.eval,
+            eval_limit=args.eval_limit,
+            on_step=progress.on_step,
+            on_event=progress.on_event,
         )
-        print(f"Prometheus metrics on {exporter.server.url}", flush=True)
-    main_rank = rank is None or rank.is_main
-    log_name = "log.txt" if main_rank else f"log.rank{rank.rank}.txt"
-    terminal = Terminal(job_dir / log_name, verbose=args.verbose, steps=spec.grpo.steps)
 
-    def on_step(record) -> None:
-        if main_rank:
-            terminal.step(format_progress(record), record.step)
-        if exporter:
-            exporter.on_step(record)
 
-    def on_event(event) -> None:
-        if not main_rank:
-            return
-        if event.kind == "log":
-            terminal.line(event.data["line"])
-        elif event.kind == "eval" and event.data.get("when") in ("before", "after"):
-            terminal.line(
+def _job_dir(args, spec, data_dir: Path) -> Path:
+    """The job folder of a one-rank run: made, archived (--restart) or checked for a resume."""
+    from appliance.grpo.data_parallel import check_world_size
+    from appliance.grpo.job import prepare_job_dir
+
+    job_dir = prepare_job_dir(data_dir, spec, resume=args.resume, restart=args.restart)
+    if args.resume:
+        check_world_size(job_dir, 1)
+    return job_dir
+
+
+def _refused(error: Exception, exit_code: int) -> int:
+    print("\n".join(f"error: {line}" for line in str(error).splitlines()), file=sys.stderr)
+    return exit_code
+
+
+def _crashed(error: Exception, job_file: Path, job_dir: Path, last_step: int | None) -> int:
+    with open(job_dir / "log.txt", "a", encoding="utf-8") as log:
+        traceback.print_exc(file=log)
+    print(
+        f"error: training stopped after step {last_step}: {type(error).__name__}: {error}; "
+        f"'appliance train {job_file} --resume' continues from the last checkpoint "
+        f"(details in {job_dir / 'log.txt'})",
+        file=sys.stderr,
+    )
+    return EXIT_FAILURE
+
+
+class Progress:
+    """What a run shows: one terminal line per step and the evaluations (rank 0 only), and the metrics port."""
+
+    def __init__(self, job_dir: Path, spec, rank, verbose: bool, metrics_address, data_dir: Path):
+        self.main_rank = rank is None or rank.is_main
+        log_name = "log.txt" if self.main_rank else f"log.rank{rank.rank}.txt"
+        self.terminal = Terminal(job_dir / log_name, verbose=verbose, steps=spec.grpo.steps)
+        self.exporter = None
+        if metrics_address:
+            from appliance.metrics.run_exporter import RunExporter
+
+            judge_model = spec.judge.model if spec.judge else None
+            self.exporter = RunExporter(
+                data_dir,
+                *metrics_address,
+                version=__version__,
+                student_model=spec.student.model,
+                judge_model=judge_model,
+            )
+            print(f"Prometheus metrics on {self.exporter.server.url}", flush=True)
+
+    def on_step(self, record) -> None:
+        if self.main_rank:
+            self.terminal.step(format_progress(record), record.step)
+        if self.exporter:
+            self.exporter.on_step(record)
+
+    def on_event(self, event) -> None:
+        if self.main_rank and event.kind == "log":
+            self.terminal.line(event.data["line"])
+        elif self.main_rank and event.kind == "eval" and event.data.get("when") in ("before", "after"):
+            self.terminal.line(
                 f"held-out {event.data['when']}: accuracy {event.data['accuracy']:.1%}, "
                 f"format {event.data['format_compliance']:.1%} on {event.data['problems']} problems"
                 + sampled_note(event.data.get("temperature", 0.0), event.data.get("samples", 1))
             )
-        if exporter:
-            exporter.on_event(event)
+        if self.exporter and self.main_rank:
+            self.exporter.on_event(event)
 
-    try:
-        with terminal:
-            from appliance.grpo.run import run_job
-
-            run_job(
-                spec,
-                data_dir,
-                job_dir,
-                job_file_dir=args.file.resolve().parent,
-                resume=args.resume,
-                evaluate=args.eval,
-                eval_limit=args.eval_limit,
-                on_step=on_step,
-                on_event=on_event,
-            )
-    except (DiskFullError, JobStopped) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_FAILURE
-    except ApplianceError as error:
-        print("\n".join(f"error: {line}" for line in str(error).splitlines()), file=sys.stderr)
-        return EXIT_BAD_INPUT if terminal.steps_seen == 0 else EXIT_FAILURE
-    except Exception as error:  # the last complete checkpoint stays; say how to continue
-        import traceback
-
-        with open(job_dir / "log.txt", "a", encoding="utf-8") as log:
-            traceback.print_exc(file=log)
-        print(
-            f"error: training stopped after step {terminal.last_step}: {type(error).__name__}: {error}; "
-            f"'appliance train {args.file} --resume' continues from the last checkpoint "
-            f"(details in {job_dir / 'log.txt'})",
-            file=sys.stderr,
-        )
-        return EXIT_FAILURE
-    finally:
-        if exporter:
-            exporter.close()
+    def close(self, rank) -> None:
+        if self.exporter:
+            self.exporter.close()
         if rank is not None:
             from appliance.grpo.distributed import destroy_process_group
 
             destroy_process_group()
-    if rank is not None:
-        return EXIT_OK  # the launcher reports the job's end
-    print(f"done: checkpoints in {job_dir / 'checkpoints'}, best adapter in {job_dir / 'best'}")
-    return EXIT_OK
 
 
 def _rank_job_dir(data_dir: Path, spec, rank) -> Path:
@@ -196,7 +213,6 @@ def _rank_job_dir(data_dir: Path, spec, rank) -> Path:
 def _launch(args, spec, data_dir: Path) -> int:
     """This box's launcher: prepare the job folder (node 0), start the ranks, report how they ended."""
     from appliance.cli.launch import LaunchError, launch, topology
-    from appliance.errors import ApplianceError
     from appliance.grpo.job import prepare_job_dir
 
     try:
@@ -204,8 +220,7 @@ def _launch(args, spec, data_dir: Path) -> int:
         if not shape.node_rank:
             job_dir = prepare_job_dir(data_dir, spec, resume=args.resume, restart=args.restart)
     except ApplianceError as error:
-        print("\n".join(f"error: {line}" for line in str(error).splitlines()), file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _refused(error, EXIT_BAD_INPUT)
     print(
         f"starting {shape.nproc_per_node} rank(s) on this box"
         + (f" (node {shape.node_rank} of {shape.nnodes})" if shape.nnodes > 1 else ""),
