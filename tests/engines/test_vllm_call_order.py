@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from appliance.engines.base import Sampling
+from appliance.engines.vllm_args import VllmSettings
 from appliance.engines.vllm_engine import VLLMEngine
 
 GIB = 1 << 30
@@ -113,9 +114,9 @@ def adapter(tmp_path, name: str, rank: int = 8):
 
 
 def cuda_engine(model_dir, **overrides):
-    args = dict(model_name="student", kv_cache_bytes=3 * GIB, device="cuda", max_lora_rank=8, vllm_api=fake_vllm_api())
+    args = dict(model_name="student", kv_cache_bytes=3 * GIB, device="cuda", max_lora_rank=8)
     args.update(overrides)
-    return VLLMEngine(model_dir, **args)
+    return VLLMEngine(VllmSettings(model_dir, **args), vllm_api=fake_vllm_api())
 
 
 SAMPLING = Sampling(max_new_tokens=4, n=2, temperature=1.0)
@@ -179,9 +180,8 @@ def test_cuda_engine_gets_exact_kv_bytes_sleep_mode_and_sampling_logprobs(model_
 
 def test_cpu_sleep_and_wake_are_recorded_no_ops_and_kv_cache_is_rounded_up_to_gib(model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0")
-    engine = VLLMEngine(
-        model_dir, model_name="student", kv_cache_bytes=GIB + GIB // 2, device="cpu", vllm_api=fake_vllm_api()
-    )
+    settings = VllmSettings(model_dir, model_name="student", kv_cache_bytes=GIB + GIB // 2, device="cpu")
+    engine = VLLMEngine(settings, vllm_api=fake_vllm_api())
 
     engine.sleep()
     engine.wake()

@@ -31,9 +31,10 @@ MEAN_ABS_LOGPROB_DIFF_BOUND = 1e-3
 
 @pytest.fixture(scope="module")
 def engine(demo_model_dir):
+    from appliance.engines.vllm_args import VllmSettings
     from appliance.engines.vllm_engine import VLLMEngine
 
-    vllm_engine = VLLMEngine(
+    settings = VllmSettings(
         demo_model_dir,
         model_name="student",
         kv_cache_bytes=GIB,
@@ -43,6 +44,7 @@ def engine(demo_model_dir):
         enable_lora=True,
         max_lora_rank=8,
     )
+    vllm_engine = VLLMEngine(settings)
     print(f"\nvLLM engine start: {vllm_engine.start_seconds:.1f} s")
     yield vllm_engine
     vllm_engine.close()
@@ -158,6 +160,7 @@ def test_adapter_update_moves_logprob_like_peft(engine, hf_model, demo_model_dir
 def test_judge_engine_beside_the_student_keeps_metrics_apart(engine, demo_model_dir):
     """vLLM unregisters the first LLM's vllm:* collectors when a second starts; each engine still reads its own."""
     from appliance.engines.base import Sampling
+    from appliance.engines.vllm_args import VllmSettings
     from appliance.engines.vllm_engine import VLLMEngine
     from appliance.engines.vllm_metrics import sample_value
 
@@ -165,7 +168,14 @@ def test_judge_engine_beside_the_student_keeps_metrics_apart(engine, demo_model_
         engine.metrics_snapshot()["families"], "vllm:generation_tokens_total", model_name="student"
     )
     judge = VLLMEngine(
-        demo_model_dir, model_name="judge", kv_cache_bytes=GIB, max_model_len=512, dtype="float32", enable_lora=False
+        VllmSettings(
+            demo_model_dir,
+            model_name="judge",
+            kv_cache_bytes=GIB,
+            max_model_len=512,
+            dtype="float32",
+            enable_lora=False,
+        )
     )
     try:
         print(f"\njudge engine start: {judge.start_seconds:.1f} s")
