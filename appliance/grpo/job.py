@@ -25,6 +25,7 @@ from appliance.budget.shapes import load_config
 from appliance.config.schema import JobSpec
 from appliance.durable import write_atomically
 from appliance.engines.hf import HFEngine
+from appliance.grpo.hooks import RunHooks
 from appliance.grpo.student import Student
 from appliance.grpo.trainer import RuntimeChoices, Trainer
 from appliance.models.loading import default_device
@@ -126,6 +127,7 @@ def build_trainer(
     data_dir: Path,
     job_dir: Path,
     stop_requested: Callable[[], str | None] | None = None,
+    hooks: RunHooks | None = None,
 ) -> Trainer:
     from appliance.grpo.distributed import launched_rank
 
@@ -167,28 +169,32 @@ def build_trainer(
     rewards = job_rewards(spec, job_file_dir, judge)
     agent = None
     if spec.task.environment is not None:
-        from appliance.agents.source import make_source
-        from appliance.budget.workload import generated_tokens
-        from appliance.grpo.trajectories import AgentJob
-
-        bound = (
-            plan.sequence_tokens["student"]
-            if plan is not None
-            else (prompt_tokens or spec.grpo.max_prompt_tokens) + generated_tokens(planned)
-        )
-        agent = AgentJob(
-            make_source(spec, engine, data_dir, job_dir=job_dir, stop_requested=stop_requested),
-            spec.task.environment,
-            bound,
-            environment,
-        )
+        bound = _agent_sequence_bound(plan, spec, planned, prompt_tokens)
+        agent = _agent_job(spec, engine, data_dir, job_dir, stop_requested, bound, environment)
     ledger = measure_loaded(plan, student, engine) if plan is not None else None
     parts = (spec, job_dir, student, engine, task, rewards, choices)
     if rank is not None:
         from appliance.grpo.data_parallel import RankTrainer
 
-        return RankTrainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, rank=rank)
-    return Trainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent)
+        return RankTrainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks, rank=rank)
+    return Trainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks)
+
+
+def _agent_sequence_bound(plan, spec: JobSpec, planned: JobSpec, prompt_tokens: int | None) -> int:
+    """The longest sequence an agent trajectory may reach: the plan's, else the spec's prompt plus turns."""
+    if plan is not None:
+        return plan.sequence_tokens["student"]
+    from appliance.budget.workload import generated_tokens
+
+    return (prompt_tokens or spec.grpo.max_prompt_tokens) + generated_tokens(planned)
+
+
+def _agent_job(spec: JobSpec, engine, data_dir: Path, job_dir: Path, stop_requested, bound: int, environment):
+    from appliance.agents.source import make_source
+    from appliance.grpo.trajectories import AgentJob
+
+    source = make_source(spec, engine, data_dir, job_dir=job_dir, stop_requested=stop_requested)
+    return AgentJob(source, spec.task.environment, bound, environment)
 
 
 def _agent_environment(spec: JobSpec, data_dir: Path):

@@ -12,6 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 SAMPLES_LIMIT_BYTES = 20 * 2**20
 
@@ -51,8 +52,14 @@ def truncate_after_step(path: Path, step: int) -> None:
 
 
 class RunRecords:
-    def __init__(self, job_dir: Path, samples_limit_bytes: int = SAMPLES_LIMIT_BYTES):
+    def __init__(
+        self,
+        job_dir: Path,
+        samples_limit_bytes: int = SAMPLES_LIMIT_BYTES,
+        on_log: Callable[[str], None] | None = None,
+    ):
         self.job_dir = Path(job_dir)
+        self.on_log = on_log  # also hears every log line (the trainer turns them into "log" events)
         self.metrics_path = self.job_dir / "metrics.jsonl"
         self.samples_path = self.job_dir / "samples.jsonl"
         self.judge_path = self.job_dir / "judge.jsonl"
@@ -76,3 +83,5 @@ class RunRecords:
     def log(self, line: str) -> None:
         with open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line.rstrip()}\n")
+        if self.on_log is not None:
+            self.on_log(line)

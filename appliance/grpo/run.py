@@ -16,16 +16,14 @@ import appliance.offline  # noqa: F401
 import json
 import time
 from pathlib import Path
-from typing import Callable
 
 from appliance.config.schema import JobSpec
 from appliance.errors import StopBeforeStep
-from appliance.grpo.step_record import EvalResult, RunEvent, RunResult, StepRecord
-from appliance.trackers import open_trackers
+from appliance.grpo.hooks import EventCallback, RunHooks, StepCallback, StopCallback
+from appliance.grpo.step_record import EvalResult, RunResult, StepRecord
+from appliance.trackers import Trackers, open_trackers
 
-StepCallback = Callable[[StepRecord], None]
-EventCallback = Callable[[RunEvent], None]
-StopCallback = Callable[[], "str | None"]
+__all__ = ["EventCallback", "StepCallback", "StopCallback", "run_job"]
 
 
 def run_job(
@@ -50,83 +48,66 @@ def run_job(
     """
     from appliance.grpo.job import build_trainer
 
-    emit = on_event or (lambda event: None)
     stop_requested = stop_requested or (lambda: None)
+    steps = _StepSinks(on_step)
+    hooks = RunHooks(on_step=steps, on_event=on_event or (lambda event: None))
     # The trainer polls it too: an agent job waiting for submitted trajectories stops without finishing a step.
-    trainer = build_trainer(spec, Path(job_file_dir), Path(data_dir), Path(job_dir), stop_requested=stop_requested)
+    trainer = build_trainer(
+        spec, Path(job_file_dir), Path(data_dir), Path(job_dir), stop_requested=stop_requested, hooks=hooks
+    )
     try:
         limit = eval_limit if eval_limit is not None else spec.checkpoint.eval_limit
-        return _drive(trainer, spec, resume, evaluate, limit, on_step or (lambda record: None), emit, stop_requested)
+        return _drive(trainer, spec, resume, _HeldOut(trainer, limit) if evaluate else None, steps, stop_requested)
     finally:
         trainer.close()
 
 
-def _event(emit: EventCallback, kind: str, step: int, **data) -> None:
-    emit(RunEvent(kind=kind, step=step, data=data, time=time.time()))
+class _StepSinks:
+    """Every finished step goes to the caller's on_step and, once they are open, to the trackers."""
+
+    def __init__(self, on_step: StepCallback | None):
+        self.on_step = on_step
+        self.trackers: Trackers | None = None
+
+    def __call__(self, record: StepRecord) -> None:
+        if self.on_step is not None:
+            self.on_step(record)
+        if self.trackers is not None:
+            self.trackers.write(record)
+
+
+class _HeldOut:
+    """Held-out evaluations of one run: each announced as an "eval" event, all kept for eval.json."""
+
+    def __init__(self, trainer, limit: int | None):
+        self.trainer = trainer
+        self.limit = limit
+        self.evaluations: dict[str, dict] = {}
+
+    def __call__(self, adapter: bool, when: str) -> EvalResult:
+        started = time.monotonic()
+        evaluation = self.trainer.evaluate_held_out(adapter=adapter, limit=self.limit)
+        self.evaluations[when] = evaluation.to_dict()
+        result = evaluation.summary()
+        self.trainer.on_event("eval", when=when, seconds=time.monotonic() - started, **result.to_dict())
+        return result
+
+    def write(self, job_dir: Path) -> None:
+        from appliance.durable import write_atomically
+
+        write_atomically(job_dir / "eval.json", json.dumps(self.evaluations, indent=2))
 
 
 def _drive(
-    trainer,
-    spec: JobSpec,
-    resume: bool,
-    evaluate: bool,
-    eval_limit: int | None,
-    on_step: StepCallback,
-    emit: EventCallback,
-    stop_requested: StopCallback,
+    trainer, spec: JobSpec, resume: bool, held_out: _HeldOut | None, steps: _StepSinks, stop_requested: StopCallback
 ) -> RunResult:
-    log = trainer.records.log
-
-    def log_and_emit(line: str) -> None:
-        log(line)
-        _event(emit, "log", trainer.step, line=line)
-
-    trainer.records.log = log_and_emit
-    trainer.on_event = lambda kind, **data: _event(emit, kind, trainer.step, **data)
-    if trainer.plan is not None:
-        plan = trainer.plan
-        _event(
-            emit,
-            "memory",
-            0,
-            planned_bytes=dict(plan.components),
-            budget_bytes=plan.budget_bytes,
-            planned_peak_bytes=plan.peak_bytes,
-            device_total_bytes=plan.device.total_bytes,
-            device_used_bytes=plan.device.used_bytes,
-        )
-    if resume:
-        step = trainer.resume()
-        if step is None:
-            log_and_emit(f"no checkpoint in {trainer.job_dir / 'checkpoints'}; starting at step 0")
-    choices = trainer.choices
-    log_and_emit(
-        f"job '{spec.name}' in {trainer.job_dir}: {spec.grpo.steps} steps, micro-batch "
-        f"{trainer.micro_batch_size}, gradient checkpointing {'on' if choices.gradient_checkpointing else 'off'}"
-        f", rollouts on {choices.rollout_weights} weights ({trainer.engine.kind})"
-    )
-    evaluations: dict[str, dict] = {}
-
-    def held_out_eval(adapter: bool, when: str) -> EvalResult:
-        started = time.monotonic()
-        evaluation = trainer.evaluate_held_out(adapter=adapter, limit=eval_limit)
-        evaluations[when] = evaluation.to_dict()
-        result = evaluation.summary()
-        _event(emit, "eval", trainer.step, when=when, seconds=time.monotonic() - started, **result.to_dict())
-        return result
-
-    before = held_out_eval(adapter=False, when="before") if evaluate and trainer.step == 0 else None
-    trackers = open_trackers(spec, trainer.job_dir, log_and_emit)
-
-    def step_done(record: StepRecord) -> None:
-        on_step(record)
-        trackers.write(record)
-
-    trainer.progress = step_done
+    _announce(trainer, spec, resume)
+    before = held_out(adapter=False, when="before") if held_out is not None and trainer.step == 0 else None
+    steps.trackers = open_trackers(spec, trainer.job_dir, trainer.records.log)
 
     def stopped(reason: str) -> RunResult:
         trainer.ensure_checkpoint()
-        log_and_emit(f"stopped at step {trainer.step}: {reason}")
+        trainer.records.log(f"stopped at step {trainer.step}: {reason}")
         return RunResult("stopped", trainer.step, reason, trainer.checkpoints.best_state(), before, None)
 
     try:
@@ -139,10 +120,30 @@ def _drive(
             except StopBeforeStep as interrupted:
                 return stopped(stop_requested() or str(interrupted))
     finally:
-        trackers.close()
-    after = held_out_eval(adapter=True, when="after") if evaluate else None
-    if evaluations:
-        from appliance.durable import write_atomically
-
-        write_atomically(trainer.job_dir / "eval.json", json.dumps(evaluations, indent=2))
+        steps.trackers.close()
+    after = held_out(adapter=True, when="after") if held_out is not None else None
+    if held_out is not None and held_out.evaluations:
+        held_out.write(trainer.job_dir)
     return RunResult("completed", trainer.step, None, trainer.checkpoints.best_state(), before, after)
+
+
+def _announce(trainer, spec: JobSpec, resume: bool) -> None:
+    """The plan's memory reading, the resume and the log line that opens the run."""
+    if trainer.plan is not None:
+        plan = trainer.plan
+        trainer.on_event(
+            "memory",
+            planned_bytes=dict(plan.components),
+            budget_bytes=plan.budget_bytes,
+            planned_peak_bytes=plan.peak_bytes,
+            device_total_bytes=plan.device.total_bytes,
+            device_used_bytes=plan.device.used_bytes,
+        )
+    if resume and trainer.resume() is None:
+        trainer.records.log(f"no checkpoint in {trainer.job_dir / 'checkpoints'}; starting at step 0")
+    choices = trainer.choices
+    trainer.records.log(
+        f"job '{spec.name}' in {trainer.job_dir}: {spec.grpo.steps} steps, micro-batch "
+        f"{trainer.micro_batch_size}, gradient checkpointing {'on' if choices.gradient_checkpointing else 'off'}"
+        f", rollouts on {choices.rollout_weights} weights ({trainer.engine.kind})"
+    )

@@ -3,7 +3,7 @@
 `Trainer` is built by `job.build_trainer` from a validated JobSpec and driven
 by `run.run_job`, one `train_step()` at a time. The loop knows nothing of the
 daemon: each step ends in one StepRecord, written to metrics.jsonl and handed
-to `progress`; phase changes and checkpoints go to `on_event`.
+to its `hooks` (grpo/hooks.py), as are phase changes, checkpoints and log lines.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from appliance.conventions import JUDGE_REWARD
 from appliance.engines.base import GenerationEngine, Sampling
 from appliance.errors import JobStopped
 from appliance.grpo.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager
+from appliance.grpo.hooks import RunHooks
 from appliance.grpo.optim import make_optimizer, make_scheduler
 from appliance.grpo.phases import PhaseClock
 from appliance.grpo.records import RunRecords
 from appliance.grpo.rollout import ScoredRollout, generate_groups, score_groups, scored_rollout
-from appliance.grpo.step_record import MemoryReading, RewardStats, StepRecord
+from appliance.grpo.step_record import MemoryReading, RewardStats, RunEvent, StepRecord
 from appliance.grpo.student import Student
 from appliance.grpo.time_share import enter_phase
 from appliance.grpo.training_state import UpdateSnapshot, load_payload, write_adapter, write_payload
@@ -81,6 +82,7 @@ class Trainer:
         ledger=None,
         plan=None,
         agent: AgentJob | None = None,
+        hooks: RunHooks | None = None,
     ):
         self.spec = spec
         self.job_dir = Path(job_dir)
@@ -94,8 +96,7 @@ class Trainer:
         self.ledger = ledger
         self.plan = plan
         self.agent = agent  # an agent job: trajectory groups from agent.source instead of task prompts
-        self.progress = lambda record: None  # run_job's on_step
-        self.on_event = lambda kind, **data: None  # run_job turns these into RunEvents
+        self.hooks = hooks or RunHooks()
         self.stream = ProblemStream(task.train, seed=spec.task.seed) if task is not None else None
         self.optimizer = make_optimizer(student.trainable_parameters(), spec.grpo, choices.device)
         self.scheduler = make_scheduler(self.optimizer, spec.grpo)
@@ -103,7 +104,7 @@ class Trainer:
             student, self.optimizer, self.scheduler, spec.grpo, spec.engine.vllm.importance_sampling_cap
         )
         self.checkpoints = CheckpointManager(self.job_dir, spec.checkpoint.keep_last)
-        self.records = RunRecords(self.job_dir)
+        self.records = RunRecords(self.job_dir, on_log=lambda line: self.on_event("log", line=line))
         self.best_metric, self.best_mode = best_rule.resolve(
             spec.checkpoint.best_metric, spec.checkpoint.best_mode, spec.checkpoint.eval_every is not None
         )
@@ -112,6 +113,9 @@ class Trainer:
         self.micro_batch_size = choices.micro_batch_size
         self.nonfinite_in_a_row = 0
         self.last_record: StepRecord | None = None
+
+    def on_event(self, kind: str, **data) -> None:
+        self.hooks.on_event(RunEvent(kind=kind, step=self.step, data=data, time=time.time()))
 
     # ----- resume -------------------------------------------------------------------------------
 
@@ -187,7 +191,7 @@ class Trainer:
         record = dataclasses.replace(record, seconds=self._seconds(clock, before), time=time.time())
         self.records.metrics(record.to_dict())
         self.last_record = record
-        self.progress(record)
+        self.hooks.on_step(record)
         self._report_engines()
         self._check_finite(record)
         return record
