@@ -16,13 +16,23 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass, replace
 
 from appliance.budget.phases import FitChoices, PhasePlan, Sizing, phase_plans
+from appliance.budget.reasons import FitReason
 from appliance.budget.workload import Workload
-from appliance.config.sizes import format_bytes
 
 CHECKPOINTING_COMPUTE_COST = 0.75  # throughput kept with gradient checkpointing (one extra forward)
 SATURATING_MICRO_BATCH_TOKENS = 16384
+REASON_KEYS = (
+    "micro_batch_size",
+    "grad_accumulation",
+    "gradient_checkpointing",
+    "rollout_weights",
+    "time_share",
+    "rollout_batch",
+    "judge_batch",
+)
 
 
 def halvings(n: int) -> list[int]:
@@ -54,8 +64,30 @@ def _largest(values: list[int], fits) -> int | None:
     return None
 
 
+class Peaks:
+    """The peak of each Sizing of one workload, planned once: the search and the reasons ask for the same ones."""
+
+    def __init__(self, work: Workload):
+        self.work = work
+        self.plans: dict[Sizing, dict[str, PhasePlan]] = {}
+
+    def phases(self, s: Sizing) -> dict[str, PhasePlan]:
+        if s not in self.plans:
+            self.plans[s] = phase_plans(self.work, s)
+        return self.plans[s]
+
+    def __call__(self, s: Sizing, **change) -> int:
+        """The peak of `s`, with the fields in `change` changed."""
+        return peak_of(self.phases(replace(s, **change)))
+
+
 def candidates(
-    work: Workload, budget_bytes: int, micro_batch: int | None, checkpointing: bool | None, rollout_weights: str
+    work: Workload,
+    budget_bytes: int,
+    micro_batch: int | None,
+    checkpointing: bool | None,
+    rollout_weights: str,
+    peaks: Peaks | None = None,
 ):
     """For each setting of the yes/no choices, the largest batch sizes that fit, in order of importance.
 
@@ -69,10 +101,11 @@ def candidates(
     if work.rollout_engine == "vllm":  # vLLM holds its own copy whatever the setting: one candidate
         weights = weights[:1]
     judge_batches = halvings(work.judge_calls) if work.judge is not None else [0]
+    peaks = peaks or Peaks(work)
     for ts, w, gc in itertools.product((False, True), weights, checkpointings):
 
         def fits(rb: int, jb: int, mb: int) -> bool:
-            return peak_of(phase_plans(work, Sizing(mb, gc, w, ts, rb, jb))) <= budget_bytes
+            return peaks(Sizing(mb, gc, w, ts, rb, jb)) <= budget_bytes
 
         smallest_mb, smallest_jb = micro_batches[-1], judge_batches[-1]
         rb = _largest(halvings(work.sequences), lambda value: fits(value, smallest_jb, smallest_mb))
@@ -92,16 +125,17 @@ def auto_fit(
     rollout_weights: str = "auto",
 ) -> tuple[FitChoices, dict[str, PhasePlan]]:
     """The best Sizing that fits, or the smallest one when none does; with phases and reasons."""
-    planned = [
-        (s, phase_plans(work, s)) for s in candidates(work, budget_bytes, micro_batch, checkpointing, rollout_weights)
-    ]
+    peaks = Peaks(work)
+    found = candidates(work, budget_bytes, micro_batch, checkpointing, rollout_weights, peaks)
+    planned = [(s, peaks.phases(s)) for s in found]
     fitting = [(s, p) for s, p in planned if peak_of(p) <= budget_bytes]
     if fitting:
         sizing, phases = max(fitting, key=lambda item: _rank(item[0], work.sequence_tokens))
     else:
         # Nothing fits: show the configuration that needs least, in its worst phase and then overall.
         sizing, phases = min(planned, key=lambda item: (peak_of(item[1]), sum(p.peak_bytes for p in item[1].values())))
-    reasons = _reasons(work, sizing, phases, budget_bytes, bool(fitting), micro_batch, checkpointing, rollout_weights)
+    asked = _Asked(micro_batch, checkpointing, rollout_weights)
+    reasons = _reasons(work, sizing, phases, budget_bytes, asked, peaks) if fitting else _nothing_fits(budget_bytes)
     choices = FitChoices(
         micro_batch_size=sizing.micro_batch_size,
         grad_accumulation=math.ceil(work.sequences / sizing.micro_batch_size),
@@ -117,98 +151,66 @@ def auto_fit(
     return choices, phases
 
 
-def _with(work: Workload, s: Sizing, **change) -> int:
-    """Peak of the same plan with one choice changed."""
-    fields = dict(
-        micro_batch_size=s.micro_batch_size,
-        gradient_checkpointing=s.gradient_checkpointing,
-        rollout_weights=s.rollout_weights,
-        time_share=s.time_share,
-        rollout_batch=s.rollout_batch,
-        judge_batch=s.judge_batch,
-    )
-    fields.update(change)
-    return peak_of(phase_plans(work, Sizing(**fields)))
+@dataclass(frozen=True)
+class _Asked:
+    """What the job file set (None / "auto": the fit chooses)."""
+
+    micro_batch: int | None
+    checkpointing: bool | None
+    rollout_weights: str
+
+
+def _nothing_fits(budget: int) -> dict[str, FitReason]:
+    return dict.fromkeys(REASON_KEYS, FitReason("nothing_fits", budget))
 
 
 def _reasons(
-    work: Workload,
-    s: Sizing,
-    phases: dict[str, PhasePlan],
-    budget: int,
-    fits: bool,
-    micro_batch: int | None,
-    checkpointing: bool | None,
-    rollout_weights: str,
-) -> dict[str, str]:
-    gib = format_bytes
-    budget_text = f"the {gib(budget)} budget"
-    if not fits:
-        note = f"nothing fits {budget_text}; the smallest configuration is shown"
-        return {
-            key: note
-            for key in (
-                "micro_batch_size",
-                "grad_accumulation",
-                "gradient_checkpointing",
-                "rollout_weights",
-                "time_share",
-                "rollout_batch",
-                "judge_batch",
-            )
-        }
+    work: Workload, s: Sizing, phases: dict[str, PhasePlan], budget: int, asked: _Asked, peaks: Peaks
+) -> dict[str, FitReason]:
+    """Why each choice of a plan that fits took its value; the alternatives' peaks come from `peaks`."""
 
-    def next_size_up(field: str, value: int, limit: int) -> str:
+    def next_size_up(field: str, value: int, limit: int) -> FitReason:
         """Why not the next larger candidate: it would not fit (or there is none)."""
         if value >= limit:
-            return f"all {limit} at once fit"
+            return FitReason("all_fit", budget, size=limit)
         larger = min(v for v in halvings(limit) if v > value)
-        return f"{larger} would need {gib(_with(work, s, **{field: larger}))} > {budget_text}"
+        return FitReason("larger_needs", budget, larger=larger, needs_bytes=peaks(s, **{field: larger}))
 
-    reasons = {}
-    if micro_batch:
-        reasons["micro_batch_size"] = "set by grpo.micro_batch_size in the job"
-    else:
-        reasons["micro_batch_size"] = (
-            f"sequences per forward/backward: {next_size_up('micro_batch_size', s.micro_batch_size, work.sequences)}"
-        )
-    reasons["grad_accumulation"] = f"{work.sequences} sequences per step / micro-batch {s.micro_batch_size}, rounded up"
-    if checkpointing is not None:
-        reasons["gradient_checkpointing"] = "set by student.gradient_checkpointing in the job"
-    elif s.gradient_checkpointing:
-        without = _with(work, s, gradient_checkpointing=False)
-        reasons["gradient_checkpointing"] = f"on: without it micro-batch {s.micro_batch_size} needs {gib(without)}" + (
-            f" > {budget_text}" if without > budget else ", and a larger checkpointed micro-batch trains faster"
-        )
-    else:
-        reasons["gradient_checkpointing"] = "off: the activations of the micro-batch fit without recomputation"
-    if work.rollout_engine == "vllm":
-        reasons["rollout_weights"] = (
-            f"vLLM holds its own copy of the student ({gib(phases['generate'].resident['rollout_weights'])})"
-        )
-    elif rollout_weights != "auto":
-        reasons["rollout_weights"] = "set by engine.rollout_weights in the job"
-    elif s.rollout_weights == "merged_copy":
-        reasons["rollout_weights"] = (
-            f"merged_copy: a separate {work.compute_dtype} copy of the student "
-            f"({gib(phases['generate'].resident['rollout_weights'])}) fits and generates faster than 4-bit weights"
-        )
-    else:
-        reasons["rollout_weights"] = (
-            f"shared: a merged copy would need {gib(_with(work, s, rollout_weights='merged_copy'))} > {budget_text}"
-            " at these batch sizes"
-        )
-    if s.time_share:
-        together = _with(work, s, time_share=False)
-        reasons["time_share"] = (
-            f"on: with every engine awake the step needs {gib(together)} > {budget_text} at these batch sizes; "
-            "each phase alone fits, idle engines sleep"
-        )
-    else:
-        reasons["time_share"] = "off: every engine stays awake within the budget (no wake/sleep per step)"
-    reasons["rollout_batch"] = (
-        f"sequences generated at once: {next_size_up('rollout_batch', s.rollout_batch, work.sequences)}"
-    )
+    reasons = {
+        "micro_batch_size": FitReason("set_in_job", note="grpo.micro_batch_size")
+        if asked.micro_batch
+        else next_size_up("micro_batch_size", s.micro_batch_size, work.sequences),
+        "grad_accumulation": FitReason("rounded_up", budget, size=work.sequences, larger=s.micro_batch_size),
+        "gradient_checkpointing": _checkpointing_reason(s, budget, asked, peaks),
+        "rollout_weights": _weights_reason(work, s, phases, budget, asked, peaks),
+        "time_share": FitReason("awake_too_big", budget, needs_bytes=peaks(s, time_share=False))
+        if s.time_share
+        else FitReason("all_awake", budget),
+        "rollout_batch": next_size_up("rollout_batch", s.rollout_batch, work.sequences),
+    }
     if work.judge is not None:
-        reasons["judge_batch"] = f"judge calls at once: {next_size_up('judge_batch', s.judge_batch, work.judge_calls)}"
+        reasons["judge_batch"] = next_size_up("judge_batch", s.judge_batch, work.judge_calls)
     return reasons
+
+
+def _checkpointing_reason(s: Sizing, budget: int, asked: _Asked, peaks: Peaks) -> FitReason:
+    if asked.checkpointing is not None:
+        return FitReason("set_in_job", note="student.gradient_checkpointing")
+    if not s.gradient_checkpointing:
+        return FitReason("activations_fit", budget)
+    without = peaks(s, gradient_checkpointing=False)
+    kind = "checkpointing_needed" if without > budget else "checkpointing_faster"
+    return FitReason(kind, budget, size=s.micro_batch_size, needs_bytes=without)
+
+
+def _weights_reason(
+    work: Workload, s: Sizing, phases: dict[str, PhasePlan], budget: int, asked: _Asked, peaks: Peaks
+) -> FitReason:
+    copy = phases["generate"].resident["rollout_weights"]
+    if work.rollout_engine == "vllm":
+        return FitReason("vllm_copy", budget, needs_bytes=copy)
+    if asked.rollout_weights != "auto":
+        return FitReason("set_in_job", note="engine.rollout_weights")
+    if s.rollout_weights == "merged_copy":
+        return FitReason("merged_copy_fits", budget, needs_bytes=copy, note=work.compute_dtype)
+    return FitReason("merged_copy_too_big", budget, needs_bytes=peaks(s, rollout_weights="merged_copy"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from appliance.budget import components as c
+from appliance.budget.reasons import FitReason, describe
 from appliance.budget.workload import Workload
 
 COMPONENTS = (
@@ -41,7 +42,10 @@ class FitChoices:
     rollout_kv_bytes: int  # for vLLM: kv_cache_memory_bytes of the rollout engine
     judge_batch: int
     judge_kv_bytes: int  # for vLLM: kv_cache_memory_bytes of the judge engine
-    reasons: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, FitReason] = field(default_factory=dict)
+
+    def worded_reasons(self) -> dict[str, str]:
+        return {choice: describe(choice, reason) for choice, reason in self.reasons.items()}
 
     def to_dict(self) -> dict:
         return {
@@ -54,7 +58,7 @@ class FitChoices:
             "rollout_kv_bytes": self.rollout_kv_bytes,
             "judge_batch": self.judge_batch,
             "judge_kv_bytes": self.judge_kv_bytes,
-            "reasons": dict(self.reasons),
+            "reasons": self.worded_reasons(),
         }
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from appliance.budget.device import DeviceInfo
 from appliance.budget.fit import auto_fit
 from appliance.budget.phases import COMPONENTS, FitChoices, PhasePlan
+from appliance.budget.reasons import FitReason
 from appliance.budget.workload import Workload, assumptions, workload_of
 from appliance.config.schema import JobSpec
 from appliance.config.sizes import format_bytes, parse_memory_budget
@@ -94,7 +95,7 @@ class Plan:
             f"(KV {gib(c.rollout_kv_bytes)})"
             + (f", judge batch {c.judge_batch} (KV {gib(c.judge_kv_bytes)})" if "judge" in self.phases else "")
         )
-        for key, reason in c.reasons.items():
+        for key, reason in c.worded_reasons().items():
             lines.append(f"  {key}: {reason}")
         lines.append("")
         if self.fits:
@@ -149,7 +150,7 @@ def plan_job(
     work = replace(work, student_shards=student_shards)
     choices, phases = _fit(job, work, budget)
     if assumptions(job):
-        choices.reasons["sequence_tokens"] = f"{work.sequence_tokens}: " + assumptions(job)
+        choices.reasons["sequence_tokens"] = FitReason("assumed", size=work.sequence_tokens, note=assumptions(job))
     peak = _peak(phases)
     fits = peak <= budget
     components = {name: max(p.resident[name] for p in phases.values()) for name in COMPONENTS}

@@ -95,21 +95,22 @@ def decide_choices(
         prompt_tokens=prompt_tokens,
     )
     choices = plan.choices
+    worded = choices.worded_reasons()
     if spec.grpo.micro_batch_size:
         micro, reasons["micro_batch_size"] = spec.grpo.micro_batch_size, "set in the job file"
     else:
-        micro, reasons["micro_batch_size"] = choices.micro_batch_size, choices.reasons.get("micro_batch_size", "plan")
+        micro, reasons["micro_batch_size"] = choices.micro_batch_size, worded.get("micro_batch_size", "plan")
     if spec.student.gradient_checkpointing is not None:
         checkpointing, reasons["gradient_checkpointing"] = spec.student.gradient_checkpointing, "set in the job file"
     else:
         checkpointing = choices.gradient_checkpointing
-        reasons["gradient_checkpointing"] = choices.reasons.get("gradient_checkpointing", "plan")
+        reasons["gradient_checkpointing"] = worded.get("gradient_checkpointing", "plan")
     if spec.engine.rollout_weights != "auto":
         weights, reasons["rollout_weights"] = spec.engine.rollout_weights, "set in the job file"
     else:
-        weights, reasons["rollout_weights"] = choices.rollout_weights, choices.reasons.get("rollout_weights", "plan")
+        weights, reasons["rollout_weights"] = choices.rollout_weights, worded.get("rollout_weights", "plan")
     time_share = choices.time_share
-    reasons["time_share"] = choices.reasons.get("time_share", "plan")
+    reasons["time_share"] = worded.get("time_share", "plan")
     return RuntimeChoices(device, micro, checkpointing, weights, reasons, time_share), plan
 
 

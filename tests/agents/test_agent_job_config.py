@@ -119,11 +119,11 @@ def test_an_agent_job_plans_with_its_stated_trajectory_bound(tmp_path, demo_mode
     plan = plan_job(spec, load_config(demo_model_dir / "config.json"), None, device, prompt_tokens=opening)
     assert plan.fits
     assert plan.sequence_tokens["student"] == opening + 3 * (40 + TOOL_RESULT_TOKENS)
-    assert "3 turns (task.max_turns)" in plan.choices.reasons["sequence_tokens"]
+    assert "3 turns (task.max_turns)" in plan.choices.worded_reasons()["sequence_tokens"]
     assert "sequence_tokens" in plan.render()
     unset = parse_job(
         JOB.format(environment="builtin:calculator", extra="") + "grpo: {max_new_tokens: 40}\n", "job.yaml"
     )
     plan = plan_job(unset, load_config(demo_model_dir / "config.json"), None, device, prompt_tokens=opening)
     assert plan.sequence_tokens["student"] == opening + AGENT_TURNS_ASSUMED * (40 + TOOL_RESULT_TOKENS)
-    assert "assumed; set task.max_turns" in plan.choices.reasons["sequence_tokens"]
+    assert "assumed; set task.max_turns" in plan.choices.worded_reasons()["sequence_tokens"]

@@ -55,7 +55,7 @@ def test_80gib_fits_with_every_phase_under_the_90_percent_budget(job, configs):
 def test_80gib_time_shares_because_256_sequences_and_16_long_judge_calls_do_not_fit_together(job, configs):
     plan = plan_job(job, *configs, gpu(80))
     assert plan.choices.time_share
-    assert "each phase alone fits" in plan.choices.reasons["time_share"]
+    assert "each phase alone fits" in plan.choices.worded_reasons()["time_share"]
     # While training, the sleeping vLLM engines hold no weights and no KV cache on the GPU.
     train = plan.phases["train"].resident
     assert train["judge_weights"] == train["judge_kv"] == train["rollout_kv"] == 0
@@ -83,8 +83,8 @@ def test_24gib_with_an_nf4_judge_time_shares_with_smaller_batches(job, configs):
     assert plan.fits and plan.choices.time_share
     assert plan.choices.micro_batch_size < at_80.choices.micro_batch_size
     # vLLM rolls out from its own 4-bit copy at any budget: planned as such, not as a merged fp copy.
-    assert plan.choices.reasons["rollout_weights"].startswith("vLLM holds its own copy of the student")
-    assert "would need" in plan.choices.reasons["micro_batch_size"]
+    assert plan.choices.worded_reasons()["rollout_weights"].startswith("vLLM holds its own copy of the student")
+    assert "would need" in plan.choices.worded_reasons()["micro_batch_size"]
 
 
 def test_8gib_refuses_with_the_student_and_judge_weights_overflowing(job, configs):
@@ -162,7 +162,7 @@ def test_the_job_file_fixes_micro_batch_and_checkpointing(configs):
     plan = plan_job(job, configs[0], None, gpu(80))
     assert plan.choices.micro_batch_size == 2 and plan.choices.grad_accumulation == 16
     assert not plan.choices.gradient_checkpointing
-    assert "set by" in plan.choices.reasons["micro_batch_size"]
+    assert "set by" in plan.choices.worded_reasons()["micro_batch_size"]
 
 
 def test_a_memory_budget_in_bytes_is_used_as_given(configs):
