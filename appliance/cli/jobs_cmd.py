@@ -31,30 +31,7 @@ def register(subparsers) -> None:
     actions = jobs.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
 
     def action(name: str, help_text: str, handler, with_id: bool = True):
-        parser = actions.add_parser(name, help=help_text)
-        if with_id:
-            parser.add_argument("job_id", metavar="ID")
-        parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
-        parser.add_argument(
-            "--socket",
-            default=None,
-            help="the daemon's socket (default: $APPLIANCE_SOCKET, else /run/appliance/control.sock)",
-        )
-        parser.add_argument(
-            "--control-addr",
-            default=None,
-            metavar="HOST:PORT",
-            help="talk to the daemon's TCP control port instead of the socket "
-            "(default: $APPLIANCE_CONTROL_ADDR); needs --token-file",
-        )
-        parser.add_argument(
-            "--token-file",
-            default=None,
-            metavar="FILE",
-            help="file holding the daemon's control token, mode 0600 (default: $APPLIANCE_TOKEN_FILE)",
-        )
-        parser.set_defaults(handler=lambda args: _run(args, handler))
-        return parser
+        return _add_action(actions, name, help_text, handler, with_id)
 
     submit = action("submit", "validate, plan and queue a job file", _submit, with_id=False)
     submit.add_argument("file", type=Path, metavar="FILE")
@@ -88,6 +65,34 @@ def register(subparsers) -> None:
         metavar="FILE",
         help='JSON: a list of trajectory groups (or {"groups": [...]}), or JSON Lines, one group per line',
     )
+
+
+def _add_action(actions, name: str, help_text: str, handler, with_id: bool) -> object:
+    """One `appliance jobs ACTION`: its job id, --json and how to reach the daemon."""
+    parser = actions.add_parser(name, help=help_text)
+    if with_id:
+        parser.add_argument("job_id", metavar="ID")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument(
+        "--socket",
+        default=None,
+        help="the daemon's socket (default: $APPLIANCE_SOCKET, else /run/appliance/control.sock)",
+    )
+    parser.add_argument(
+        "--control-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="talk to the daemon's TCP control port instead of the socket "
+        "(default: $APPLIANCE_CONTROL_ADDR); needs --token-file",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="file holding the daemon's control token, mode 0600 (default: $APPLIANCE_TOKEN_FILE)",
+    )
+    parser.set_defaults(handler=lambda args: _run(args, handler))
+    return parser
 
 
 def _run(args, handler) -> int:

@@ -18,8 +18,22 @@ def register(subparsers) -> None:
         "group --group); Prometheus metrics are served read-only on --metrics-addr.",
     )
     add_data_dir(parser)
+    _add_control_options(parser, DEFAULT_SOCKET)
+    _add_submission_options(parser)
     parser.add_argument(
-        "--socket", type=Path, default=None, help=f"control socket (default: $APPLIANCE_SOCKET, else {DEFAULT_SOCKET})"
+        "--stop-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long a pause or shutdown waits for a job to checkpoint before it is killed",
+    )
+    parser.set_defaults(handler=_serve)
+
+
+def _add_control_options(parser, default_socket: Path) -> None:
+    """Who may reach the daemon, and where: the socket, its groups, the metrics and TCP control ports."""
+    parser.add_argument(
+        "--socket", type=Path, default=None, help=f"control socket (default: $APPLIANCE_SOCKET, else {default_socket})"
     )
     parser.add_argument(
         "--group",
@@ -54,6 +68,10 @@ def register(subparsers) -> None:
         help="file holding the TCP control port's token (mode 0600, at least 16 characters); "
         "required with --control-addr",
     )
+
+
+def _add_submission_options(parser) -> None:
+    """What a submitted job may read or reach: dataset and secret folders, judge servers, upload size."""
     parser.add_argument(
         "--dataset-root",
         action="append",
@@ -80,14 +98,6 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--max-upload", default="64MiB", metavar="SIZE", help="largest dataset a submission may upload (default 64MiB)"
     )
-    parser.add_argument(
-        "--stop-timeout",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="how long a pause or shutdown waits for a job to checkpoint before it is killed",
-    )
-    parser.set_defaults(handler=_serve)
 
 
 def _serve(args) -> int:
