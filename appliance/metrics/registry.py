@@ -49,6 +49,19 @@ class TrainingMetrics:
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._define_training(r)
+        self._define_memory_and_service(r)
+        self.build_info.labels(version=version, student_model=student_model, judge_model=judge_model or "").set(1)
+
+        self.engines = EngineSnapshotCollector()
+        r.register(self.engines)
+        # Judge outcome totals are cumulative; counters advance by the difference to the last totals seen.
+        self._judge_seen: dict[tuple[str, str], float] = {}  # (slot, outcome) -> the running job's last total
+        self._series: dict[str, set[tuple[Gauge, tuple[str, ...]]]] = {}  # slot -> the gauges set for it
+        self._job_states: set[str] = set()
+
+    def _define_training(self, r: CollectorRegistry) -> None:
+        """Tokens, steps, phase durations and the step's learning signals."""
         self.generated_tokens = Counter(PREFIX + "generated_tokens", "Tokens generated", ["role"], registry=r)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens read by generation", ["role"], registry=r)
         self.completions = Counter(PREFIX + "completions", "Student completions generated for training", registry=r)
@@ -76,6 +89,9 @@ class TrainingMetrics:
         self.last_step_time = Gauge(
             PREFIX + "last_step_timestamp_seconds", "When the running job last finished a step", SLOT, registry=r
         )
+
+    def _define_memory_and_service(self, r: CollectorRegistry) -> None:
+        """Memory planned and used, the device, the judge, the job queue, the disk and the build."""
         self.memory_planned = Gauge(
             PREFIX + "memory_planned_bytes", "Planned device bytes per component", ["component", "device"], registry=r
         )
@@ -105,14 +121,6 @@ class TrainingMetrics:
             ["version", "student_model", "judge_model"],
             registry=r,
         )
-        self.build_info.labels(version=version, student_model=student_model, judge_model=judge_model or "").set(1)
-
-        self.engines = EngineSnapshotCollector()
-        r.register(self.engines)
-        # Judge outcome totals are cumulative; counters advance by the difference to the last totals seen.
-        self._judge_seen: dict[tuple[str, str], float] = {}  # (slot, outcome) -> the running job's last total
-        self._series: dict[str, set[tuple[Gauge, tuple[str, ...]]]] = {}  # slot -> the gauges set for it
-        self._job_states: set[str] = set()
 
     # ----- one finished step ------------------------------------------------------------------
 
