@@ -203,15 +203,7 @@ class ChatService:
         if refusal is not None:
             raise ValueError(refusal)
         prompt = self.render(request)
-        stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
-        sampling = Sampling(
-            max_new_tokens=request.max_completion_tokens or request.max_tokens or 256,
-            n=request.n,
-            temperature=request.temperature if self.policy is None else self.policy.temperature,
-            top_p=request.top_p if self.policy is None else self.policy.top_p,
-            seed=request.seed,
-            stop=stop if self.policy is None else self.policy.stop,
-        )
+        sampling, stop = self._sampling(request)
         # Under a policy the text keeps the stop string: the served text is always the sampled tokens' text.
         trim = self.policy is None and stop and not request.include_stop_str_in_output
         request_id = uuid.uuid4().hex
@@ -228,6 +220,23 @@ class ChatService:
                 else {}
                 for index, c in enumerate(completions)
             ]
+        return self._document(request, request_id, completions, logprobs, extras)
+
+    def _sampling(self, request: ChatRequest) -> tuple[Sampling, tuple[str, ...]]:
+        """The request's sampling (a policy fixes temperature, top-p and stop), and its own stop strings."""
+        stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+        sampling = Sampling(
+            max_new_tokens=request.max_completion_tokens or request.max_tokens or 256,
+            n=request.n,
+            temperature=request.temperature if self.policy is None else self.policy.temperature,
+            top_p=request.top_p if self.policy is None else self.policy.top_p,
+            seed=request.seed,
+            stop=stop if self.policy is None else self.policy.stop,
+        )
+        return sampling, stop
+
+    def _document(self, request: ChatRequest, request_id: str, completions, logprobs, extras) -> dict:
+        """The chat.completion response for the completions of one request."""
         prompt_ids = completions[0].prompt_token_ids
         choices = []
         for index, (completion, content, extra) in enumerate(zip(completions, logprobs, extras)):
