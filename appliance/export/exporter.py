@@ -161,41 +161,8 @@ def export_job(
         else:
             _write_adapter(adapter, base, staging)
         _copy_tokenizer(base, staging)
-        card = CardInput(
-            spec=job.spec,
-            facts=job_facts(job.path, adapter.step),
-            kind=kind,
-            base_model=base.name,
-            base_sha256=base.sha256,
-            checkpoint=checkpoint,
-            step=adapter.step,
-            metric_name=adapter.metric_name,
-            metric_value=adapter.metric_value,
-            dtype=dtype if merged else None,
-        )
-        (staging / "README.md").write_text(render_card(card))
-        manifest = write_export_manifest(
-            staging,
-            {
-                "kind": kind,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "appliance_version": __version__,
-                "source": {
-                    "job": job.name,
-                    "job_dir": str(job.path),
-                    "checkpoint": checkpoint,
-                    "step": adapter.step,
-                    "metric": {"name": adapter.metric_name, "value": adapter.metric_value},
-                },
-                "base_model": {
-                    "name": base.name,
-                    "sha256": base.sha256,
-                    "files": {name: entry["sha256"] for name, entry in base.files.items() if name != MANIFEST},
-                    "training_quantization": job.spec.student.quantization,
-                },
-                "dtype": dtype if merged else None,
-            },
-        )
+        (staging / "README.md").write_text(render_card(_card_input(job, adapter, base, kind, checkpoint, dtype)))
+        manifest = write_export_manifest(staging, _manifest_fields(job, adapter, base, kind, checkpoint, dtype))
         _finish_folder(staging)
         if out.is_dir():
             out.rmdir()  # empty (checked above)
@@ -204,3 +171,41 @@ def export_job(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return ExportResult(out, kind, job.name, adapter.step, manifest)
+
+
+def _card_input(job, adapter, base, kind: str, checkpoint: str, dtype: str) -> CardInput:
+    return CardInput(
+        spec=job.spec,
+        facts=job_facts(job.path, adapter.step),
+        kind=kind,
+        base_model=base.name,
+        base_sha256=base.sha256,
+        checkpoint=checkpoint,
+        step=adapter.step,
+        metric_name=adapter.metric_name,
+        metric_value=adapter.metric_value,
+        dtype=dtype if kind == "merged" else None,
+    )
+
+
+def _manifest_fields(job, adapter, base, kind: str, checkpoint: str, dtype: str) -> dict:
+    """What export.json says beside the file hashes: where the export came from and its base."""
+    return {
+        "kind": kind,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "appliance_version": __version__,
+        "source": {
+            "job": job.name,
+            "job_dir": str(job.path),
+            "checkpoint": checkpoint,
+            "step": adapter.step,
+            "metric": {"name": adapter.metric_name, "value": adapter.metric_value},
+        },
+        "base_model": {
+            "name": base.name,
+            "sha256": base.sha256,
+            "files": {name: entry["sha256"] for name, entry in base.files.items() if name != MANIFEST},
+            "training_quantization": job.spec.student.quantization,
+        },
+        "dtype": dtype if kind == "merged" else None,
+    }
