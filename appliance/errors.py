@@ -9,11 +9,21 @@ from __future__ import annotations
 
 
 class ApplianceError(Exception):
-    """A failure the user can act on; the message says what to change."""
+    """A failure the user can act on; the message says what to change.
+
+    Each kind says how it ends a command and an API request: `exit_code` (the
+    CLI's: 2 is input to correct, 1 a run that failed) and `http_status` (the
+    control API's). Subclasses override them; nothing maps types to codes.
+    """
+
+    exit_code = 2
+    http_status = 400
 
 
 class DiskFullError(ApplianceError):
     """A checkpoint could not be written for lack of disk space; the previous checkpoint is intact."""
+
+    exit_code = 1
 
     def __init__(self, folder, needed_bytes: int | None, free_bytes: int | None):
         self.folder, self.needed_bytes, self.free_bytes = folder, needed_bytes, free_bytes
@@ -27,6 +37,8 @@ class DiskFullError(ApplianceError):
 
 class JobStopped(ApplianceError):
     """A run ended early on purpose (e.g. too many non-finite steps in a row)."""
+
+    exit_code = 1
 
 
 class StopBeforeStep(ApplianceError):

@@ -24,14 +24,10 @@ from appliance import __version__
 from appliance.errors import ApplianceError
 from appliance.service.api import ErrorResponse
 from appliance.service.routes import daemon_router, jobs_router
-from appliance.service.store import BadTransition, UnknownJob
 from appliance.service.submission import SubmissionRejected
 
 if TYPE_CHECKING:
     from appliance.service.daemon import Daemon
-
-# Errors of modules this one does not own, which carry no http_status of their own.
-HTTP_STATUS: dict[type, int] = {UnknownJob: 404, BadTransition: 409}
 
 
 class Unauthenticated(ApplianceError):
@@ -212,14 +208,8 @@ class AuditRefusals:
 
 
 def status_of(error: ApplianceError) -> int:
-    """The HTTP status of a project error: its http_status, else the table, else 400 (input to correct)."""
-    status = getattr(error, "http_status", None)
-    if isinstance(status, int):
-        return status
-    for kind, code in HTTP_STATUS.items():
-        if isinstance(error, kind):
-            return code
-    return 400
+    """The HTTP status of a project error: its kind's http_status (ApplianceError's is 400, input to correct)."""
+    return error.http_status
 
 
 async def appliance_error(_request: Request, error: ApplianceError) -> JSONResponse:

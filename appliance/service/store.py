@@ -78,11 +78,11 @@ class StoreError(ApplianceError):
 
 
 class UnknownJob(StoreError):
-    pass
+    http_status = 404
 
 
 class BadTransition(StoreError):
-    pass
+    http_status = 409
 
 
 class StoreUnwritable(StoreError):
