@@ -58,6 +58,7 @@ grpo:
 checkpoint:
   every: 1
   keep_last: 2
+  eval_every: null
 {extra}"""
 
 

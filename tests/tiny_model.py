@@ -78,7 +78,8 @@ def tiny_job(model_dir: Path, folder: Path, **sections) -> Path:
             "temperature": 1.0,
         },
         "engine": {"rollout": "hf", "rollout_weights": "shared"},
-        "checkpoint": {"every": 2, "keep_last": 2},
+        # No held-out evaluation unless a test asks (eval_every: auto would evaluate the last step).
+        "checkpoint": {"every": 2, "keep_last": 2, "eval_every": None},
     }
     for section, values in sections.items():
         job[section] = {**job.get(section, {}), **values} if isinstance(values, dict) else values

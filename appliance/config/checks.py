@@ -118,6 +118,26 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
     errors += _reward_errors(parsed, base_dir)
     errors += _best_metric_errors(parsed)
     errors += _resources_errors(parsed)
+    errors += _sampling_errors(parsed)
+    return errors
+
+
+def _sampling_errors(parsed: ParsedJob) -> list[ConfigError]:
+    """dynamic_sampling and skip_settled_after draw from the job's own prompt order: one rank, a dataset task."""
+    spec = parsed.spec
+    if spec is None:
+        return []
+    errors = []
+    for key in ("dynamic_sampling", "skip_settled_after"):
+        if not getattr(spec.grpo, key):
+            continue
+        if spec.task.environment is not None:
+            why = "an agent job's groups come from its environment, not from a prompt order"
+        elif spec.resources.world_size > 1:
+            why = f"it draws prompts on one rank, and this job has {spec.resources.world_size}"
+        else:
+            continue
+        errors.append(parsed.error_at(("grpo", key), f"{key} is not available here: {why}; drop it"))
     return errors
 
 
@@ -157,7 +177,7 @@ def _resources_errors(parsed: ParsedJob) -> list[ConfigError]:
 
 def _best_metric_errors(parsed: ParsedJob) -> list[ConfigError]:
     """checkpoint.best_metric names a number every record (or every evaluated record) carries."""
-    from appliance.config.best import EVAL_METRICS, allowed_metrics
+    from appliance.config.best import EVAL_METRICS, allowed_metrics, evaluation_every
 
     metric = _at(parsed.data, "checkpoint", "best_metric")
     if not isinstance(metric, str):
@@ -173,12 +193,13 @@ def _best_metric_errors(parsed: ParsedJob) -> list[ConfigError]:
     if metric not in allowed:
         hint = did_you_mean(metric, allowed) or f"; one of: {', '.join(allowed)}"
         return [parsed.error_at(key, f"unknown metric '{metric}'{hint}")]
-    if metric in EVAL_METRICS and not isinstance(_at(parsed.data, "checkpoint", "eval_every"), int):
+    if metric in EVAL_METRICS and parsed.spec is not None and evaluation_every(parsed.spec) is None:
         return [
             parsed.error_at(
                 key,
-                f"'{metric}' is measured only with checkpoint.eval_every set; set it "
-                "(e.g. eval_every: 10) or follow a training metric such as reward_mean",
+                f"'{metric}' is measured only when the job evaluates held-out problems during training; set "
+                "checkpoint.eval_every (e.g. 10; auto needs task.held_out above 0) or follow a training metric "
+                "such as reward_mean",
             )
         ]
     return []

@@ -209,6 +209,22 @@ class GrpoSpec(Spec):
     # Sequences per forward/backward; null: the budget manager decides.
     micro_batch_size: PositiveInt | None = None
     seed: int = 0
+    # DAPO dynamic sampling: draw prompts_per_step more prompts while fewer than prompts_per_step groups of the
+    # step have reward spread, at most max_sampling_rounds generation rounds a step (grpo/sampling.py).
+    dynamic_sampling: bool = False
+    max_sampling_rounds: Annotated[int, Field(ge=2, le=16)] = 3
+    # Skip a prompt whose last N groups had no reward spread for its next N appearances, then try it again;
+    # it is back for good once a group of it has spread. null: never skip (grpo/sampling.py).
+    skip_settled_after: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _rounds_need_dynamic_sampling(self) -> "GrpoSpec":
+        default = type(self).model_fields["max_sampling_rounds"].default
+        if self.max_sampling_rounds != default and not self.dynamic_sampling:
+            raise ValueError(
+                "max_sampling_rounds bounds dynamic sampling; set dynamic_sampling: true or drop max_sampling_rounds"
+            )
+        return self
 
 
 class VllmSpec(Spec):
@@ -293,10 +309,14 @@ def greedy_samples_problem(temperature: float, samples: int) -> str | None:
 class CheckpointSpec(Spec):
     every: PositiveInt = 20
     keep_last: PositiveInt = 3
-    # Held-out evaluation every N steps (and at the last); null: none during training.
-    eval_every: PositiveInt | None = None
+    # Held-out evaluation every N steps (and at the last); null: none during training. auto: every
+    # AUTO_EVAL_EVERY steps on at most AUTO_EVAL_LIMIT problems (unless eval_limit says) when best/ follows
+    # held-out accuracy (best_metric unset or eval.*) and the dataset task holds problems out; else none
+    # (config/best.py: evaluation_every).
+    eval_every: PositiveInt | Literal["auto"] | None = "auto"
     # Held-out problems (agent jobs: scenarios) per evaluation (the first N of the split); null: all of them
-    # (an agent job: 32 scenarios). Also what `appliance train --eval` evaluates unless --eval-limit says otherwise.
+    # (an agent job: 32 scenarios; eval_every: auto during training: AUTO_EVAL_LIMIT). Also what
+    # `appliance train --eval` evaluates unless --eval-limit says otherwise.
     eval_limit: PositiveInt | None = None
     # Held-out evaluation samples at this temperature; 0 is greedy. Greedy hides what sampling shows (a model
     # that is right greedily may be right in few sampled episodes): evaluate sampled to see what training moves.
@@ -304,7 +324,8 @@ class CheckpointSpec(Spec):
     # Samples per held-out problem or scenario, with fixed seeds (every evaluation of the job sees the same
     # scenarios and random draws); accuracy / success is the share of all sampled completions or episodes.
     eval_samples: Annotated[int, Field(ge=1, le=64)] = 1
-    # What best/ follows: null is eval.accuracy with eval_every, else reward_mean (see config/best.py).
+    # What best/ follows: null is eval.accuracy when the job evaluates during training, else reward_mean
+    # (see config/best.py).
     best_metric: str | None = None
     # max or min; null: the metric's natural direction (min for loss and kl).
     best_mode: Literal["max", "min"] | None = None

@@ -2,7 +2,7 @@
 
 Every phase is a plain function call on plain data, so each can be tested
 alone with real inputs. The result says which groups carry signal; only
-those reach the trainer.
+those reach the trainer (with dynamic sampling, only the `selected` ones: grpo/sampling.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ class ScoredRollout:
     groups: list[list[Completion]]  # groups[i] = the completions of problems[i]
     scores: RewardScores  # flattened group-major: index = i * group_size + j
     advantages: GroupAdvantages
+    # [groups] bool: the groups the update trains on; None: every informative group.
+    selected: torch.Tensor | None = None
+
+    @property
+    def trained(self) -> torch.Tensor:
+        return self.advantages.informative if self.selected is None else self.selected
 
     @property
     def flat(self) -> list[Completion]:
@@ -56,7 +62,7 @@ class ScoredRollout:
     def train_samples(self, use_engine_logprobs: bool) -> list[TrainSample]:
         samples = []
         for group_index, group in enumerate(self.groups):
-            if not bool(self.advantages.informative[group_index]):
+            if not bool(self.trained[group_index]):
                 continue
             for member, completion in enumerate(group):
                 if not completion.token_ids:

@@ -102,6 +102,10 @@ class StepRecord:
     logprob_diff_mean: float = 0.0
     logprob_diff_max: float = 0.0
     judge_outcomes: dict[str, int] = field(default_factory=dict)  # cumulative; empty without a judge
+    # Of groups_total (every group generated, all rounds), the ones the update used; None in older records.
+    groups_trained: int | None = None
+    sampling_rounds: int = 1  # generation rounds of the step (grpo.dynamic_sampling)
+    prompts_skipped: int = 0  # settled prompts the data order passed over (grpo.skip_settled_after)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: one metrics.jsonl line."""

@@ -31,6 +31,7 @@ from appliance.grpo.optim import make_optimizer, make_scheduler
 from appliance.grpo.phases import PhaseClock
 from appliance.grpo.records import RunRecords
 from appliance.grpo.rollout import ScoredRollout, generate_groups, score_groups, scored_rollout
+from appliance.grpo.sampling import PromptSkipper, SamplingRounds, round_seed
 from appliance.grpo.step_record import MemoryReading, RewardStats, RunEvent, StepRecord
 from appliance.grpo.student import Student
 from appliance.grpo.time_share import enter_phase
@@ -98,6 +99,8 @@ class Trainer:
         self.agent = agent  # an agent job: trajectory groups from agent.source instead of task prompts
         self.hooks = hooks or RunHooks()
         self.stream = ProblemStream(task.train, seed=spec.task.seed) if task is not None else None
+        after = spec.grpo.skip_settled_after
+        self.skipper = PromptSkipper(self.stream, after) if self.stream is not None and after else None
         self.optimizer = make_optimizer(student.trainable_parameters(), spec.grpo, choices.device)
         self.scheduler = make_scheduler(self.optimizer, spec.grpo)
         self.updater = GrpoUpdater(
@@ -106,13 +109,15 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.job_dir, spec.checkpoint.keep_last)
         self.records = RunRecords(self.job_dir, on_log=lambda line: self.on_event("log", line=line))
         self.best_metric, self.best_mode = best_rule.resolve(
-            spec.checkpoint.best_metric, spec.checkpoint.best_mode, spec.checkpoint.eval_every is not None
+            spec.checkpoint.best_metric, spec.checkpoint.best_mode, best_rule.evaluation_every(spec) is not None
         )
         self.step = 0
         self.best: dict | None = None  # {"step", "value", "metric"} of best/
         self.micro_batch_size = choices.micro_batch_size
         self.nonfinite_in_a_row = 0
         self.last_record: StepRecord | None = None
+        self.prompts_skipped = 0  # prompts the data order passed over this step (skip_settled_after)
+        self.sampling_rounds = 1  # generation rounds of this step (dynamic_sampling)
 
     def on_event(self, kind: str, **data) -> None:
         self.hooks.on_event(RunEvent(kind=kind, step=self.step, data=data, time=time.time()))
@@ -131,6 +136,8 @@ class Trainer:
                 load_payload(info.path, self.student, self.optimizer, self.scheduler)
                 if self.stream is not None:  # an agent job's scenarios follow from the step number alone
                     self.stream.load_state_dict(info.state["data_cursor"])
+                if self.skipper is not None:
+                    self.skipper.load_state_dict(info.state.get("skipped_prompts", {}))
             except Exception as error:  # noqa: BLE001 - any unreadable file means: use the previous one
                 problems.append(f"{info.path.name}: {type(error).__name__}: {error}")
                 self.records.log(
@@ -197,15 +204,32 @@ class Trainer:
         return record
 
     def _rollout(self, clock: PhaseClock) -> ScoredRollout:
-        problems = self.stream.next_batch(self.spec.grpo.prompts_per_step)
+        """One generation round, or with dynamic sampling rounds until the batch is full of informative groups."""
+        grpo = self.spec.grpo
+        rounds = SamplingRounds(grpo.prompts_per_step, grpo.max_sampling_rounds if grpo.dynamic_sampling else 1)
+        self.prompts_skipped = 0
+        while rounds.wants_more():
+            rounds.add(self._rollout_round(clock, len(rounds.rounds)))
+        self.sampling_rounds = len(rounds.rounds)
+        self._enter("train")
+        return rounds.rollout()
+
+    def _rollout_round(self, clock: PhaseClock, index: int) -> ScoredRollout:
+        count = self.spec.grpo.prompts_per_step
+        problems = self.skipper.next_batch(count) if self.skipper is not None else self.stream.next_batch(count)
+        self.prompts_skipped += self.skipper.skipped_last_batch if self.skipper is not None else 0
+        sampling = self._sampling()
+        sampling = dataclasses.replace(sampling, seed=round_seed(sampling.seed, index)) if index else sampling
         self._enter("generate")
         with clock.phase("generate", memory="generate"):
-            prompts, groups = generate_groups(self.engine, self.task, problems, self._sampling())
+            prompts, groups = generate_groups(self.engine, self.task, problems, sampling)
         self._enter("judge")
         with clock.phase("reward", memory="judge" if self.judge is not None else None):
             scores = score_groups(problems, groups, self.rewards)
-        self._enter("train")
-        return scored_rollout(problems, prompts, groups, scores, self.spec.grpo.scale_rewards)
+        scored = scored_rollout(problems, prompts, groups, scores, self.spec.grpo.scale_rewards)
+        if self.skipper is not None:
+            self.skipper.observe(problems, scored.advantages.informative.tolist())
+        return scored
 
     def _agent_rollout(self, clock: PhaseClock) -> ScoredTrajectories:
         grpo = self.spec.grpo
@@ -350,13 +374,13 @@ class Trainer:
         return self.engine if self.step == 0 else None
 
     def _evaluate_if_due(self, clock: PhaseClock):
-        every = self.spec.checkpoint.eval_every
+        every = best_rule.evaluation_every(self.spec)
         if every is None or not self.has_held_out():
             return None
         if self.step % every and self.step != self.spec.grpo.steps:
             return None
         with clock.phase("eval"):
-            summary = self.evaluate_held_out(adapter=True, limit=self.spec.checkpoint.eval_limit).summary()
+            summary = self.evaluate_held_out(adapter=True, limit=best_rule.evaluation_limit(self.spec)).summary()
         self.on_event("eval", when="step", **summary.to_dict())
         return summary
 
@@ -418,6 +442,7 @@ class Trainer:
         evaluation,
     ) -> StepRecord:
         lengths = scored.completion_lengths
+        informative = scored.advantages.informative
         after = self._token_totals()
         seconds = self._seconds(clock, before)
         roles = {"student": "generate", "judge": "judge"}
@@ -437,7 +462,7 @@ class Trainer:
             grad_norm=stats.grad_norm,
             learning_rate=float(self.scheduler.get_last_lr()[0]),
             nonfinite=stats.nonfinite,
-            groups_informative=int(scored.advantages.informative.sum()),
+            groups_informative=int(informative.sum()),
             groups_total=len(scored.groups),
             trained_sequences=stats.sequences,
             trained_tokens=stats.tokens,
@@ -457,6 +482,9 @@ class Trainer:
             logprob_diff_mean=stats.logprob_diff_mean,
             logprob_diff_max=stats.logprob_diff_max,
             judge_outcomes=dict(self.judge.outcomes) if self.judge is not None else {},
+            groups_trained=int((scored.trained if isinstance(scored, ScoredRollout) else informative).sum()),
+            sampling_rounds=self.sampling_rounds,
+            prompts_skipped=self.prompts_skipped,
         )
 
     # ----- checkpoints --------------------------------------------------------------------------
@@ -472,6 +500,7 @@ class Trainer:
                 "best": self.best,
                 "micro_batch_size": self.micro_batch_size,
                 "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                "skipped_prompts": self.skipper.state_dict() if self.skipper is not None else {},
             },
         )
         if self.agent is not None:

@@ -177,8 +177,8 @@ def test_unreadable_job_file_is_one_error_naming_it(tmp_path, store_data_dir):
             "checkpoint.best_metric: unknown metric 'rewards.corectness.mean'; did you mean 'rewards.correctness.mean'?",
         ),
         (
-            "{best_metric: eval.accuracy}",
-            "checkpoint.best_metric: 'eval.accuracy' is measured only with checkpoint.eval_every",
+            "{best_metric: eval.accuracy, eval_every: null}",
+            "checkpoint.best_metric: 'eval.accuracy' is measured only when the job evaluates held-out problems",
         ),
         ("{best_metric: loss, best_mode: lowest}", "checkpoint.best_mode: Input should be 'max' or 'min'"),
         (

@@ -27,7 +27,7 @@ JOB = {
     },
     "rewards": [{"name": "correctness", "weight": 1.0}, {"name": "answer_format", "weight": 0.5}],
     "grpo": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 8, "learning_rate": 5.0e-4, "steps": 4},
-    "checkpoint": {"every": 2, "keep_last": 2},
+    "checkpoint": {"every": 2, "keep_last": 2, "eval_every": None},
 }
 
 

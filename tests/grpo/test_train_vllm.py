@@ -46,7 +46,7 @@ def _spec() -> JobSpec:
                 "micro_batch_size": 8,
             },
             "engine": {"rollout": "vllm"},
-            "checkpoint": {"every": 2},
+            "checkpoint": {"every": 2, "eval_every": None},
         }
     )
 

@@ -36,7 +36,7 @@ def _job(share_student_base: bool) -> dict:
         },
         "rewards": [{"name": "correctness", "weight": 1.0}, {"name": "judge", "weight": 1.0}],
         "grpo": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 12, "steps": 2, "micro_batch_size": 8},
-        "checkpoint": {"every": 2},
+        "checkpoint": {"every": 2, "eval_every": None},
     }
 
 

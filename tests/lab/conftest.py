@@ -35,7 +35,7 @@ rewards:
   - {{name: correctness, weight: 1.0}}
   - {{name: answer_format, weight: 0.5}}
 grpo: {{group_size: 4, prompts_per_step: 2, max_new_tokens: 12, max_prompt_tokens: 96, learning_rate: 1.0e-3, steps: 1}}
-checkpoint: {{every: 1, keep_last: 1}}
+checkpoint: {{every: 1, keep_last: 1, eval_every: null}}
 tracking: {{tensorboard: true, wandb: true, wandb_project: lab-tests}}
 """
 
