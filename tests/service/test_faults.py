@@ -24,6 +24,7 @@ from appliance.metrics.registry import TrainingMetrics
 from appliance.service.store import JobStore, StoreUnwritable
 from appliance.service.supervisor import Slot, Supervisor, Worker
 from appliance.service.worker import Channel
+from disk_support import fill_disk
 
 SPEC = {"name": "t", "student": {"model": "m"}}
 
@@ -43,31 +44,6 @@ def _submit(supervisor: Supervisor) -> str:
         (folder / "job.yaml").write_text("name: t\n")
 
     return supervisor.store.submit("t", os.getuid(), "u", SPEC, None, 3, before_commit=write).id
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs for the job store, so that SQLite meets a real ENOSPC."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(folder: Path) -> Path:
-    filler = folder / "filler"
-    with open(filler, "wb", buffering=0) as handle:  # unbuffered: nothing left to fail at close
-        try:
-            while True:
-                handle.write(b"\0" * 65536)
-        except OSError:
-            pass
-    return filler
 
 
 def _report_sender(sock: socket.socket) -> subprocess.Popen:
@@ -136,7 +112,7 @@ def test_a_full_disk_under_the_database_keeps_reads_and_refuses_writes_clearly(s
     supervisor = _supervisor(small_disk)
     (small_disk / "jobs").mkdir()
     job_id = _submit(supervisor)
-    filler = _fill(small_disk)
+    filler = fill_disk(small_disk)
     with pytest.raises(StoreUnwritable, match="refuses writes .*Free space"):
         for _ in range(200):  # SQLite's WAL may hold a few pages in reserve
             supervisor.store.add_event(job_id, "log", {"line": "y" * 4000})
@@ -156,7 +132,7 @@ def test_a_reader_whose_store_refuses_writes_kills_the_worker_frees_the_slot_and
     job_id = _submit(supervisor)
     worker = _attach(supervisor, job_id)
     _until(lambda: supervisor.store.events(job_id=job_id, kinds=("log",)))
-    filler = _fill(small_disk)
+    filler = fill_disk(small_disk)
     assert worker.proc.wait(timeout=20) == -signal.SIGKILL  # the worker is ended, never blocked in sendall
     assert "could not be recorded" in worker.fault
     supervisor.tick()
