@@ -83,6 +83,9 @@ def test_only_the_owner_root_and_admins_act_on_a_job(daemon):
         status, body = as_uid(daemon, OTHER, method, path, payload)
         assert status == 403, (path, body)
         assert "belongs to" in body["error"]
+    for uid, admin in [(OWNER, False), (ADMIN, True)]:  # past the ownership check, to the job's own refusal
+        status, body = as_uid(daemon, uid, "GET", f"/jobs/{first}/endpoint", admin=admin)
+        assert status == 400 and "does not take external rollouts" in body["error"], body
     assert as_uid(daemon, OWNER, "POST", f"/jobs/{first}/cancel")[0] == 200
     second = submitted(daemon, OWNER, "second")
     assert as_uid(daemon, ADMIN, "POST", f"/jobs/{second}/cancel", admin=True)[0] == 200
