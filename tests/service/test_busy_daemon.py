@@ -110,3 +110,37 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+def test_the_tui_feeds_fetch_only_the_steps_after_the_last_they_have(busy):
+    from tui.feeds import HistoriesFeed, JobFeed
+
+    server, job_id = busy
+    path = server.data_dir / "jobs" / job_id / "metrics.jsonl"
+    kept = path.with_name("metrics.kept")
+    path.rename(kept)
+    try:
+        path.write_text("".join(step_line(step, 0.5) for step in (1, 2, 3)))
+        client = server.client()
+        job, compare = JobFeed(client, job_id), HistoriesFeed(client, [job_id])
+        assert [record.step for record in job.poll()[1].records] == [1, 2, 3]
+        assert [record.loss for record in compare.poll().histories[job_id]] == [0.5, 0.5, 0.5]
+        # Step 1 rewritten and step 4 appended: a feed that fetched everything again would show the new loss.
+        path.write_text("".join(step_line(step, 0.25) for step in (1, 2, 3, 4)))
+        job.wakeup.cursor = None  # ask at once instead of waiting on the events long-poll
+        assert [record.step for record in job.poll()[1].records] == [4]
+        assert [record.loss for record in compare.poll().histories[job_id]] == [0.5, 0.5, 0.5, 0.25]
+    finally:
+        path.unlink()
+        kept.rename(path)
+
+
+STEP_NUMBERS = (
+    "time reward_mean reward_std kl clip_ratio grad_norm learning_rate groups_informative groups_total "
+    "trained_sequences trained_tokens micro_batch_size completions completion_length_mean completion_length_max"
+).split()
+
+
+def step_line(step: int, loss: float) -> str:
+    """One metrics.jsonl line the TUI reads as a StepRecord."""
+    return json.dumps({"step": step, "loss": loss, **dict.fromkeys(STEP_NUMBERS, 0)}) + "\n"
