@@ -140,12 +140,24 @@ def device(client: Client) -> m.DeviceLoaded:
     return m.DeviceLoaded(status, plans)
 
 
-def histories(client: Client, job_ids: list[str]) -> m.HistoriesLoaded:
-    names, result = {}, {}
-    for job_id in job_ids:
-        names[job_id] = client.job(job_id).name
-        result[job_id] = [StepRecord.from_dict(record) for record in client.all_metrics(job_id)]
-    return m.HistoriesLoaded(result, names)
+class HistoriesFeed:
+    """Several jobs' whole step histories (the compare screen): read once, then only the steps after the last."""
+
+    def __init__(self, client: Client, job_ids: list[str]):
+        self.client = client
+        self.names: dict[str, str] = {}
+        self.records: dict[str, list[StepRecord]] = {job_id: [] for job_id in job_ids}
+
+    def poll(self) -> m.HistoriesLoaded:
+        for job_id, known in self.records.items():
+            if job_id not in self.names:
+                self.names[job_id] = self.client.job(job_id).name
+            after: int | None = known[-1].step if known else 0
+            while after is not None:
+                page = self.client.metrics(job_id, after_step=after)
+                known += [StepRecord.from_dict(record) for record in page.records]
+                after = page.next_after_step
+        return m.HistoriesLoaded({job_id: list(known) for job_id, known in self.records.items()}, dict(self.names))
 
 
 class EventsFeed:

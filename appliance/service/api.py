@@ -157,6 +157,11 @@ class ExportResponse(_Wire):
     manifest: dict[str, Any]
 
 
+class ExportCancelResponse(_Wire):
+    job_id: str
+    cancelled: bool  # False: the job had no export running or waiting
+
+
 class MetricsPage(_Wire):
     job_id: str
     records: list[dict[str, Any]]

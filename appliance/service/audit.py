@@ -9,6 +9,8 @@ recorded too, and so is every 4xx answer. The file rotates by size
 (audit.jsonl.1, .2, ...). Refusals are not fsynced, and TCP requests refused
 for their token are rate-limited: the first few of each window are written,
 the rest summed into one line when the window ends.
+A line the disk refuses (full, I/O error) is written to the daemon's log
+instead, and the request is answered as it would have been.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import sys
 import threading
 import time
 from pathlib import Path
@@ -48,18 +51,31 @@ class AuditLog:
         return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
 
     def _write(self, line: bytes, durable: bool) -> None:
-        """Append one line (the lock held), rotating first when it would pass max_bytes."""
-        if os.fstat(self._fd).st_size + len(line) > self.max_bytes:
-            os.close(self._fd)
-            for number in range(self.backups - 1, 0, -1):
-                older = self.path.with_name(f"{self.path.name}.{number}")
-                if older.exists():
-                    os.replace(older, self.path.with_name(f"{self.path.name}.{number + 1}"))
-            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-            self._fd = self._open()
-        os.write(self._fd, line)
-        if durable:
-            os.fsync(self._fd)
+        """Append one line (the lock held), rotating first when it would pass max_bytes.
+
+        A line the file system refuses (disk full, I/O error) goes to the daemon's log instead: the
+        audit log never turns a request's answer, or a refusal's clear error, into a 500."""
+        try:
+            if self._fd < 0:
+                self._fd = self._open()
+            if os.fstat(self._fd).st_size + len(line) > self.max_bytes:
+                self._rotate()
+            os.write(self._fd, line)
+            if durable:
+                os.fsync(self._fd)
+        except OSError as error:
+            text = line.decode(errors="replace").strip()
+            print(f"appliance serve: {self.path} refused a line ({error}): {text}", file=sys.stderr, flush=True)
+
+    def _rotate(self) -> None:
+        os.close(self._fd)
+        self._fd = -1  # reopened by the next write, also when a rename below fails
+        for number in range(self.backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{number}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{number + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        self._fd = self._open()
 
     def refused_tcp(self, remote: str, outcome: str) -> None:
         """An unauthenticated TCP request: written in full for the first few of a window, else counted."""
@@ -125,4 +141,5 @@ class AuditLog:
     def close(self) -> None:
         with self._lock:
             self._summarise(time.time())
-            os.close(self._fd)
+            if self._fd >= 0:
+                os.close(self._fd)

@@ -25,6 +25,7 @@ from appliance.service.api import (
     DeviceStatus,
     ErrorResponse,
     EventsPage,
+    ExportCancelResponse,
     ExportRequest,
     ExportResponse,
     JobDetail,
@@ -255,6 +256,10 @@ class Client:
         return ExportResponse.model_validate(
             self._request("POST", f"/jobs/{_segment(job_id)}/export", json=body.model_dump(), timeout=timeout)
         )
+
+    def cancel_export(self, job_id: str) -> ExportCancelResponse:
+        """End the job's running export, or drop its waiting one (`cancelled` is False when it has none)."""
+        return ExportCancelResponse.model_validate(self._request("DELETE", f"/jobs/{_segment(job_id)}/export"))
 
     def device(self) -> DeviceStatus:
         return DeviceStatus.model_validate(self._request("GET", "/device"))

@@ -12,7 +12,10 @@ its job folder, which the worker writes; the job store holds states and events.
 from __future__ import annotations
 
 import asyncio
+import errno
 import secrets
+import sys
+import traceback
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
@@ -28,6 +31,9 @@ from appliance.service.submission import SubmissionRejected
 
 if TYPE_CHECKING:
     from appliance.service.daemon import Daemon
+
+# A write the file system refused: 507 Insufficient Storage, with what to free; reads go on.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 
 
 class Unauthenticated(ApplianceError):
@@ -228,6 +234,20 @@ async def http_error(request: Request, error: StarletteHTTPException) -> JSONRes
     return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=error.status_code)
 
 
+async def os_error(_request: Request, error: OSError) -> JSONResponse:
+    """A file the daemon could not write or read (a path no route turned into a project error)."""
+    where = f" {error.filename}" if error.filename else ""
+    if error.errno in DISK_ERRNOS:
+        message = (
+            f"the daemon could not write{where} ({error.strerror}); it keeps serving reads. "
+            "Free space on that file system (or fix the I/O error) and retry"
+        )
+        return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=507)
+    traceback.print_exception(error, file=sys.stderr)
+    message = f"the daemon failed on{where or ' a file'}: {error}; the traceback is in the daemon's log"
+    return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=500)
+
+
 async def bad_request(_request: Request, error: RequestValidationError) -> JSONResponse:
     first = error.errors()[0] if error.errors() else {}
     where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
@@ -244,6 +264,7 @@ def create_app(daemon: "Daemon", control_token: str | None = None, admin_gid: in
     app.add_exception_handler(ApplianceError, appliance_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, bad_request)
+    app.add_exception_handler(OSError, os_error)
     app.include_router(daemon_router)
     app.include_router(jobs_router)
     return app

@@ -1,7 +1,8 @@
 """The daemon's exports: each in its own process (appliance.export.process), one at a time, queued, cancellable.
 
 Exports load the base model on the CPU, so the whole box is one export slot: a second request waits in FIFO
-order. `cancel(job_id)` ends a running export's process group (its staging folder is removed by the
+order, at most MAX_WAITING of them (each waits in one of the daemon's worker threads, which submit, cancel
+and pause need too; one more is refused with a 429). `cancel(job_id)` ends a running export's process group (its staging folder is removed by the
 exporter's cleanup or left as a temporary the next export ignores) or drops a queued one.
 """
 
@@ -21,8 +22,19 @@ from appliance.export.process import MODULE
 from appliance.service.reaper import popen_owned, release
 
 
+MAX_WAITING = 2
+
+
 class ExportCancelled(ExportError):
     """The export was cancelled before it finished."""
+
+    http_status = 409
+
+
+class ExportsBusy(ExportError):
+    """Too many exports already wait for the export slot."""
+
+    http_status = 429
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,12 @@ class ExportRunner:
     ) -> ExportDone:
         """Wait for the export slot, export in a child process, return its result (ExportError on failure)."""
         with self._guard:
+            waiting = sum(self._queued.values())
+            if waiting >= MAX_WAITING:
+                raise ExportsBusy(
+                    f"an export is running and {waiting} more wait for the box's one export slot; ask again "
+                    "when one has finished, or cancel one (DELETE /jobs/<id>/export)"
+                )
             self._queued[job_id] = self._queued.get(job_id, 0) + 1
         with self._slot:
             with self._guard:

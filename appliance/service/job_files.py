@@ -18,6 +18,7 @@ from appliance.service.api import CheckpointInfo, LogChunk
 BLOCK = 64 * 1024
 CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
 MAX_SCAN_BYTES = 16 * 1024 * 1024  # the most one request reads of a job file
+MAX_LINE_BYTES = 1024 * 1024  # a longer line is read (and skipped) in parts
 # Two scans at a time: more only contend for the GIL with the event loop (and /status with it).
 _READERS = threading.BoundedSemaphore(2)
 
@@ -86,10 +87,12 @@ def _after_step(path: Path, after_step: int, limit: int, max_bytes: int) -> list
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return []
     with handle:
-        for line in handle:
-            read += len(line)
-            if read > max_bytes:
+        while read < max_bytes:
+            # Bounded: a line without a newline (a worker's plugin can write one) is read a part at a time.
+            line = handle.readline(min(MAX_LINE_BYTES, max_bytes - read))
+            if not line:
                 break
+            read += len(line)
             rows = _rows([line])
             if rows and isinstance(rows[0].get("step", 0), int) and rows[0].get("step", 0) > after_step:
                 found.append(rows[0])

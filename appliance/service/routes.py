@@ -24,6 +24,7 @@ from appliance.service.api import (
     DeviceStatus,
     EndpointInfo,
     EventsPage,
+    ExportCancelResponse,
     ExportRequest,
     ExportResponse,
     JobDetail,
@@ -283,6 +284,15 @@ async def export(job_id: str, body: ExportRequest, daemon: DaemonDep, caller: Au
 
     # The export waits for its slot and its child process: keep it off the event loop.
     return await caller.in_thread("export", job_id, run)
+
+
+@jobs_router.delete("/{job_id}/export")
+async def cancel_export(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> ExportCancelResponse:
+    def run() -> ExportCancelResponse:
+        cancelled = daemon.exports.cancel(caller.owned(job_id, "cancel the export of"))
+        return ExportCancelResponse(job_id=job_id, cancelled=cancelled)
+
+    return await caller.in_thread("cancel_export", job_id, run)
 
 
 @jobs_router.get("/{job_id}/metrics")

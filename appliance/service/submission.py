@@ -30,6 +30,7 @@ from appliance.config.schema import JobSpec
 from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 from appliance.service.api import ConfigErrorItem, SubmitRequest
+from appliance.service.store import StoreUnwritable
 
 UPLOAD_FILE = "dataset.jsonl"
 
@@ -111,9 +112,16 @@ def _dataset(
         return parsed, [], None  # the schema and the dataset check report what is wrong
     if reference in request.uploads:
         upload_dir = policy.uploads_dir / uuid.uuid4().hex
-        upload_dir.mkdir(parents=True, mode=0o750)
         target = upload_dir / UPLOAD_FILE
-        write_atomically(target, request.uploads[reference], mode=0o640)  # fsynced before the job exists
+        try:
+            upload_dir.mkdir(parents=True, mode=0o750)
+            write_atomically(target, request.uploads[reference], mode=0o640)  # fsynced before the job exists
+        except OSError as error:
+            shutil.rmtree(upload_dir, ignore_errors=True)
+            raise StoreUnwritable(
+                f"the upload {target} could not be written ({error.strerror or error}); nothing was submitted. "
+                "Free space on its file system (or fix the I/O error) and retry"
+            ) from error
         return _with_dataset(parsed, str(target)), [], upload_dir
     roots = policy.dataset_roots
     candidate = Path(reference).expanduser()

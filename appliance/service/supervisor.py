@@ -16,6 +16,7 @@ fails with the last lines of its log as the reason.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -223,9 +224,19 @@ class Supervisor:
         spec = accepted.spec
         text = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
 
+        written: list[Path] = []
+
         def write_job_file(job_id: str) -> None:  # inside the insert's transaction: no row without its file
-            self.job_dir(job_id).mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
-            write_atomically(self.job_dir(job_id) / "job.yaml", text, mode=STATE_FILE_MODE)
+            folder = self.job_dir(job_id)
+            try:
+                folder.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+                written.append(folder)
+                write_atomically(folder / "job.yaml", text, mode=STATE_FILE_MODE)
+            except OSError as error:
+                raise StoreUnwritable(
+                    f"the job file {folder / 'job.yaml'} could not be written ({error.strerror or error}); "
+                    "nothing was submitted. Free space on its file system (or fix the I/O error) and retry"
+                ) from error
 
         try:
             job = self.store.submit(
@@ -239,6 +250,8 @@ class Supervisor:
             )
         except BaseException:
             accepted.discard()
+            for folder in written:  # the row was rolled back: so goes its folder
+                shutil.rmtree(folder, ignore_errors=True)
             raise
         self._publish_counts()
         self.wake()
@@ -292,8 +305,6 @@ class Supervisor:
         return [job.model_copy(update={"phase": phases.get(job.id)}) for job in jobs]
 
     def device_status(self) -> DeviceStatus:
-        import shutil
-
         slots = []
         for slot in self.slots:
             worker = self.workers.get(slot.index)

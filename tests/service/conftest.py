@@ -8,6 +8,7 @@ it, so several tests can look at the same run.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,20 @@ from daemon_support import (
     tiny_job,
 )
 from service_latency import concurrent_status_requests
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """An 8 MiB tmpfs, so that SQLite, the audit log and the job files meet a real ENOSPC (mounting needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0750", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import time
 
 from appliance.service import audit
 from appliance.service.audit import AuditLog
+from disk_support import fill_disk
 
 
 def lines(path) -> list[dict]:
@@ -39,3 +40,15 @@ def test_a_flood_of_unauthenticated_requests_is_summarised(tmp_path, monkeypatch
     assert "995 more unauthenticated TCP requests" in found[audit.WRITTEN_PER_WINDOW]["outcome"]
     assert found[-1]["outcome"] == "refused: no bearer token"
     assert (tmp_path / "audit.jsonl").stat().st_size < 10_000
+
+
+def test_a_line_the_full_disk_refuses_goes_to_the_daemon_log_and_the_log_writes_again_after(small_disk, capfd):
+    log = AuditLog(small_disk / "audit.jsonl", max_bytes=64 * 1024)
+    filler = fill_disk(small_disk)
+    for number in range(400):  # past the page the file already holds, and through a rotation
+        log.record(uid=0, pid=1, action="cancel", job_id=None, outcome=f"ok {number} " + "x" * 200)
+    assert "audit.jsonl refused a line ([Errno 28] No space left on device)" in capfd.readouterr().err
+    filler.unlink()
+    log.record(uid=0, pid=1, action="cancel", job_id=None, outcome="after")
+    log.close()
+    assert lines(small_disk / "audit.jsonl")[-1]["outcome"] == "after"

@@ -81,3 +81,66 @@ def test_status_stays_fast_while_12_clients_page_the_judge_log(busy):
     print(f"/status p99 {p99 * 1000:.1f} ms over {len(times)} requests; {len(pages)} judge pages read meanwhile")
     assert pages and len(times) > 50
     assert p99 < 0.25
+
+
+def test_show_and_metrics_read_a_bounded_part_of_a_huge_metrics_file(busy):
+    server, job_id = busy
+    path = server.data_dir / "jobs" / job_id / "metrics.jsonl"
+    kept = path.with_name("metrics.kept")
+    path.rename(kept)
+    try:
+        with open(path, "wb") as handle:  # 1 GiB of one line without a newline (sparse), then a record
+            handle.truncate(1 << 30)
+            handle.seek(1 << 30)
+            handle.write(b'\n{"step": 7, "loss": 0.25}\n')
+        before = rss_kib(server.proc.pid)
+        client = server.client()
+        started = time.monotonic()
+        assert client.job(job_id).last_record == {"step": 7, "loss": 0.25}  # read from the end
+        assert client.metrics(job_id, limit=10**12).records == []  # the record is past the scan cap
+        assert time.monotonic() - started < 1.0
+        assert rss_kib(server.proc.pid) - before < 100 * 1024
+    finally:
+        path.unlink()
+        kept.rename(path)
+
+
+def rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status").read().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_the_tui_feeds_fetch_only_the_steps_after_the_last_they_have(busy):
+    from tui.feeds import HistoriesFeed, JobFeed
+
+    server, job_id = busy
+    path = server.data_dir / "jobs" / job_id / "metrics.jsonl"
+    kept = path.with_name("metrics.kept")
+    path.rename(kept)
+    try:
+        path.write_text("".join(step_line(step, 0.5) for step in (1, 2, 3)))
+        client = server.client()
+        job, compare = JobFeed(client, job_id), HistoriesFeed(client, [job_id])
+        assert [record.step for record in job.poll()[1].records] == [1, 2, 3]
+        assert [record.loss for record in compare.poll().histories[job_id]] == [0.5, 0.5, 0.5]
+        # Step 1 rewritten and step 4 appended: a feed that fetched everything again would show the new loss.
+        path.write_text("".join(step_line(step, 0.25) for step in (1, 2, 3, 4)))
+        job.wakeup.cursor = None  # ask at once instead of waiting on the events long-poll
+        assert [record.step for record in job.poll()[1].records] == [4]
+        assert [record.loss for record in compare.poll().histories[job_id]] == [0.5, 0.5, 0.5, 0.25]
+    finally:
+        path.unlink()
+        kept.rename(path)
+
+
+STEP_NUMBERS = (
+    "time reward_mean reward_std kl clip_ratio grad_norm learning_rate groups_informative groups_total "
+    "trained_sequences trained_tokens micro_batch_size completions completion_length_mean completion_length_max"
+).split()
+
+
+def step_line(step: int, loss: float) -> str:
+    """One metrics.jsonl line the TUI reads as a StepRecord."""
+    return json.dumps({"step": step, "loss": loss, **dict.fromkeys(STEP_NUMBERS, 0)}) + "\n"

@@ -10,7 +10,7 @@ import pytest
 
 from appliance.export.errors import ExportError
 from appliance.export.exporter import _umask
-from appliance.service.exports import ExportCancelled, ExportRunner
+from appliance.service.exports import MAX_WAITING, ExportCancelled, ExportRunner, ExportsBusy
 
 
 def _start(runner: ExportRunner, job_id: str, tmp_path, outcome: dict) -> threading.Thread:
@@ -57,6 +57,23 @@ def test_exports_run_one_at_a_time_and_a_queued_or_running_one_can_be_cancelled(
     assert isinstance(outcome["second"], ExportCancelled) and "while it waited" in str(outcome["second"])
     assert child.returncode is not None and child.returncode < 0  # the process was killed, not left running
     assert runner.cancel("first") is False and runner._running == {} and runner._queued == {}
+
+
+def test_an_export_past_the_waiting_ones_is_refused_with_429(tmp_path):
+    runner, outcome = ExportRunner(), {}
+    threads = [_start(runner, "running", tmp_path, outcome)]
+    _until(lambda: "running" in runner._running)
+    threads += [_start(runner, f"waiting{n}", tmp_path, outcome) for n in range(MAX_WAITING)]
+    _until(lambda: sum(runner._queued.values()) == MAX_WAITING)
+    with pytest.raises(ExportsBusy) as refused:
+        runner.run("one-more", tmp_path / "x", tmp_path, tmp_path / "out-x", "best", True, "bfloat16")
+    assert refused.value.http_status == 429 and f"{MAX_WAITING} more wait" in str(refused.value)
+    for name in [f"waiting{n}" for n in range(MAX_WAITING)] + ["running"]:
+        assert runner.cancel(name) is True
+    for thread in threads:
+        thread.join(20)
+    assert all(isinstance(outcome[name], ExportCancelled) for name in outcome) and len(outcome) == MAX_WAITING + 1
+    assert runner._running == {} and runner._queued == {}
 
 
 def test_the_umask_is_read_without_being_set(monkeypatch):

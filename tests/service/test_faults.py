@@ -1,21 +1,26 @@
-"""Fault injection under the supervisor: fork failing, a full disk under the job store, a worker whose reports
-cannot be recorded, a daemon killed during submit, restarts capped across daemon starts, orphans reaped.
+"""Fault injection under the supervisor: fork failing, a full disk and a failing disk (EIO) under the job store,
+a worker whose reports cannot be recorded, a daemon killed during submit, restarts capped across daemon starts.
 
-After each fault no job is "running" without a live worker, the slot is free, and the job ends (or waits to
-restart) with a reason. Workers here are real processes; the only patch is subprocess.Popen raising the
+After each fault no job is "running" without a live worker, the slot is free, and a restart (a fresh
+supervisor on the same data dir, as at the next daemon start) leaves every job ended or queued with a
+reason. Workers here are real processes; the only patch is subprocess.Popen raising the
 kernel's EAGAIN (the OS boundary).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,6 +29,7 @@ from appliance.metrics.registry import TrainingMetrics
 from appliance.service.store import JobStore, StoreUnwritable
 from appliance.service.supervisor import Slot, Supervisor, Worker
 from appliance.service.worker import Channel
+from disk_support import fill_disk
 
 SPEC = {"name": "t", "student": {"model": "m"}}
 
@@ -43,31 +49,6 @@ def _submit(supervisor: Supervisor) -> str:
         (folder / "job.yaml").write_text("name: t\n")
 
     return supervisor.store.submit("t", os.getuid(), "u", SPEC, None, 3, before_commit=write).id
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs for the job store, so that SQLite meets a real ENOSPC."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(folder: Path) -> Path:
-    filler = folder / "filler"
-    with open(filler, "wb", buffering=0) as handle:  # unbuffered: nothing left to fail at close
-        try:
-            while True:
-                handle.write(b"\0" * 65536)
-        except OSError:
-            pass
-    return filler
 
 
 def _report_sender(sock: socket.socket) -> subprocess.Popen:
@@ -113,6 +94,26 @@ def _until(predicate, timeout: float = 10.0):
     raise AssertionError("timed out")
 
 
+def _no_job_stranded(supervisor: Supervisor) -> None:
+    """No job "running" without a live worker (or a settle the store refused, retried each tick); no slot held
+    by a dead worker."""
+    live = {worker.job_id for worker in supervisor.workers.values() if worker.proc.poll() is None}
+    for job in supervisor.store.list(("running",)):
+        assert job.id in live or job.id in supervisor.unsettled, f"{job.id} is running without a worker"
+    assert all(worker.proc.poll() is None for worker in supervisor.workers.values())
+
+
+def _after_restart(data_dir: Path) -> dict[str, str]:
+    """The daemon starts again on `data_dir`: no job is left running, each has a reason; their states."""
+    supervisor = _supervisor(data_dir)
+    supervisor.recover()
+    jobs = supervisor.store.list()
+    supervisor.store.close()
+    for job in jobs:
+        assert job.state != "running" and (job.reason or job.state == "queued"), job  # queued: waits to run
+    return {job.id: job.state for job in jobs}
+
+
 def test_fork_failing_with_eagain_interrupts_then_fails_the_job_and_frees_the_slot(tmp_path, monkeypatch):
     supervisor = _supervisor(tmp_path, max_restarts=2)
     job_id = _submit(supervisor)
@@ -130,13 +131,15 @@ def test_fork_failing_with_eagain_interrupts_then_fails_the_job_and_frees_the_sl
     job = supervisor.store.get(job_id).summary
     assert job.state == "failed" and "3 times in a row" in job.reason
     assert supervisor.workers == {}
+    _no_job_stranded(supervisor)
+    assert _after_restart(tmp_path) == {job_id: "failed"}
 
 
 def test_a_full_disk_under_the_database_keeps_reads_and_refuses_writes_clearly(small_disk):
     supervisor = _supervisor(small_disk)
     (small_disk / "jobs").mkdir()
     job_id = _submit(supervisor)
-    filler = _fill(small_disk)
+    filler = fill_disk(small_disk)
     with pytest.raises(StoreUnwritable, match="refuses writes .*Free space"):
         for _ in range(200):  # SQLite's WAL may hold a few pages in reserve
             supervisor.store.add_event(job_id, "log", {"line": "y" * 4000})
@@ -148,6 +151,7 @@ def test_a_full_disk_under_the_database_keeps_reads_and_refuses_writes_clearly(s
     supervisor.store.add_event(job_id, "log", {"line": "after"})
     assert supervisor.store.events(job_id=job_id, kinds=("log",))[-1].data == {"line": "after"}
     supervisor.store.close()
+    assert _after_restart(small_disk) == {job_id: "queued"}
 
 
 def test_a_reader_whose_store_refuses_writes_kills_the_worker_frees_the_slot_and_settles_later(small_disk):
@@ -156,18 +160,78 @@ def test_a_reader_whose_store_refuses_writes_kills_the_worker_frees_the_slot_and
     job_id = _submit(supervisor)
     worker = _attach(supervisor, job_id)
     _until(lambda: supervisor.store.events(job_id=job_id, kinds=("log",)))
-    filler = _fill(small_disk)
+    filler = fill_disk(small_disk)
     assert worker.proc.wait(timeout=20) == -signal.SIGKILL  # the worker is ended, never blocked in sendall
     assert "could not be recorded" in worker.fault
     supervisor.tick()
     assert supervisor.workers == {}  # the slot is free although the store still refuses the settle
     assert job_id in supervisor.unsettled
+    _no_job_stranded(supervisor)
     filler.unlink()
     supervisor.tick()
     job = supervisor.store.get(job_id).summary
     assert job.state == "interrupted" and job_id not in supervisor.unsettled and job.slot is None
     assert "could not be recorded" in job.reason and "restart 1/2" in job.reason
     supervisor.store.close()
+    assert _after_restart(small_disk) == {job_id: "queued"}
+
+
+@dataclass
+class FailingDisk:
+    mount: Path  # ext4, where the job store lives
+    backing: Path  # the small tmpfs that holds the ext4 image: fill it and ext4's writes fail with EIO
+    image: Path
+    loop: str
+
+    def repair(self, filler: Path) -> None:
+        """What an administrator does about a failed disk: space for the image, fsck, mount again."""
+        filler.unlink()
+        subprocess.run(["umount", str(self.mount)], check=True)
+        subprocess.run(["e2fsck", "-fy", str(self.loop)], capture_output=True)  # 1: errors fixed
+        subprocess.run(["mount", self.loop, str(self.mount)], check=True)
+
+
+@pytest.fixture
+def failing_disk(small_disk, tmp_path):
+    """A real EIO: ext4 on a loop device whose sparse image sits on the 8 MiB tmpfs (a 16 MiB image)."""
+    if not (shutil.which("losetup") and shutil.which("mkfs.ext4")):
+        pytest.skip("needs losetup and mkfs.ext4")
+    image = small_disk / "disk.img"
+    os.truncate(os.open(image, os.O_CREAT | os.O_WRONLY, 0o600), 16 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+    attached = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True)
+    if attached.returncode != 0:
+        pytest.skip(f"no loop device: {attached.stderr.strip()}")
+    loop, mount = attached.stdout.strip(), tmp_path / "ext4"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", loop, str(mount)], check=True)
+        yield FailingDisk(mount, small_disk, image, loop)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
+        subprocess.run(["losetup", "-d", loop], check=False)
+
+
+def test_eio_under_the_database_ends_the_worker_frees_the_slot_and_a_restart_settles_the_job(failing_disk):
+    supervisor = _supervisor(failing_disk.mount, backoff=600.0)
+    (failing_disk.mount / "jobs").mkdir()
+    job_id = _submit(supervisor)
+    worker = _attach(supervisor, job_id)
+    _until(lambda: supervisor.store.events(job_id=job_id, kinds=("log",)))
+    filler = fill_disk(failing_disk.backing)
+    assert worker.proc.wait(timeout=20) == -signal.SIGKILL
+    assert "disk I/O error" in worker.fault or "read-only" in worker.fault, worker.fault
+    supervisor.tick()
+    assert supervisor.workers == {} and job_id in supervisor.unsettled
+    _no_job_stranded(supervisor)
+    assert supervisor.store.get(job_id).summary.state == "running"  # reads still served; the settle waits
+    with pytest.raises(StoreUnwritable, match="refuses writes"):
+        supervisor.store.add_event(job_id, "log", {"line": "refused"})
+    with contextlib.suppress(sqlite3.Error):
+        supervisor.store.close()
+    failing_disk.repair(filler)
+    states = _after_restart(failing_disk.mount)
+    assert states == {job_id: "queued"}  # counted as a restart, resumes from its checkpoint
 
 
 def test_an_exception_while_reaping_still_settles_the_job_and_frees_the_slot(tmp_path, monkeypatch):
@@ -185,6 +249,8 @@ def test_an_exception_while_reaping_still_settles_the_job_and_frees_the_slot(tmp
     job = supervisor.store.get(job_id).summary
     assert job.state == "cancelled" and job.reason == "cancelled" and job.slot is None
     assert supervisor.workers == {} and worker.proc.poll() is not None
+    _no_job_stranded(supervisor)
+    assert _after_restart(tmp_path) == {job_id: "cancelled"}
 
 
 def test_an_exception_in_settle_fails_the_job_with_a_reason(tmp_path, monkeypatch):
@@ -200,21 +266,31 @@ def test_an_exception_in_settle_fails_the_job_with_a_reason(tmp_path, monkeypatc
     assert worker.proc.poll() is not None and supervisor.workers == {}
     job = supervisor.store.get(job_id).summary
     assert job.state == "failed" and "settle broke" in job.reason and job.slot is None
+    _no_job_stranded(supervisor)
+    assert _after_restart(tmp_path) == {job_id: "failed"}
 
 
-def test_a_daemon_killed_during_submit_leaves_no_job_without_its_file(tmp_path):
+@pytest.mark.parametrize("write_first", [False, True], ids=["before the job file", "after the job file"])
+def test_a_daemon_killed_during_submit_leaves_no_job_without_its_file(tmp_path, write_first):
     code = textwrap.dedent(
         f"""
         import os, signal
+        from pathlib import Path
         from appliance.service.store import JobStore
         store = JobStore({str(tmp_path / "appliance.db")!r})
-        def die(job_id):
-            os.kill(os.getpid(), signal.SIGKILL)  # after the INSERT, before COMMIT and the file
+        def die(job_id):  # inside the transaction: the row is inserted, not committed
+            if {write_first}:
+                folder = Path({str(tmp_path)!r}) / "jobs" / job_id
+                folder.mkdir(parents=True)
+                (folder / "job.yaml").write_text("name: t\\n")
+            os.kill(os.getpid(), signal.SIGKILL)
         store.submit("t", 0, "u", {json.dumps(SPEC)!r}, None, 3, before_commit=die)
         """
     ).replace(f"{json.dumps(SPEC)!r}", json.dumps(SPEC))
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert done.returncode == -signal.SIGKILL
+    assert (tmp_path / "jobs").is_dir() == write_first  # a folder without a row is no job
+    assert _after_restart(tmp_path) == {}
     supervisor = _supervisor(tmp_path)
     assert supervisor.store.list() == []
     # A row committed by an older daemon without its file fails at the next start, with the reason.

@@ -14,6 +14,7 @@ from daemon_support import Daemon, daemon_env, free_port, link_model_store, shor
 
 ALLOWED = "http://127.0.0.1:9/v1"
 JOB_ID = "0123456789"
+ANSWERS: list[tuple[int, float]] = []  # (status, seconds) of every request raw() sent, for the closing check
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,8 @@ def rss_kib(pid: int) -> int:
 
 
 def raw(daemon, head: str, body_chunks=(), timeout: float = 5.0) -> tuple[int, dict]:
-    """Send `head` then the chunks on the Unix socket; the status and JSON body of the answer."""
+    """Send `head` then the chunks on the Unix socket; the status and JSON body of the answer (timed in ANSWERS)."""
+    started = time.monotonic()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(str(daemon.socket_path))
@@ -74,6 +76,7 @@ def raw(daemon, head: str, body_chunks=(), timeout: float = 5.0) -> tuple[int, d
             data += part
     head_text, _, body = data.partition(b"\r\n\r\n")
     status = int(head_text.split(b" ", 2)[1])
+    ANSWERS.append((status, time.monotonic() - started))
     try:
         return status, json.loads(body)
     except ValueError:
@@ -255,11 +258,19 @@ def test_export_names_cannot_escape(daemon):
 
 
 def test_daemon_still_serves_and_stored_nothing(daemon, rss_at_start):
-    assert rss_kib(daemon.proc.pid) - rss_at_start < 100 * 1024
+    growth_kib = rss_kib(daemon.proc.pid) - rss_at_start
+    refusals = [seconds for status, seconds in ANSWERS if 400 <= status < 500]
+    print(
+        f"{len(refusals)} hostile requests refused, slowest {max(refusals) * 1000:.0f} ms; "
+        f"daemon RSS grew {growth_kib / 1024:.1f} MiB over the module"
+    )
+    assert len(refusals) >= 40 and max(refusals) < 1.0
+    assert growth_kib < 100 * 1024
     client = daemon.client()
     assert client.status().jobs.get("queued", 0) == 0
     assert client.jobs() == []
     assert not any((daemon.data_dir / "uploads").glob("*")) if (daemon.data_dir / "uploads").exists() else True
+    assert not any((daemon.data_dir / "jobs").glob("*")) if (daemon.data_dir / "jobs").exists() else True
     assert daemon.proc.poll() is None
     refusals = [json.loads(line) for line in (daemon.data_dir / "audit.jsonl").read_text().splitlines()]
     outcomes = " ".join(line["outcome"] for line in refusals)

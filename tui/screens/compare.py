@@ -35,7 +35,8 @@ class CompareScreen(DaemonScreen):
         self.start_polling()
 
     def start_polling(self) -> None:
-        polling.poll(self, "compare", lambda: feeds.histories(self.app.client, self.job_ids), REFRESH_SECONDS)
+        histories = feeds.HistoriesFeed(self.app.client, self.job_ids)
+        polling.poll(self, "compare", histories.poll, REFRESH_SECONDS)
 
     def on_histories_loaded(self, message: m.HistoriesLoaded) -> None:
         label = {job_id: f"{message.names[job_id]} {job_id[:4]}" for job_id in message.histories}
