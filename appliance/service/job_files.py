@@ -79,6 +79,35 @@ def records_after_step(path: Path, after_step: int, limit: int, max_bytes: int =
         return _after_step(path, after_step, limit, max_bytes)
 
 
+def _stepped(line: bytes) -> tuple[int | None, dict | None]:
+    """A record line's step (None when it has no integer step) and the record."""
+    rows = _rows([line])
+    step = rows[0].get("step") if rows else None
+    return (step, rows[0]) if isinstance(step, int) else (None, None)
+
+
+def _first_line_after(handle, size: int, after_step: int) -> int:
+    """A line-start offset at or before the first record with a step past `after_step`.
+
+    metrics.jsonl is in step order (a resume truncates it to the checkpoint's step first), so a
+    bisection over byte offsets finds the page in a few block reads however long the file is;
+    reading from the start would stop at the byte cap and never reach the newest steps."""
+    low, high = 0, size
+    while high - low > BLOCK:
+        middle = (low + high) // 2
+        handle.seek(middle)
+        handle.readline(MAX_LINE_BYTES)  # the rest of the line the middle fell in
+        step, _ = _stepped(handle.readline(MAX_LINE_BYTES))
+        if step is not None and step <= after_step:
+            low = middle
+        else:
+            high = middle
+    handle.seek(low)
+    if low:
+        handle.readline(MAX_LINE_BYTES)
+    return handle.tell()
+
+
 def _after_step(path: Path, after_step: int, limit: int, max_bytes: int) -> list[dict]:
     found: list[dict] = []
     read = 0
@@ -87,15 +116,16 @@ def _after_step(path: Path, after_step: int, limit: int, max_bytes: int) -> list
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return []
     with handle:
+        handle.seek(_first_line_after(handle, os.fstat(handle.fileno()).st_size, after_step))
         while read < max_bytes:
             # Bounded: a line without a newline (a worker's plugin can write one) is read a part at a time.
             line = handle.readline(min(MAX_LINE_BYTES, max_bytes - read))
             if not line:
                 break
             read += len(line)
-            rows = _rows([line])
-            if rows and isinstance(rows[0].get("step", 0), int) and rows[0].get("step", 0) > after_step:
-                found.append(rows[0])
+            step, row = _stepped(line)
+            if step is not None and step > after_step:
+                found.append(row)
                 if len(found) > limit:
                     break
     return found

@@ -105,6 +105,30 @@ def test_show_and_metrics_read_a_bounded_part_of_a_huge_metrics_file(busy):
         kept.rename(path)
 
 
+def test_metrics_pages_reach_the_newest_steps_of_a_file_past_the_scan_cap(busy):
+    server, job_id = busy
+    path = server.data_dir / "jobs" / job_id / "metrics.jsonl"
+    kept = path.with_name("metrics.kept")
+    path.rename(kept)
+    try:
+        with open(path, "w") as handle:  # 24 MiB, well past the 16 MiB a request may read
+            for step in range(1, 200001):
+                handle.write(json.dumps({"step": step, "note": "n" * 100}) + "\n")
+        assert path.stat().st_size > 20 * 1024 * 1024
+        client = server.client()
+        started = time.monotonic()
+        page = client.metrics(job_id, after_step=199990, limit=1000)
+        assert [row["step"] for row in page.records] == list(range(199991, 200001))
+        assert page.next_after_step is None
+        middle = client.metrics(job_id, after_step=120000, limit=5)
+        assert [row["step"] for row in middle.records] == [120001, 120002, 120003, 120004, 120005]
+        assert middle.next_after_step == 120005
+        assert time.monotonic() - started < 1.0
+    finally:
+        path.unlink()
+        kept.rename(path)
+
+
 def rss_kib(pid: int) -> int:
     for line in open(f"/proc/{pid}/status").read().splitlines():
         if line.startswith("VmRSS:"):
