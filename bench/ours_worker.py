@@ -15,6 +15,7 @@ import appliance.offline  # noqa: F401  (must precede every ML import)
 
 import argparse
 import json
+import os
 import resource
 import tempfile
 import time
@@ -25,7 +26,10 @@ import torch
 from scratch_data import link_model_store
 from workload import TORCH_THREADS, WORKLOADS, job_spec
 
-DEFAULT_STORE = Path(__file__).resolve().parent.parent / ".test-cache" / "data"
+# The tests' data dir (their APPLIANCE_TEST_DATA_DIR) when set, as in a git worktree without its own cache.
+DEFAULT_STORE = Path(
+    os.environ.get("APPLIANCE_TEST_DATA_DIR") or Path(__file__).resolve().parent.parent / ".test-cache" / "data"
+)
 
 
 def run(rollout_weights: str, warmup: int, measured: int, store: Path, workload: str = "P") -> dict:

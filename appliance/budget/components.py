@@ -107,11 +107,16 @@ def lora_params(shape: ModelShape, rank: int, target_modules: list[str]) -> int:
     return shape.layers * sum(rank * (linears[t][0] + linears[t][1]) for t in targets)
 
 
-def lora_target_params(shape: ModelShape, target_modules: list[str]) -> int:
-    """Base weights of the LoRA-targeted linear layers (what a merged rollout copy keeps dequantized)."""
+def _target_sizes(shape: ModelShape, target_modules: list[str]) -> list[int]:
     linears = {name: (i, o) for name, i, o in shape.block_linears}
     targets = list(linears) if list(target_modules) == ["all-linear"] else [t for t in target_modules if t in linears]
-    return shape.layers * sum(linears[t][0] * linears[t][1] for t in targets)
+    return [linears[t][0] * linears[t][1] for t in targets]
+
+
+def merge_working_bytes(shape: ModelShape, target_modules: list[str]) -> int:
+    """The merged rollout copy's re-merge working memory: the largest target's fp32 dequantized weight and
+    its fp32 LoRA delta, one layer at a time (engines/merged_copy.py)."""
+    return 2 * FP32 * max(_target_sizes(shape, target_modules), default=0)
 
 
 def student_lora_bytes(trainable_params: int) -> int:

@@ -93,8 +93,9 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
     vLLM always loads its own copy (it cannot share the trainer's tensors): bitsandbytes 4-bit on CUDA for
     a 4-bit student (engines/vllm_engine.for_student), else the compute dtype; under FSDP it is
     tensor-parallel over the devices the base is sharded on, so each holds its share. The transformers merged copy
-    holds the model in the compute dtype plus the dequantized fp32 base of the LoRA targets it re-merges
-    from after every step (engines/merged_copy.py); sharing the trainer's weights holds nothing more.
+    holds the model in the compute dtype, and re-merges each LoRA target from the student's 4-bit base one layer
+    at a time after every step (engines/merged_copy.py): one target's fp32 weight and delta at a time. Sharing the
+    trainer's weights holds nothing more.
     """
     if work.rollout_engine == "vllm":
         quantized = work.device_kind == "cuda" and work.student_quantization in ("nf4", "fp4")
@@ -103,9 +104,7 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
         return -(-whole // work.student_shards)
     if rollout_weights != "merged_copy":
         return 0
-    return (
-        work.student.total_params * work.dtype_bytes + c.lora_target_params(work.student, list(work.lora_targets)) * 4
-    )
+    return work.student.total_params * work.dtype_bytes + c.merge_working_bytes(work.student, list(work.lora_targets))
 
 
 def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:

@@ -1,10 +1,12 @@
 """The transformers generation engine: the CPU path, and rollouts from the trainer's own weights.
 
-One batched `generate` per call (left padding, EOS stop), returning token ids,
+Batched `generate` over whole groups (left padding, EOS stop), returning token ids,
 text and the log-probability of each sampled token under the distribution it
 was sampled from (temperature and top-p applied). Greedy when temperature is 0.
 `Sampling.stop` strings end generation (transformers' stop_strings); `regex`
-is not enforced here (no constrained decoding in this engine).
+is not enforced here (no constrained decoding in this engine). A group's prompt
+is prefilled once: its KV cache is repeated for the group's n completions, so a
+batch of k prompts x n completions runs k prompt prefills, not k x n.
 
 `next_token_logprobs` is one forward pass over a batch of prompts with no
 sampling. Prompts are right-padded (the last real token is read, and with a
@@ -77,6 +79,19 @@ def sampled_logprobs(scores: tuple[torch.Tensor, ...], generated: torch.Tensor) 
     return torch.cat(steps, dim=1)
 
 
+def group_batches(
+    prompts: list[tuple[int, str]], n: int, max_batch_size: int
+) -> list[tuple[list[tuple[int, str]], int]]:
+    """Generation batches of whole groups: (prompts, completions per prompt), at most max_batch_size rows each.
+
+    A group larger than max_batch_size is split into batches of one prompt (each prefills it once).
+    """
+    if n <= max_batch_size:
+        per_batch = max_batch_size // n
+        return [(prompts[start : start + per_batch], n) for start in range(0, len(prompts), per_batch)]
+    return [([entry], min(max_batch_size, n - done)) for entry in prompts for done in range(0, n, max_batch_size)]
+
+
 class HFEngine:
     """Generates with any transformers causal LM (plain, bitsandbytes-quantized or peft-wrapped)."""
 
@@ -134,13 +149,12 @@ class HFEngine:
         started = time.monotonic()
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        expanded = [(index, prompt) for index, prompt in enumerate(prompts) for _ in range(sampling.n)]
         results: list[list[Completion]] = [[] for _ in prompts]
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(expanded), self.max_batch_size):
-                for completion in self._generate_batch(expanded[start : start + self.max_batch_size], sampling):
+            for batch, copies in group_batches(list(enumerate(prompts)), sampling.n, self.max_batch_size):
+                for completion in self._generate_batch(batch, copies, sampling):
                     results[completion.prompt_index].append(completion)
         finally:
             self.model.train(was_training)
@@ -148,13 +162,38 @@ class HFEngine:
         self.counters.calls += 1
         return results
 
-    def _generate_batch(self, batch: list[tuple[int, str]], sampling: Sampling) -> list[Completion]:
+    def _prefill(self, encoded, copies: int):
+        """The prompts' KV (all but the last token) computed once and repeated for each of `copies` completions.
+
+        generate() then runs only each row's last prompt token before sampling. None when there is nothing to
+        share (one completion per prompt, or one-token prompts): generate prefills as usual.
+        """
+        ids, mask = encoded["input_ids"], encoded["attention_mask"]
+        if copies < 2 or ids.shape[1] < 2:
+            return None
+        # The position ids generate() derives from the mask (_prepare_position_ids_for_generation).
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        past = self.model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            use_cache=True,
+            logits_to_keep=1,
+        ).past_key_values
+        past.batch_repeat_interleave(copies)
+        return past
+
+    def _generate_batch(self, batch: list[tuple[int, str]], copies: int, sampling: Sampling) -> list[Completion]:
         encoded = self.tokenizer(
             [prompt for _, prompt in batch], return_tensors="pt", padding=True, add_special_tokens=False
         ).to(self.device)
+        past = self._prefill(encoded, copies)
+        encoded = {key: value.repeat_interleave(copies, dim=0) for key, value in encoded.items()}
+        rows = [entry for entry in batch for _ in range(copies)]
         greedy = sampling.temperature <= 0
         output = self.model.generate(
             **encoded,
+            past_key_values=past,
             max_new_tokens=sampling.max_new_tokens,
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
@@ -169,29 +208,30 @@ class HFEngine:
         prompt_width = encoded["input_ids"].shape[1]
         generated = output.sequences[:, prompt_width:]
         chosen = sampled_logprobs(output.scores, generated)
-        completions = []
-        for row, (prompt_index, _) in enumerate(batch):
-            tokens = generated[row].tolist()
-            length, finish = len(tokens), "length"
-            for position, token in enumerate(tokens):
-                if token in self._stop_ids:
-                    length, finish = position + 1, "stop"
-                    break
-            tokens = tokens[:length]
-            prompt_ids = encoded["input_ids"][row][encoded["attention_mask"][row].bool()].tolist()
-            self.counters.prompt_tokens += len(prompt_ids)
-            self.counters.generated_tokens += len(tokens)
-            completions.append(
-                Completion(
-                    prompt_index=prompt_index,
-                    prompt_token_ids=prompt_ids,
-                    token_ids=tokens,
-                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-                    logprobs=chosen[row, :length].tolist(),
-                    finish_reason=finish,
-                )
-            )
-        return completions
+        return [
+            self._completion(prompt_index, encoded, generated, chosen, row)
+            for row, (prompt_index, _) in enumerate(rows)
+        ]
+
+    def _completion(self, prompt_index: int, encoded, generated, chosen, row: int) -> Completion:
+        tokens = generated[row].tolist()
+        length, finish = len(tokens), "length"
+        for position, token in enumerate(tokens):
+            if token in self._stop_ids:
+                length, finish = position + 1, "stop"
+                break
+        tokens = tokens[:length]
+        prompt_ids = encoded["input_ids"][row][encoded["attention_mask"][row].bool()].tolist()
+        self.counters.prompt_tokens += len(prompt_ids)
+        self.counters.generated_tokens += len(tokens)
+        return Completion(
+            prompt_index=prompt_index,
+            prompt_token_ids=prompt_ids,
+            token_ids=tokens,
+            text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+            logprobs=chosen[row, :length].tolist(),
+            finish_reason=finish,
+        )
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

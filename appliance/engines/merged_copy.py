@@ -6,7 +6,9 @@ weights again (the budget manager decides: `rollout_weights: merged_copy`).
 The copy's base weights are the *dequantized 4-bit* weights, not the original
 checkpoint, so it samples from exactly the policy the trainer optimizes.
 After each optimizer step `update_adapter` rewrites the LoRA target weights
-as W = dequant(W4) + scale * B @ A from the trainer's in-memory adapter.
+as W = dequant(W4) + scale * B @ A from the trainer's in-memory adapter, one
+layer at a time from the student's own 4-bit base: no fp32 copy of the targets
+is kept between steps (only one target's fp32 weight and delta while it merges).
 """
 
 from __future__ import annotations
@@ -43,43 +45,30 @@ class MergedCopyEngine(HFEngine):
         copy.requires_grad_(False)
         self._student_model = student.model
         self._lora_layers: dict[str, LoraLayer] = {}
-        self._base_weights: dict[str, torch.Tensor] = {}
         copy_modules = dict(copy.named_modules())
         for name, module in student.model.base_model.model.named_modules():
             base = getattr(module, "base_layer", None)
             if isinstance(module, LoraLayer) and base is not None:
                 self._lora_layers[name] = module
-                self._base_weights[name] = _dequantized(base)
             elif name in copy_modules and getattr(getattr(module, "weight", None), "quant_state", None) is not None:
                 copy_modules[name].weight.data.copy_(_dequantized(module).to(copy_modules[name].weight.dtype))
         self._copy_modules = copy_modules
         super().__init__(copy, student.tokenizer, name, max_batch_size, owns_weights=True)
         self.update_adapter(None, 0)
 
-    def sleep(self) -> None:
-        """The copy and its dequantized base weights go to host RAM together (CUDA; see HFEngine.sleep)."""
-        super().sleep()
-        if self._asleep_from is not None:
-            self._move_base_weights("cpu")
-
-    def wake(self) -> None:
-        device = self._asleep_from
-        super().wake()
-        if device is not None:
-            self._move_base_weights(device)
-
-    def _move_base_weights(self, device) -> None:
-        self._base_weights = {name: weight.to(device) for name, weight in self._base_weights.items()}
-
     @torch.no_grad()
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
-        """Merge the student's current (in-memory) adapter into the copy's target weights (awake: on the device)."""
+        """Merge the student's current (in-memory) adapter into the copy's target weights (awake: on the device).
+
+        Each target is dequantized from the student's 4-bit base where it lives (the trainer's device) and the
+        merged weight copied to the copy's device.
+        """
         self.wake()
         for name, layer in self._lora_layers.items():
-            delta = sum(
-                (layer.get_delta_weight(adapter).float() for adapter in layer.active_adapters),
-                torch.zeros_like(self._base_weights[name]),
-            )
+            merged = _dequantized(layer.get_base_layer())
+            for adapter in layer.active_adapters:
+                merged += layer.get_delta_weight(adapter).float()
             target = self._copy_modules[name].weight
-            target.copy_((self._base_weights[name] + delta).to(target.dtype))
+            target.copy_(merged.to(device=target.device, dtype=target.dtype))
+            del merged
         self.adapter_version = version

@@ -112,17 +112,6 @@ def _batch() -> TokenBatch:
     return TokenBatch(torch.cat([prompt, completion], 1), attention, completion, mask)
 
 
-def _loss_and_grads(student: Student, logprobs, old, reference, batch: TokenBatch, loss_type: str):
-    student.model.zero_grad(set_to_none=True)
-    mask = batch.completion_mask.float()
-    normalizer = StepNormalizer(sequences=4, tokens=int(mask.sum()), micro_batches=1, max_new_tokens=9)
-    advantages = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=old.dtype)
-    # beta > 0: the reference logprobs are in the loss; old shifted by 0.1 so that the ratios are not all 1
-    output = policy_loss(logprobs(), old - 0.1, advantages, mask, loss_type, normalizer, 0.2, 0.28, 0.04, reference)
-    output.loss.backward()
-    return output.loss.detach(), [p.grad.clone() for p in student.trainable_parameters()]
-
-
 @pytest.mark.model
 def test_every_aggregation_gets_the_loss_and_head_input_gradients_of_the_full_logits(student, monkeypatch):
     """Below the LM head both paths share one autograd graph: the head's input is where they could part.

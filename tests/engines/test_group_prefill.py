@@ -1,0 +1,76 @@
+"""A group's completions share one prompt prefill in the transformers engine, and sample what they did before."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from appliance.engines.base import Sampling
+from appliance.engines.hf import HFEngine, group_batches
+
+PROMPTS = ["What is 7 * 8? Answer with one number.", "Name a colour."]  # different lengths: left padding
+
+
+def test_batches_hold_whole_groups_and_split_only_a_group_larger_than_a_batch():
+    prompts = list(enumerate("abcde"))
+    assert group_batches(prompts, 4, 8) == [(prompts[0:2], 4), (prompts[2:4], 4), (prompts[4:5], 4)]
+    assert group_batches(prompts[:2], 1, 64) == [(prompts[:2], 1)]
+    # 20 completions at most 8 a batch: 8 + 8 + 4 per prompt, each batch prefills its one prompt once
+    assert group_batches(prompts[:2], 20, 8) == [([prompts[0]], 8), ([prompts[0]], 8), ([prompts[0]], 4)] + [
+        ([prompts[1]], 8),
+        ([prompts[1]], 8),
+        ([prompts[1]], 4),
+    ]
+
+
+class ForwardLog:
+    """Every forward of the real model: (rows, tokens) of its input_ids."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.calls: list[tuple[int, int]] = []
+        self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.calls.append(tuple(ids.shape))
+
+    def prefilled_rows(self) -> int:
+        """Rows that ran more than one token: prompt prefills (a decode step runs one token a row)."""
+        return sum(rows for rows, tokens in self.calls if tokens > 1)
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def _generate(engine: HFEngine, prompts: list[str], sampling: Sampling):
+    log = ForwardLog(engine.model)
+    try:
+        return engine.generate(prompts, sampling), log
+    finally:
+        log.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_group_prefills_its_prompt_once_and_samples_as_a_prefill_per_completion(tiny_engine, temperature):
+    sampling = Sampling(max_new_tokens=8, n=4, temperature=temperature, top_p=1.0, seed=3)
+    shared, log = _generate(tiny_engine, PROMPTS, sampling)
+    assert log.prefilled_rows() == len(PROMPTS)  # not len(PROMPTS) * 4
+    assert all(tokens == 1 for _, tokens in log.calls[1:])  # after the one prefill, one token a row a step
+    assert [len(group) for group in shared] == [4, 4]
+
+    # The same completions, one prompt per completion (n=1, each prompt four times: the engine's former path).
+    per_completion = Sampling(max_new_tokens=8, n=1, temperature=temperature, top_p=1.0, seed=3)
+    plain, plain_log = _generate(tiny_engine, [p for p in PROMPTS for _ in range(4)], per_completion)
+    assert plain_log.prefilled_rows() == len(PROMPTS) * 4
+    plain_flat = [group[0] for group in plain]
+    shared_flat = [c for group in shared for c in group]
+    assert [c.token_ids for c in shared_flat] == [c.token_ids for c in plain_flat]
+    assert [c.prompt_token_ids for c in shared_flat] == [c.prompt_token_ids for c in plain_flat]
+    for got, want in zip(shared_flat, plain_flat):
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), rtol=1e-4, atol=1e-4)
+
+
+def test_one_token_prompts_and_single_completions_take_the_plain_path(tiny_engine):
+    bos = tiny_engine.tokenizer.decode([tiny_engine.tokenizer.eos_token_id])
+    groups, log = _generate(tiny_engine, [bos], Sampling(max_new_tokens=3, n=3, temperature=1.0, seed=0))
+    assert [len(group) for group in groups] == [3] and log.calls[0] == (3, 1)
