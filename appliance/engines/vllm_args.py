@@ -108,6 +108,9 @@ def llm_args(settings: VllmSettings) -> dict[str, Any]:
         "enable_lora": s.enable_lora,
         # Defaults from vLLM, not from the model's generation_config.json (see VLLMEngine.generate).
         "generation_config": "vllm",
+        # A group's completions share their prompt, and an agent's next turn starts with the
+        # conversation so far: both prefill once. vLLM 0.32 defaults to it; say so, not rely on it.
+        "enable_prefix_caching": True,
     }
     if s.enable_lora:
         args["max_lora_rank"] = s.lora_rank

@@ -42,6 +42,7 @@ def test_a_cuda_student_gets_the_plans_kv_cache_its_rank_sleep_mode_and_quantiza
         "disable_log_stats": False,
         "enable_lora": True,
         "generation_config": "vllm",
+        "enable_prefix_caching": True,
         "max_lora_rank": 8,  # rank 4 rounded up to a rank vLLM accepts
         "max_loras": 1,
         "max_cpu_loras": 2,
@@ -60,6 +61,7 @@ def test_a_cpu_judge_has_no_lora_no_sleep_mode_its_own_name_and_the_parallel_arg
     assert (args["dtype"], args["enforce_eager"], args["enable_lora"]) == ("float32", True, False)
     assert args["max_model_len"] == 256 + 4 * 32 + 64  # group mode: the whole group in the judge's prompt
     assert args["tensor_parallel_size"] == 2
+    assert args["enable_prefix_caching"] is True  # a group's responses share the judge's rubric prefix
     assert not {"max_lora_rank", "enable_sleep_mode", "quantization"} & args.keys()
 
 
