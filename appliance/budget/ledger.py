@@ -104,7 +104,7 @@ class Ledger:
         }
 
 
-class OutOfMemoryAtMinimum(ApplianceError, RuntimeError):
+class OutOfMemoryAtMinimum(ApplianceError):
     """The step ran out of memory even at the smallest micro-batch."""
 
 

@@ -24,7 +24,7 @@ _QK_NORM_FAMILIES = {"qwen3", "gemma3", "gemma3_text", "olmo2"}
 _SANDWICH_NORM_FAMILIES = {"gemma2", "gemma3", "gemma3_text"}
 
 
-class ShapeError(ApplianceError, ValueError):
+class ShapeError(ApplianceError):
     """A config.json lacks a field the planner needs; the message names it."""
 
 

@@ -17,7 +17,7 @@ from appliance.errors import ApplianceError
 from appliance.cli.main import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, add_data_dir, data_dir_of
 
 
-class PlanInputError(ApplianceError, ValueError):
+class PlanInputError(ApplianceError):
     """Bad command-line input; the message says what to change."""
 
 

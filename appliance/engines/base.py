@@ -88,7 +88,7 @@ class GenerationEngine(Protocol):
 
         The raw model distribution (temperature 1, no top-p), one forward pass per
         prompt, no sampling. Every candidate must be a single token after the
-        prompt (`scoring.single_token_ids` checks it; ValueError otherwise).
+        prompt (`scoring.single_token_ids` checks it; NotSingleTokenError otherwise).
         """
 
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:

@@ -102,7 +102,7 @@ class SamplingPolicy:
         return None
 
 
-class ServiceClosed(Exception):
+class _ServiceClosed(Exception):
     """The endpoint's owner stopped serving the model."""
 
 
@@ -209,7 +209,7 @@ class ChatService:
         request_id = uuid.uuid4().hex
         with self.lock:
             if not self.open:
-                raise ServiceClosed("the model is no longer served here (the job is ending)")
+                raise _ServiceClosed("the model is no longer served here (the job is ending)")
             completions = self.engine.generate([prompt], sampling)[0]
             if trim:
                 completions = [_without_stop(completion, stop) for completion in completions]
@@ -328,7 +328,7 @@ def build_app(service: ChatService, token: str | None = None):
             return service.complete(request)
         except ValueError as exc:
             return error(400, str(exc))
-        except ServiceClosed as exc:
+        except _ServiceClosed as exc:
             return error(503, str(exc), "service_unavailable")
 
     if service.hooks is not None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from appliance.errors import ApplianceError
 
-class NotSingleTokenError(ValueError):
+
+class NotSingleTokenError(ApplianceError):
     """A candidate is not one token after the prompt; the message names it."""
 
 

@@ -7,7 +7,6 @@ as job.yaml at the first start, and a resume refuses a changed spec.
 
 from __future__ import annotations
 
-from appliance.errors import ApplianceError
 import appliance.offline  # noqa: F401
 
 import os
@@ -20,10 +19,11 @@ import yaml
 
 from appliance.budget.device import probe_device
 from appliance.budget.host_allocator import pin_mmap_threshold
-from appliance.budget.plan import plan_job
+from appliance.budget.plan import Plan, plan_job
 from appliance.budget.shapes import load_config
 from appliance.config.schema import JobSpec
 from appliance.durable import write_atomically
+from appliance.errors import ApplianceError
 from appliance.engines.hf import HFEngine
 from appliance.grpo.hooks import RunHooks
 from appliance.grpo.student import Student
@@ -170,24 +170,15 @@ def build_trainer(
     rewards = job_rewards(spec, job_file_dir, judge)
     agent = None
     if spec.task.environment is not None:
-        bound = _agent_sequence_bound(plan, spec, planned, prompt_tokens)
+        bound = plan.sequence_tokens["student"]  # the longest sequence an agent trajectory may reach
         agent = _agent_job(spec, engine, data_dir, job_dir, stop_requested, bound, environment)
-    ledger = measure_loaded(plan, student, engine) if plan is not None else None
+    ledger = measure_loaded(plan, student, engine)
     parts = (spec, job_dir, student, engine, task, rewards, choices)
     if rank is not None:
         from appliance.grpo.data_parallel import RankTrainer
 
         return RankTrainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks, rank=rank)
     return Trainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks)
-
-
-def _agent_sequence_bound(plan, spec: JobSpec, planned: JobSpec, prompt_tokens: int | None) -> int:
-    """The longest sequence an agent trajectory may reach: the plan's, else the spec's prompt plus turns."""
-    if plan is not None:
-        return plan.sequence_tokens["student"]
-    from appliance.budget.workload import generated_tokens
-
-    return (prompt_tokens or spec.grpo.max_prompt_tokens) + generated_tokens(planned)
 
 
 def _agent_job(spec: JobSpec, engine, data_dir: Path, job_dir: Path, stop_requested, bound: int, environment):
@@ -238,7 +229,7 @@ def _tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def measure_loaded(plan, student: Student, engine):
+def measure_loaded(plan: Plan, student: Student, engine):
     """The ledger, with what the loaded models really hold (warns past 10% over plan)."""
     from appliance.budget.ledger import Ledger
 
@@ -254,18 +245,17 @@ def measure_loaded(plan, student: Student, engine):
 
 
 def make_rollout_engine(
-    spec: JobSpec, student: Student, student_dir: Path, device: str, rollout_weights: str, plan=None
+    spec: JobSpec, student: Student, student_dir: Path, device: str, rollout_weights: str, plan: Plan
 ):
     kind = rollout_engine_kind(spec, device)
     if kind == "vllm":
         from appliance.engines.vllm_engine import VLLMEngine
 
-        kv_bytes = plan.choices.rollout_kv_bytes if plan is not None else None
         return VLLMEngine.for_student(
             spec,
             student_dir,
             student,
-            kv_cache_bytes=kv_bytes,
+            kv_cache_bytes=plan.choices.rollout_kv_bytes,
             quantize=spec.student.quantization in ("nf4", "fp4"),
             max_model_len=_planned_length(spec, plan, "student"),
         )
@@ -276,14 +266,14 @@ def make_rollout_engine(
     return HFEngine(student.model, student.tokenizer, name=spec.student.model)
 
 
-def _planned_length(spec: JobSpec, plan, role: str) -> int | None:
+def _planned_length(spec: JobSpec, plan: Plan, role: str) -> int | None:
     """vLLM's max_model_len: engine.vllm.max_model_len, else the plan's longest sequence of that role."""
     if spec.engine.vllm.max_model_len:
         return spec.engine.vllm.max_model_len
-    return plan.sequence_tokens.get(role) if plan is not None else None
+    return plan.sequence_tokens.get(role)
 
 
-def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir: Path, device: str, plan=None):
+def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir: Path, device: str, plan: Plan):
     from appliance.judge.judge import Judge
 
     if spec.judge.endpoint is not None:
@@ -301,7 +291,7 @@ def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir:
             spec,
             judge_dir,
             parallelism=judge_parallelism(spec.resources),
-            kv_cache_bytes=plan.choices.judge_kv_bytes if plan is not None else None,
+            kv_cache_bytes=plan.choices.judge_kv_bytes,
             max_model_len=_planned_length(spec, plan, "judge"),
         )
     else:

@@ -1,13 +1,9 @@
-"""Time the phases of one step, record their memory peaks and announce them: one context manager.
+"""Enter, time and announce the phases of one step, and record their memory peaks: one context manager.
 
-    clock = PhaseClock(ledger, announce)
-    with clock.phase("generate", memory="generate"):
-        ...
-    clock.seconds  ->  {"generate": 8.1, ...}
-
-`memory` names the budget plan's phase whose peak this phase measures (on
-CUDA, where the allocator reports peaks; on the CPU freed memory stays in the
-process, so only the whole run's peak RSS is comparable with the plan).
+clock = PhaseClock(ledger, announce, enter)
+with clock.phase("generate"):
+    ...
+clock.seconds  ->  {"generate": 8.1, ...}
 """
 
 from __future__ import annotations
@@ -16,30 +12,57 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+# Each timed phase of a step -> the budget plan's phase it runs in, or None where the plan has none.
+# The plan names the scoring phase after the judge, the engine it adds there (and plans it only for
+# a judge); the step, its events and StepRecord.seconds call it "reward".
+PLANNED: dict[str, str | None] = {
+    "generate": "generate",
+    "reward": "judge",
+    "train": "train",
+    "sync": None,
+    "checkpoint": None,
+    "eval": None,
+}
+
 
 class PhaseClock:
-    def __init__(self, ledger=None, announce: Callable[..., None] | None = None):
+    """`enter(planned)` puts the engines in the state the plan assumed for a planned phase (time sharing)."""
+
+    def __init__(
+        self,
+        ledger=None,
+        announce: Callable[..., None] | None = None,
+        enter: Callable[[str], None] | None = None,
+    ):
         self.ledger = ledger
         self.announce = announce or (lambda kind, **data: None)
+        self.enter = enter or (lambda planned: None)
         self.seconds: dict[str, float] = {}
         self.started = time.monotonic()
 
-    def _measures(self, memory: str | None) -> bool:
+    def _measures(self, planned: str | None) -> bool:
+        # On CUDA the allocator reports peaks; on the CPU freed memory stays in the process,
+        # so only the whole run's peak RSS is comparable with the plan.
         return (
-            memory is not None
+            planned is not None
             and self.ledger is not None
             and self.ledger.plan.device.kind == "cuda"
-            and memory in self.ledger.plan.phases
+            and planned in self.ledger.plan.phases
         )
 
     @contextmanager
-    def phase(self, name: str, memory: str | None = None) -> Iterator[None]:
-        measures = self._measures(memory)
+    def phase(self, name: str) -> Iterator[None]:
+        if name not in PLANNED:
+            raise ValueError(f"phase {name!r} is not one of {tuple(PLANNED)}")
+        planned = PLANNED[name]
+        self.announce("phase", phase=name, state="start")
+        if planned is not None:
+            self.enter(planned)  # outside the timed part: waking and sleeping engines is not the phase's work
+        measures = self._measures(planned)
         if measures:
             from appliance.budget.device import reset_peak
 
             reset_peak(self.ledger.plan.device.kind)
-        self.announce("phase", phase=name, state="start")
         began = time.monotonic()
         try:
             yield
@@ -48,7 +71,7 @@ class PhaseClock:
             if measures:
                 from appliance.budget.device import peak_bytes
 
-                self.ledger.phase_peak(memory, peak_bytes(self.ledger.plan.device.kind))
+                self.ledger.phase_peak(planned, peak_bytes(self.ledger.plan.device.kind))
             self.announce("phase", phase=name, state="end")
 
     def total(self) -> dict[str, float]:

@@ -178,12 +178,12 @@ class Trainer:
     # ----- one step -----------------------------------------------------------------------------
 
     def train_step(self) -> StepRecord:
-        clock = PhaseClock(self.ledger, self.on_event)
+        clock = PhaseClock(self.ledger, self.on_event, self._enter)
         if self.judge is not None:
             self.judge.set_step(self.step + 1)
         before = self._token_totals()
         scored = self._agent_rollout(clock) if self.agent is not None else self._rollout(clock)
-        with clock.phase("train", memory="train"):
+        with clock.phase("train"):
             stats = self._update(scored)
         self.step += 1
         with clock.phase("sync"):
@@ -211,7 +211,6 @@ class Trainer:
         while rounds.wants_more():
             rounds.add(self._rollout_round(clock, len(rounds.rounds)))
         self.sampling_rounds = len(rounds.rounds)
-        self._enter("train")
         return rounds.rollout()
 
     def _rollout_round(self, clock: PhaseClock, index: int) -> ScoredRollout:
@@ -220,11 +219,9 @@ class Trainer:
         self.prompts_skipped += self.skipper.skipped_last_batch if self.skipper is not None else 0
         sampling = self._sampling()
         sampling = dataclasses.replace(sampling, seed=round_seed(sampling.seed, index)) if index else sampling
-        self._enter("generate")
-        with clock.phase("generate", memory="generate"):
+        with clock.phase("generate"):
             prompts, groups = generate_groups(self.engine, self.task, problems, sampling)
-        self._enter("judge")
-        with clock.phase("reward", memory="judge" if self.judge is not None else None):
+        with clock.phase("reward"):
             scores = score_groups(problems, groups, self.rewards)
         scored = scored_rollout(problems, prompts, groups, scores, self.spec.grpo.scale_rewards)
         if self.skipper is not None:
@@ -233,11 +230,9 @@ class Trainer:
 
     def _agent_rollout(self, clock: PhaseClock) -> ScoredTrajectories:
         grpo = self.spec.grpo
-        self._enter("generate")
-        with clock.phase("generate", memory="generate"):
+        with clock.phase("generate"):
             groups = self.agent.source.collect(self.step + 1, grpo.prompts_per_step, grpo.group_size)
-        self._enter("judge")
-        with clock.phase("reward", memory="judge" if self.judge is not None else None):
+        with clock.phase("reward"):
             scored = score_trajectories(
                 self.agent.environment,
                 groups,
@@ -248,7 +243,6 @@ class Trainer:
                 self.spec.task.mask_truncated,
                 self.step + 1,
             )
-        self._enter("train")
         if scored.truncated:
             self.records.log(
                 f"step {self.step + 1}: {scored.truncated} trajectories were longer than the planned "
@@ -330,8 +324,10 @@ class Trainer:
             if snapshot is not None:
                 self.on_event("engine_metrics", snapshot=snapshot)
 
-    def _enter(self, phase: str) -> None:
-        enter_phase(phase, self.engine, self.judge.engine if self.judge is not None else None, self.choices.time_share)
+    def _enter(self, planned: str) -> None:
+        enter_phase(
+            planned, self.engine, self.judge.engine if self.judge is not None else None, self.choices.time_share
+        )
 
     def engines(self) -> list[GenerationEngine]:
         return [self.engine] + ([self.judge.engine] if self.judge is not None else [])

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Sequence
 
 from appliance.config.schema import JudgeSpec
 from appliance.engines.base import Completion, EngineCounters, GenerationEngine, Sampling, UnansweredLogprobs
+from appliance.engines.scoring import NotSingleTokenError
 from appliance.judge.cache import VerdictCache, cache_key
 from appliance.judge.log import JudgeLog
 from appliance.errors import ApplianceError
@@ -195,7 +196,7 @@ class Judge:
         probe = self.engine.render_chat([{"role": "user", "content": "Score this."}]) + POINTWISE_PREFILL
         try:
             self.engine.next_token_logprobs([probe], list(PROBABILITY_SCALE))
-        except ValueError as error:
+        except NotSingleTokenError as error:
             raise JudgeScoringError(
                 f"judge.scoring: probabilities is not possible with this judge's tokenizer: "
                 f"{error}; set judge.scoring: generate"

@@ -23,6 +23,8 @@ from typing import Any, Iterator
 
 import yaml
 
+from appliance.errors import ApplianceError
+
 SCORE_MAX = 10.0
 
 _OPENERS = {"{": "}", "[": "]"}
@@ -34,7 +36,7 @@ YAML_MAX_CHARS = 4096
 MAX_DEPTH = 64
 
 
-class JudgeOutputError(ValueError):
+class JudgeOutputError(ApplianceError):
     """The judge's answer cannot be used; the message says what was wrong."""
 
 

@@ -22,6 +22,8 @@ from prometheus_client.metrics_core import METRIC_TYPES, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from appliance.errors import ApplianceError
+
 _BAD_METRIC_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_:]")
 _BAD_LABEL_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -37,7 +39,7 @@ def label_name(name: str) -> str:
     return "_" + name if not name or name[0].isdigit() else name
 
 
-class SnapshotError(ValueError):
+class SnapshotError(ApplianceError):
     """An engine snapshot is not in the shape `metrics_snapshot()` produces."""
 
 

@@ -450,7 +450,7 @@ class Supervisor:
                     apply_event(self.metrics, event, str(worker.slot.index))
                 elif kind in ("result", "disk_full", "error"):
                     worker.outcome = message
-            except (KeyError, TypeError, ValueError) as error:
+            except (KeyError, TypeError, ValueError, ApplianceError) as error:  # ApplianceError: SnapshotError
                 print(
                     f"supervisor: bad report from the worker of {worker.job_id}: {error}", file=sys.stderr, flush=True
                 )

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from appliance.errors import ApplianceError
 from appliance.suggest import did_you_mean
 from appliance.tasks.base import Problem, TaskError
 
@@ -25,7 +26,7 @@ ROLES = ("system", "user", "assistant")
 MAX_REPORTED_ERRORS = 10
 
 
-class RowError(ValueError):
+class RowError(ApplianceError):
     """What is wrong with one row; the caller adds the file and line."""
 
 

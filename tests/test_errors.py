@@ -1,0 +1,30 @@
+"""Every exception class the appliance defines derives from ApplianceError, but private control flow."""
+
+import importlib
+import inspect
+import pkgutil
+
+import appliance
+from appliance.errors import ApplianceError
+
+# Private exceptions that never leave their module: each is raised and caught there to steer control.
+CONTROL_FLOW = {
+    "appliance.engines.openai_remote._Failure",  # one request's outcome, turned into a Completion.error
+    "appliance.engines.openai_server._ServiceClosed",  # the served model went away; the request gets a 503
+    "appliance.service.control._BodyTooLarge",  # the body limit middleware's early exit, answered as a 413
+}
+
+
+def _exception_classes():
+    for module_info in pkgutil.walk_packages(appliance.__path__, "appliance."):
+        module = importlib.import_module(module_info.name)
+        for name, value in vars(module).items():
+            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module.__name__:
+                yield f"{module.__name__}.{name}", value
+
+
+def test_every_project_exception_is_an_appliance_error():
+    found = dict(_exception_classes())
+    assert len(found) > 40  # the walk reached the whole package
+    outside = sorted(name for name, cls in found.items() if not issubclass(cls, ApplianceError))
+    assert outside == sorted(CONTROL_FLOW)
