@@ -118,7 +118,22 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
     errors += _reward_errors(parsed, base_dir)
     errors += _best_metric_errors(parsed)
     errors += _resources_errors(parsed)
+    errors += _rubric_errors(parsed)
     return errors
+
+
+def _rubric_errors(parsed: ParsedJob) -> list[ConfigError]:
+    """judge.rubric: no score outside the scale that judge.scoring reads."""
+    from appliance.judge.rubric import RubricScaleError, check_rubric_scale
+
+    rubric, scoring = _at(parsed.data, "judge", "rubric"), _at(parsed.data, "judge", "scoring")
+    if not isinstance(rubric, str):
+        return []
+    try:
+        check_rubric_scale(rubric, scoring if isinstance(scoring, str) else "auto")
+    except RubricScaleError as error:
+        return [parsed.error_at(("judge", "rubric"), str(error))]
+    return []
 
 
 def _resources_errors(parsed: ParsedJob) -> list[ConfigError]:
