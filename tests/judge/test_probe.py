@@ -144,3 +144,19 @@ def test_an_endpoint_that_does_not_answer_the_probe_is_refused():
             Judge(JudgeSpec(model="judge", endpoint="http://127.0.0.1:9/v1"), remote)
     finally:
         remote.close()
+
+
+def test_a_transcript_longer_than_the_model_window_is_cut_and_scored(keeping_judge_dir):
+    from appliance.engines.hf import HFEngine
+    from appliance.rewards.registry import RewardSample
+
+    local = HFEngine.load(keeping_judge_dir, device="cpu")  # max_position_embeddings 4096
+    try:
+        judge = Judge(JudgeSpec(model="judge", mode="group"), local)
+        transcript = "call calculator(2, 3)\nresult: 5\n" * 2_000
+        samples = [RewardSample("Add.", transcript, "5", 0), RewardSample("Add.", "<answer>5</answer>", "5", 0)]
+        scores = judge(samples)
+        assert judge.window == 4096 and judge.stats()["prompts_cut"] == 1 and not any(judge.last_failed)
+        assert all(0.0 <= score <= 1.0 for score in scores)
+    finally:
+        local.close()
