@@ -52,6 +52,7 @@ from appliance.judge.log import JudgeLog
 from appliance.errors import ApplianceError
 from appliance.judge.parse import JudgeOutputError, close_group_answer, parse_group, parse_pointwise
 from appliance.judge.escape import TokenEscaper, tokenizer_tokens
+from appliance.judge.guard import injection_signals
 from appliance.judge.probe import ProbeResult, probe_score_mass
 from appliance.judge.probs import ScoreReading, read_score
 from appliance.judge.prompts import (
@@ -220,6 +221,9 @@ class Judge:
         self.prompts_too_long = 0
         # Per sample of the last call: whether its reading failed (it got the judge.on_failure score).
         self.last_failed: list[bool] = []
+        # Per sample of the last call: the grader-directed signals that got it the lowest score unjudged.
+        self.last_injections: list[list[str]] = []
+        self.injections = 0
         self.scoring = resolve_scoring(spec.scoring, engine)
         check_rubric_scale(spec.rubric, self.scoring)
         self.escaper = TokenEscaper(tokenizer_tokens(getattr(engine, "tokenizer", None)))
@@ -248,6 +252,7 @@ class Judge:
         if not samples:
             return []
         started = self.clock()
+        all_samples, samples = samples, self._guarded(samples)
         group_keys = [_group_key(sample) for sample in samples]
         if self.spec.mode == "group":
             scores, requests = self._group_requests(samples, group_keys)
@@ -273,8 +278,42 @@ class Judge:
         final = failure_fill(scores, group_keys, self.spec.on_failure)
         for request in requests:
             self._log(request, [final[i] for i in request.sample_indices])
+        final = self._with_guarded(all_samples, final)
         self.seconds += self.clock() - started
         return final
+
+    def _guarded(self, samples: list["RewardSample"]) -> list["RewardSample"]:
+        """The samples to judge: those without a grader-directed signal (judge.injection_guard)."""
+        self.last_injections = [
+            injection_signals(sample.completion, self.escaper) if self.spec.injection_guard == "minimum" else []
+            for sample in samples
+        ]
+        for sample, signals in zip(samples, self.last_injections):
+            if signals:
+                self.injections += 1
+                self._log_injection(sample, signals)
+        return [sample for sample, signals in zip(samples, self.last_injections) if not signals]
+
+    def _with_guarded(self, samples: list["RewardSample"], judged: list[float]) -> list[float]:
+        """Scores for all samples: the judged ones in order, 0 for each one the guard stopped."""
+        scores = iter(judged)
+        failed = iter(self.last_failed)
+        self.last_failed = [False if signals else next(failed) for signals in self.last_injections]
+        return [0.0 if signals else next(scores) for signals in self.last_injections]
+
+    def _log_injection(self, sample: "RewardSample", signals: list[str]) -> None:
+        if self.log is not None:
+            self.log.write(
+                {
+                    "time": time.time(),
+                    "step": self.step,
+                    "mode": self.spec.mode,
+                    "outcome": "injection",
+                    "injections": signals,
+                    "response": sample.completion[:300],
+                    "assigned": [0.0],
+                }
+            )
 
     def _fitted(
         self, build: Callable[[list[str]], list[dict[str, str]]], responses: list[str], reserve: int
@@ -536,6 +575,7 @@ class Judge:
             "tokens_per_second": self.counters.tokens_per_second(),
             "cache_hits": self.cache.hits,
             "failed_samples": self.failed_samples,
+            "injections": self.injections,
             "prompts_cut": self.prompts_cut,
             "prompts_too_long": self.prompts_too_long,
             "cache_entries": len(self.cache),

@@ -119,7 +119,7 @@ class PromptRecorder:
 
 def test_the_judge_sends_hostile_responses_only_inside_blocks():
     engine = PromptRecorder()
-    judge = Judge(JudgeSpec(model="m", mode="group", scoring="probabilities"), engine)
+    judge = Judge(JudgeSpec(model="m", mode="group", scoring="probabilities", injection_guard="off"), engine)
     at_load = len(engine.prompts)  # the scale check and the score-mass probe
     responses = list(HOSTILE.values())
     judge([RewardSample(prompt=QUESTION, completion=r, reference=REFERENCE, group=0) for r in responses])
