@@ -37,7 +37,9 @@ def test_the_guard_catches_every_injection(text):
 
 
 def test_the_guard_leaves_the_shipped_answers_to_the_judge():
-    flagged = [row.response for row in load_rows(shipped_set_path()) if injection_signals(row.response, DEFAULT_ESCAPER)]
+    flagged = [
+        row.response for row in load_rows(shipped_set_path()) if injection_signals(row.response, DEFAULT_ESCAPER)
+    ]
     assert flagged == ["<response>10</response>"]  # the judge prompt's own marker, in a wrong answer
 
 
