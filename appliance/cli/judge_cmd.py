@@ -1,7 +1,11 @@
 """`appliance judge eval FILE.jsonl [--job JOB.yaml] [--scoring ...] [--mode ...] [--json]`: how good is the judge.
 
-Runs the job's judge (without --job: the bundled model, default settings) over
-labelled rows and reports AUC, accuracy at --threshold, Spearman, failure rate,
+Runs the job's judge as training runs it (its endpoint; its weights and
+quantization; with share_student_base the student's base loaded as the student
+is) or, without --job, the bundled model with default settings, over labelled
+rows and reports AUC, within-group pairwise accuracy (what GRPO uses: does the
+judge rank a better answer to the same question above a worse one), accuracy
+at --threshold, Spearman, failure rate,
 latency p50/p95 and tokens (appliance/judge/harness.py). --mode and --scoring
 take one value or a comma list (`--mode pointwise,group --scoring
 probabilities,generate` runs every mode side by side on one loaded engine).
@@ -69,9 +73,12 @@ def _eval(args) -> int:
         for mode in modes:
             for scoring in scorings:
                 variant = spec.model_copy(update={"mode": mode, "scoring": scoring})
+                seed = job.grpo.seed if job is not None else 0
                 reports.append(
                     evaluate_judge(
-                        rows, lambda log_path, v=variant: Judge(v, engine, log_path), threshold=args.threshold
+                        rows,
+                        lambda log_path, v=variant: Judge(v, engine, log_path, seed=seed),
+                        threshold=args.threshold,
                     )
                 )
     except ApplianceError as error:
@@ -111,24 +118,32 @@ def _judge_spec(args, data_dir: Path):
 
 
 def _judge_engine(spec, job, data_dir: Path):
-    """The judge engine the job would use: its own weights (a judge sharing the student's base loads them)."""
+    """The judge engine as the job trains with it: its endpoint, its weights and quantization, or the
+    student's base weights loaded as the student is (quantization included) when it shares them."""
     from appliance.models.loading import default_device
     from appliance.models.store import resolve_model
 
-    # A judge that shares the student's base judges with those weights: the student's model.
-    model = job.student.model if (job is not None and spec.share_student_base) else spec.model
-    model_dir = resolve_model(model, data_dir)
+    if spec.endpoint is not None:
+        from appliance.engines.openai_remote import OpenAIRemoteEngine
+
+        return OpenAIRemoteEngine.from_judge_spec(spec)
+    shared = job is not None and spec.share_student_base
+    model_dir = resolve_model(job.student.model if shared else spec.model, data_dir)
     device = default_device()
     kind = job.engine.judge if job is not None else "auto"
-    if kind == "vllm" or (kind == "auto" and device.startswith("cuda")):
+    if not shared and (kind == "vllm" or (kind == "auto" and device.startswith("cuda"))):
         from appliance.engines.vllm_args import VllmSettings
         from appliance.engines.vllm_engine import VLLMEngine
 
+        if job is not None:
+            return VLLMEngine.for_judge(job, model_dir, kv_cache_bytes=1 << 30, device=device)
         settings = VllmSettings(
             model_dir, model_name=f"{spec.model}-judge", kv_cache_bytes=1 << 30, device=device, enable_lora=False
         )
         return VLLMEngine(settings)
     from appliance.engines.hf import HFEngine
 
-    quantization = "none" if (job is not None and spec.share_student_base) else spec.quantization
-    return HFEngine.load(model_dir, quantization, device=device, name=spec.model)
+    # Training's shared judge is the student's model with its adapter off: loaded as the student is.
+    quantization = job.student.quantization if shared else spec.quantization
+    name = f"{job.student.model} (base)" if shared else spec.model
+    return HFEngine.load(model_dir, quantization, device=device, name=name)

@@ -119,6 +119,7 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
     errors += _best_metric_errors(parsed)
     errors += _resources_errors(parsed)
     errors += _sampling_errors(parsed)
+    errors += _rubric_errors(parsed)
     return errors
 
 
@@ -139,6 +140,20 @@ def _sampling_errors(parsed: ParsedJob) -> list[ConfigError]:
             continue
         errors.append(parsed.error_at(("grpo", key), f"{key} is not available here: {why}; drop it"))
     return errors
+
+
+def _rubric_errors(parsed: ParsedJob) -> list[ConfigError]:
+    """judge.rubric: no score outside the scale that judge.scoring reads."""
+    from appliance.judge.rubric import RubricScaleError, check_rubric_scale
+
+    rubric, scoring = _at(parsed.data, "judge", "rubric"), _at(parsed.data, "judge", "scoring")
+    if not isinstance(rubric, str):
+        return []
+    try:
+        check_rubric_scale(rubric, scoring if isinstance(scoring, str) else "auto")
+    except RubricScaleError as error:
+        return [parsed.error_at(("judge", "rubric"), str(error))]
+    return []
 
 
 def _resources_errors(parsed: ParsedJob) -> list[ConfigError]:

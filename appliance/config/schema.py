@@ -64,6 +64,15 @@ class JudgeSpec(Spec):
     # Probability scoring: a reading with less probability than this on the score tokens is a
     # failure (neutral score), not a score.
     min_score_mass: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+    # What a response whose judge reading failed gets: the mean of its group's judged responses
+    # (no advantage either way), or the lowest score (a policy cannot escape the judge by breaking it).
+    on_failure: Literal["group_mean", "minimum"] = "group_mean"
+    # minimum: a response that addresses the grader (markers, control tokens, a score claim, "ignore the
+    # instructions") gets the lowest score without being judged (judge/guard.py); off: judge it as any.
+    injection_guard: Literal["minimum", "off"] = "minimum"
+    # The judge's context window in tokens; null: the engine's (vLLM max_model_len, the model's
+    # positions). Longer judge prompts have their responses cut from the middle, and the cut logged.
+    max_prompt_tokens: PositiveInt | None = None
     # Judge with the student's base weights (adapter disabled): weights held once.
     share_student_base: bool = False
     max_new_tokens: PositiveInt = 128

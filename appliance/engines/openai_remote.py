@@ -18,6 +18,7 @@ counts it as an outcome.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -154,6 +155,13 @@ class OpenAIRemoteEngine:
             else:
                 readings.append({candidate: top.get(candidate, float("-inf")) for candidate in candidates})
         return readings
+
+    def top_next_tokens(self, prompt: str, count: int = 5) -> list[tuple[str, float]]:
+        """The endpoint's `count` most likely next tokens after `prompt`, with probabilities (for a diagnosis)."""
+        body = {**self._body(prompt, Sampling(max_new_tokens=1, temperature=0.0)), "top_logprobs": TOP_LOGPROBS}
+        top = self._top_logprobs(body)
+        ranked = sorted(top.items(), key=lambda item: -item[1])[:count]
+        return [(token, math.exp(logprob)) for token, logprob in ranked]
 
     def _top_logprobs(self, body: dict) -> dict[str, float]:
         try:

@@ -97,6 +97,24 @@ def auc(scores: list[float], labels: list[float]) -> float | None:
     return (positive_rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
+def pairwise_accuracy(scores: list[float], labels: list[float], groups: list[tuple]) -> tuple[float | None, int]:
+    """Within each group (one question), the share of pairs with different labels that the scores order
+    the same way (ties count half), and the number of such pairs. GRPO uses only these rankings."""
+    members: dict[tuple, list[int]] = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    agree, pairs = 0.0, 0
+    for indices in members.values():
+        for position, i in enumerate(indices):
+            for j in indices[position + 1 :]:
+                if labels[i] == labels[j]:
+                    continue
+                better, worse = (i, j) if labels[i] > labels[j] else (j, i)
+                pairs += 1
+                agree += 1.0 if scores[better] > scores[worse] else 0.5 if scores[better] == scores[worse] else 0.0
+    return (agree / pairs if pairs else None), pairs
+
+
 def spearman(xs: list[float], ys: list[float]) -> float | None:
     """Spearman rank correlation (average ranks for ties); None when either side is constant."""
     rx, ry = _ranks(xs), _ranks(ys)
@@ -136,7 +154,10 @@ class JudgeReport:
     scoring: str
     rows: int
     requests: int
-    auc: float | None
+    auc: float | None  # pooled over all rows and questions
+    # Within each question, pairs of rows with different labels ranked the labels' way (ties half): what GRPO sees.
+    pairwise_accuracy: float | None
+    pairs: int
     accuracy: float | None  # at `threshold`, binary labels only
     threshold: float
     spearman: float | None
@@ -209,12 +230,15 @@ def evaluate_judge(
     labels = [row.label for row in rows]
     binary = set(labels) <= {0.0, 1.0}
     correct = [(score >= threshold) == (label >= 0.5) for score, label in zip(scores, labels)]
+    pairwise, pairs = pairwise_accuracy(scores, labels, [(row.question, row.reference) for row in rows])
     return JudgeReport(
         mode=judge.spec.mode,
         scoring=judge.scoring,
         rows=len(rows),
         requests=stats["requests"],
         auc=auc(scores, labels) if binary else None,
+        pairwise_accuracy=pairwise,
+        pairs=pairs,
         accuracy=sum(correct) / len(correct) if binary else None,
         threshold=threshold,
         spearman=spearman(scores, labels),
@@ -237,13 +261,14 @@ def format_table(reports: list[JudgeReport]) -> str:
         return "-" if value is None else format(value, spec)
 
     header = (
-        f"{'mode':<10} {'scoring':<13} {'rows':>5} {'AUC':>6} {'acc@t':>6} {'rho':>6} {'fail':>6} "
+        f"{'mode':<10} {'scoring':<13} {'rows':>5} {'AUC':>6} {'pair':>6} {'acc@t':>6} {'rho':>6} {'fail':>6} "
         f"{'s/compl':>8} {'p50 s':>7} {'p95 s':>7} {'tok in':>7} {'tok out':>7}"
     )
     lines = [header]
     for r in reports:
         lines.append(
-            f"{r.mode:<10} {r.scoring:<13} {r.rows:>5} {number(r.auc, '.3f'):>6} {number(r.accuracy, '.3f'):>6} "
+            f"{r.mode:<10} {r.scoring:<13} {r.rows:>5} {number(r.auc, '.3f'):>6} "
+            f"{number(r.pairwise_accuracy, '.3f'):>6} {number(r.accuracy, '.3f'):>6} "
             f"{number(r.spearman, '.3f'):>6} {r.failure_rate:>6.1%} {r.seconds_per_completion:>8.3f} "
             f"{r.latency_p50_seconds:>7.3f} {r.latency_p95_seconds:>7.3f} "
             f"{r.prompt_tokens_per_completion:>7.0f} {r.generated_tokens_per_completion:>7.1f}"

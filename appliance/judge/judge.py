@@ -39,6 +39,7 @@ retry starts after it.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,9 @@ from appliance.judge.cache import VerdictCache, cache_key
 from appliance.judge.log import JudgeLog
 from appliance.errors import ApplianceError
 from appliance.judge.parse import JudgeOutputError, close_group_answer, parse_group, parse_pointwise
+from appliance.judge.escape import TokenEscaper, tokenizer_tokens
+from appliance.judge.guard import injection_signals
+from appliance.judge.probe import ProbeResult, probe_score_mass
 from appliance.judge.probs import ScoreReading, read_score
 from appliance.judge.prompts import (
     GROUP_PREFILL,
@@ -63,9 +67,12 @@ from appliance.judge.prompts import (
     group_messages,
     group_stop_strings,
     pointwise_answer_regex,
+    RETRY_ECHO_CHARS,
     pointwise_messages,
     retry_messages,
 )
+from appliance.judge.rubric import check_rubric_scale
+from appliance.judge.window import PREFILL_TOKENS, WindowCut, engine_window, fit_responses, token_counter
 
 if TYPE_CHECKING:
     from appliance.rewards.registry import RewardSample
@@ -99,7 +106,8 @@ class _Request:
     messages: list[dict[str, str]]
     parse: Callable[[str], list[float]]
     max_new_tokens: int
-    sample_indices: list[int]
+    # One entry per judged response (in prompt order): the samples that share its text and score.
+    members: list[list[int]]
     # The start of the answer, written into the prompt (prompts.POINTWISE_PREFILL / GROUP_PREFILL).
     prefill: str = ""
     # Generate mode: where the answer must end (both engines) and its shape (engines that constrain).
@@ -116,6 +124,19 @@ class _Request:
     tokens_in: int = 0
     tokens_out: int = 0
     latency_seconds: float = 0.0
+    # Responses cut to fit the judge's window (window.py), None when the prompt fitted as it was.
+    cut: WindowCut | None = None
+
+    @property
+    def sample_indices(self) -> list[int]:
+        return [index for shared in self.members for index in shared]
+
+    @property
+    def failed(self) -> list[bool]:
+        """Per judged response: no usable score was read."""
+        if self.scores is None:
+            return [True] * len(self.members)
+        return [score is None for score in self.scores]
 
     def next_messages(self) -> list[dict[str, str]]:
         if not self.outputs:
@@ -130,7 +151,7 @@ class _Request:
             self.outcome = "timeout" if completion.finish_reason == "timeout" else "parse_error"
             return
         answer = (
-            close_group_answer(self.prefill + completion.text, len(self.sample_indices))
+            close_group_answer(self.prefill + completion.text, len(self.members))
             if self.prefill == GROUP_PREFILL
             else self.prefill + completion.text
         )
@@ -141,6 +162,13 @@ class _Request:
             self.scores = self.parse(answer)
         except JudgeOutputError as error:
             self.errors.append(str(error))
+
+
+def failure_fill(scores: Sequence[float | None], group_keys: Sequence[Hashable], on_failure: str) -> list[float]:
+    """Each None replaced per judge.on_failure: the group's mean (neutral_fill) or the lowest score, 0."""
+    if on_failure == "minimum":
+        return [0.0 if score is None else score for score in scores]
+    return neutral_fill(scores, group_keys)
 
 
 def neutral_fill(scores: Sequence[float | None], group_keys: Sequence[Hashable]) -> list[float]:
@@ -175,21 +203,37 @@ class Judge:
         engine: GenerationEngine,
         log_path: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        seed: int = 0,
     ):
         self.spec = spec
         self.engine = engine
         self.log = JudgeLog(log_path, spec.log_max_bytes, spec.log_backups) if log_path is not None else None
         self.cache: VerdictCache[list[float]] = VerdictCache(enabled=spec.cache)
         self.clock = clock
+        self.seed = seed
         self.step = 0
         self.outcomes: dict[str, int] = {outcome: 0 for outcome in OUTCOMES}
         # Judge-only token and time totals (the engine's own counters may be shared with the student).
         self.counters = EngineCounters()
         self.retries = 0
         self.seconds = 0.0
+        self.failed_samples = 0
+        self.prompts_cut = 0
+        self.prompts_too_long = 0
+        # Per sample of the last call: whether its reading failed (it got the judge.on_failure score).
+        self.last_failed: list[bool] = []
+        # Per sample of the last call: the grader-directed signals that got it the lowest score unjudged.
+        self.last_injections: list[list[str]] = []
+        self.injections = 0
         self.scoring = resolve_scoring(spec.scoring, engine)
+        check_rubric_scale(spec.rubric, self.scoring)
+        self.escaper = TokenEscaper(tokenizer_tokens(getattr(engine, "tokenizer", None)))
+        self.window = engine_window(engine, spec.max_prompt_tokens)
+        self.count_tokens = token_counter(engine)
+        self.probe: ProbeResult | None = None
         if self.scoring == "probabilities":
             self._check_scale()
+            self.probe = probe_score_mass(engine, spec.mode, spec.rubric, spec.min_score_mass, self.escaper)
 
     def _check_scale(self) -> None:
         """Every score value must be one token after the answer's opening (else it cannot be read in one pass)."""
@@ -209,32 +253,87 @@ class Judge:
         if not samples:
             return []
         started = self.clock()
+        all_samples, samples = samples, self._guarded(samples)
         group_keys = [_group_key(sample) for sample in samples]
         if self.spec.mode == "group":
             scores, requests = self._group_requests(samples, group_keys)
         else:
             scores, requests = self._pointwise_requests(samples)
+        runnable = [request for request in requests if request.outcome != "too_long"]
         if self.scoring == "probabilities":
-            self._run_probabilities(requests)
+            self._run_probabilities(runnable)
         else:
-            self._run(requests)
+            self._run(runnable)
         for request in requests:
+            if request.outcome == "too_long":  # logged as such; a failed reading in the outcome counts
+                self.outcomes["parse_error"] += 1
+                self.prompts_too_long += 1
             if request.scores is not None:
                 if request.outcome == "ok":
                     self.cache.put(request.key, request.scores)
-                for index, score in zip(request.sample_indices, self._spread(request)):
-                    scores[index] = score
-        final = neutral_fill(scores, group_keys)
+                for shared, score in zip(request.members, request.scores):
+                    for index in shared:
+                        scores[index] = score
+        self.last_failed = [score is None for score in scores]
+        self.failed_samples += sum(self.last_failed)
+        final = failure_fill(scores, group_keys, self.spec.on_failure)
         for request in requests:
             self._log(request, [final[i] for i in request.sample_indices])
+        final = self._with_guarded(all_samples, final)
         self.seconds += self.clock() - started
         return final
 
-    def _spread(self, request: _Request) -> list[float]:
-        # A pointwise request may stand for several identical samples; a group request has one score each.
-        if self.spec.mode == "group":
-            return request.scores
-        return request.scores * len(request.sample_indices)
+    def _guarded(self, samples: list["RewardSample"]) -> list["RewardSample"]:
+        """The samples to judge: those without a grader-directed signal (judge.injection_guard)."""
+        self.last_injections = [
+            injection_signals(sample.completion, self.escaper) if self.spec.injection_guard == "minimum" else []
+            for sample in samples
+        ]
+        for sample, signals in zip(samples, self.last_injections):
+            if signals:
+                self.injections += 1
+                self._log_injection(sample, signals)
+        return [sample for sample, signals in zip(samples, self.last_injections) if not signals]
+
+    def _with_guarded(self, samples: list["RewardSample"], judged: list[float]) -> list[float]:
+        """Scores for all samples: the judged ones in order, 0 for each one the guard stopped."""
+        scores = iter(judged)
+        failed = iter(self.last_failed)
+        self.last_failed = [False if signals else next(failed) for signals in self.last_injections]
+        return [0.0 if signals else next(scores) for signals in self.last_injections]
+
+    def _log_injection(self, sample: "RewardSample", signals: list[str]) -> None:
+        if self.log is not None:
+            self.log.write(
+                {
+                    "time": time.time(),
+                    "step": self.step,
+                    "mode": self.spec.mode,
+                    "outcome": "injection",
+                    "injections": signals,
+                    "response": sample.completion[:300],
+                    "assigned": [0.0],
+                }
+            )
+
+    def _fitted(
+        self, build: Callable[[list[str]], list[dict[str, str]]], responses: list[str], reserve: int
+    ) -> tuple[list[dict[str, str]], WindowCut | None]:
+        """The messages for `responses`, cut to fit the judge's window (reserve: tokens kept for the answer)."""
+        if self.window is None:
+            return build(responses), None
+        budget = self.window - reserve - PREFILL_TOKENS
+        if self.scoring == "generate" and self.spec.retries:
+            budget -= RETRY_ECHO_CHARS // 2 + 64  # a retry adds the echoed answer and a request
+        fitted, cut = fit_responses(
+            lambda texts: self.engine.render_chat(build(texts)), responses, budget, self.count_tokens
+        )
+        if cut is not None:
+            self.prompts_cut += 1
+        return build(fitted), cut
+
+    def _reserve(self, count: int) -> int:
+        return 1 if self.scoring == "probabilities" else self.spec.max_new_tokens * count
 
     def _pointwise_requests(self, samples: list["RewardSample"]) -> tuple[list[float | None], list[_Request]]:
         scores: list[float | None] = [None] * len(samples)
@@ -247,51 +346,84 @@ class Judge:
             if cached is not None:
                 scores[index] = cached[0]
             elif self.spec.cache and key in requests:
-                requests[key].sample_indices.append(index)
+                requests[key].members[0].append(index)
             else:
+                messages, cut = self._fitted(
+                    lambda texts, s=sample: pointwise_messages(
+                        s.prompt, s.reference, texts[0], self.spec.rubric, self.scoring, self.escaper
+                    ),
+                    [sample.completion],
+                    self._reserve(1),
+                )
                 requests[key if self.spec.cache else f"{key}:{index}"] = _Request(
                     key=key,
-                    messages=pointwise_messages(
-                        sample.prompt, sample.reference, sample.completion, self.spec.rubric, self.scoring
-                    ),
+                    messages=messages,
                     parse=lambda text: [parse_pointwise(text).score],
                     max_new_tokens=self.spec.max_new_tokens,
-                    sample_indices=[index],
+                    members=[[index]],
                     prefill=POINTWISE_PREFILL,
                     stop=("}",),
                     regex=pointwise_answer_regex(),
+                    cut=cut,
+                    outcome="too_long" if cut is not None and not cut.fits else "ok",
                 )
         return scores, list(requests.values())
+
+    def _group_members(self, samples: list["RewardSample"], indices: list[int]) -> list[list[int]]:
+        """The group's distinct completions (identical ones judged once), in an order shuffled with the seed.
+
+        The order depends on the job's seed and the set of texts, not on where the
+        sampler put them, so a response's place in the prompt carries no signal and a
+        repeated group hits the cache.
+        """
+        by_text: dict[str, list[int]] = {}
+        for index in indices:
+            by_text.setdefault(samples[index].completion, []).append(index)
+        texts = sorted(by_text)
+        first = samples[indices[0]]
+        random.Random(cache_key("order", self.seed, first.prompt, first.reference, texts)).shuffle(texts)
+        return [by_text[text] for text in texts]
 
     def _group_requests(
         self, samples: list["RewardSample"], group_keys: list[tuple]
     ) -> tuple[list[float | None], list[_Request]]:
         scores: list[float | None] = [None] * len(samples)
-        members: dict[tuple, list[int]] = {}
+        groups: dict[tuple, list[int]] = {}
         for index, key in enumerate(group_keys):
-            members.setdefault(key, []).append(index)
+            groups.setdefault(key, []).append(index)
         requests = []
-        for indices in members.values():
+        for indices in groups.values():
             first = samples[indices[0]]
-            completions = [samples[i].completion for i in indices]
+            members = self._group_members(samples, indices)
+            completions = [samples[shared[0]].completion for shared in members]
             key = cache_key("group", self.scoring, self.spec.rubric, first.prompt, first.reference, completions)
             cached = self.cache.get(key)
             if cached is not None:
-                for index, score in zip(indices, cached):
-                    scores[index] = score
+                for shared, score in zip(members, cached):
+                    for index in shared:
+                        scores[index] = score
                 continue
-            ids = group_ids(len(indices))
+            ids = group_ids(len(members))
+            messages, cut = self._fitted(
+                lambda texts, s=first: group_messages(
+                    s.prompt, s.reference, texts, self.spec.rubric, self.scoring, self.escaper
+                ),
+                completions,
+                self._reserve(len(members)),
+            )
             requests.append(
                 _Request(
                     key=key,
-                    messages=group_messages(first.prompt, first.reference, completions, self.spec.rubric, self.scoring),
+                    messages=messages,
                     parse=lambda text, ids=ids: [verdict.score for verdict in parse_group(text, ids).values()],
                     # max_new_tokens is the budget per judged response.
-                    max_new_tokens=self.spec.max_new_tokens * len(indices),
-                    sample_indices=indices,
+                    max_new_tokens=self.spec.max_new_tokens * len(members),
+                    members=members,
                     prefill=GROUP_PREFILL,
-                    stop=group_stop_strings(len(indices)),
-                    regex=group_answer_regex(len(indices)),
+                    stop=group_stop_strings(len(members)),
+                    regex=group_answer_regex(len(members)),
+                    cut=cut,
+                    outcome="too_long" if cut is not None and not cut.fits else "ok",
                 )
             )
         return scores, requests
@@ -301,7 +433,7 @@ class Judge:
         for request in requests:
             prefix = self.engine.render_chat(request.messages)
             if self.spec.mode == "group":
-                request.score_prompts = [prefix + group_item_prefill(i) for i in group_ids(len(request.sample_indices))]
+                request.score_prompts = [prefix + group_item_prefill(i) for i in group_ids(len(request.members))]
             else:
                 request.score_prompts = [prefix + POINTWISE_PREFILL]
             request.prompt_text = request.score_prompts[0]
@@ -405,6 +537,11 @@ class Judge:
                 "errors": request.errors,
                 "scores": request.scores,
                 "assigned": assigned,
+                # Per judged response: its reading failed (its samples got the judge.on_failure score),
+                # and how many samples share its text (a group's identical completions are judged once).
+                "failed": request.failed,
+                "copies": [len(shared) for shared in request.members],
+                "cut": request.cut.to_dict() if request.cut is not None else None,
                 "outcome": request.outcome,
                 "retries": max(len(request.outputs) - 1, 0),
                 "latency_seconds": round(request.latency_seconds, 6),
@@ -438,6 +575,10 @@ class Judge:
             "seconds": self.seconds,
             "tokens_per_second": self.counters.tokens_per_second(),
             "cache_hits": self.cache.hits,
+            "failed_samples": self.failed_samples,
+            "injections": self.injections,
+            "prompts_cut": self.prompts_cut,
+            "prompts_too_long": self.prompts_too_long,
             "cache_entries": len(self.cache),
         }
 

@@ -119,13 +119,17 @@ class PromptRecorder:
 
 def test_the_judge_sends_hostile_responses_only_inside_blocks():
     engine = PromptRecorder()
-    judge = Judge(JudgeSpec(model="m", mode="group", scoring="probabilities"), engine)
+    judge = Judge(JudgeSpec(model="m", mode="group", scoring="probabilities", injection_guard="off"), engine)
+    at_load = len(engine.prompts)  # the scale check and the score-mass probe
     responses = list(HOSTILE.values())
     judge([RewardSample(prompt=QUESTION, completion=r, reference=REFERENCE, group=0) for r in responses])
-    sent = engine.prompts[1:]  # the first is the scale check at load
+    sent = engine.prompts[at_load:]
     assert len(sent) == len(responses)
     for index, prompt in enumerate(sent, start=1):
         assert prompt.endswith(f'<|im_start|>assistant\n{{"id": "{index}", "score": ')
         assert prompt.count("<|im_start|>") == 3 and prompt.count("<|im_end|>") == 2
         user = prompt.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
-        assert [content for _, content in blocks_of(user)] == [neutralise_control_tokens(r.strip()) for r in responses]
+        # Every response in its own block, once (in the order the job's seed shuffled them to).
+        assert sorted(content for _, content in blocks_of(user)) == sorted(
+            neutralise_control_tokens(r.strip()) for r in responses
+        )

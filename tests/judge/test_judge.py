@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 import pytest
 
 from appliance.config.schema import JudgeSpec, RewardSpec
 from appliance.judge import Judge
-from appliance.judge.prompts import response_block
 from appliance.rewards.registry import BatchReward, RewardSample, build_rewards, score_samples
 
 RETRY_MARK = "could not be used"
@@ -115,15 +115,25 @@ def test_no_retry_starts_after_the_timeout(scripted_engine):
     assert scores == pytest.approx([0.1, 0.1])
 
 
-GROUP_ANSWER = '2, "explanation": "wrong"}, {"id": "2", "score": 10, "explanation": "right"}]}'
+GROUP_BLOCK = re.compile(r'<response id="(\d+)" key="[0-9a-f]+">\n(.*?)\n</response key=', re.DOTALL)
+
+
+def group_scorer(score_of: dict[str, int], default: int = 0):
+    """A scripted group judge: scores each response block by its text, whatever id the shuffle gave it."""
+
+    def answer(prompt: str) -> str:
+        entries = [
+            f'{{"id": "{i}", "score": {score_of.get(text, default)}, "explanation": "x"}}'
+            for i, text in GROUP_BLOCK.findall(prompt)
+        ]
+        first = entries[0].split('"score": ', 1)[1]  # the prompt ends with the first entry's opening
+        return ", ".join([first] + entries[1:]) + "]}"
+
+    return answer
 
 
 def test_group_mode_sends_each_group_once_with_response_blocks(scripted_engine):
-    engine = scripted_engine(
-        scripted(
-            {"What is 6 x 7?": GROUP_ANSWER, "What is 2 x 3?": '7}, {"id": 2, "score": 7}, {"id": 3, "score": 0},]}'}
-        )
-    )
+    engine = scripted_engine(group_scorer({"42": 10, "forty": 2, "6": 7, "six": 7, "5": 0}))
     judge = Judge(spec(mode="group", max_new_tokens=50), engine, log_path=None)
     samples = [
         sample("forty"),
@@ -136,10 +146,45 @@ def test_group_mode_sends_each_group_once_with_response_blocks(scripted_engine):
     prompts, sampling = engine.calls[0]
     assert len(engine.calls) == 1 and len(prompts) == 2
     assert prompts[0].count("What is 6 x 7?") == 1
-    assert response_block("forty", "1") in prompts[0] and response_block("42", "2") in prompts[0]
+    assert sorted(text for _, text in GROUP_BLOCK.findall(prompts[0])) == ["42", "forty"]
     assert prompts[1].endswith('</user>\n{"scores": [{"id": "1", "score": ')
     assert sampling.max_new_tokens == 150  # the per-response budget times the largest group
     assert judge.outcomes["ok"] == 2
+
+
+def test_group_mode_judges_identical_completions_once_with_one_score(scripted_engine):
+    engine = scripted_engine(group_scorer({"<answer>42</answer>": 9, "<answer>41</answer>": 3}))
+    judge = Judge(spec(mode="group"), engine, log_path=None)
+    texts = ["<answer>42</answer>", "<answer>41</answer>", "<answer>42</answer>", "<answer>42</answer>"]
+    scores = judge([sample(text) for text in texts])
+    assert scores == pytest.approx([0.9, 0.3, 0.9, 0.9])
+    (prompt,) = engine.calls[0][0]
+    assert len(GROUP_BLOCK.findall(prompt)) == 2  # each distinct text once: no copy pays judge tokens
+
+
+def test_group_order_is_shuffled_by_the_seed_not_by_the_sampler(scripted_engine):
+    texts = [f"<answer>{n}</answer>" for n in range(8)]
+
+    def order(seed: int, given: list[str]) -> list[str]:
+        engine = scripted_engine(group_scorer({}))
+        Judge(spec(mode="group", cache=False), engine, log_path=None, seed=seed)([sample(t) for t in given])
+        return [text for _, text in GROUP_BLOCK.findall(engine.calls[0][0][0])]
+
+    first = order(0, texts)
+    assert sorted(first) == sorted(texts)
+    assert order(0, list(reversed(texts))) == first  # where the sampler put a completion says nothing
+    assert first != texts and any(order(seed, texts) != first for seed in (1, 2, 3))
+
+
+def test_failed_readings_get_the_minimum_when_the_job_says_so(scripted_engine, tmp_path):
+    engine = scripted_engine(scripted({"A1": "9}", "A2": "nonsense"}))
+    judge = Judge(spec(retries=0, on_failure="minimum"), engine, log_path=tmp_path / "judge.jsonl")
+    assert judge([sample("A1"), sample("A2")]) == pytest.approx([0.9, 0.0])
+    assert judge.last_failed == [False, True] and judge.stats()["failed_samples"] == 1
+    records = [json.loads(line) for line in (tmp_path / "judge.jsonl").read_text().splitlines()]
+    assert sorted(record["failed"] for record in records) == [[False], [True]]
+    default = Judge(spec(retries=0), scripted_engine(scripted({"A1": "9}", "A2": "nonsense"})), log_path=None)
+    assert default([sample("A1"), sample("A2")]) == pytest.approx([0.9, 0.9])  # group mean: no advantage
 
 
 def test_group_with_a_missing_id_is_retried_then_scored_as_a_constant(scripted_engine):
@@ -179,10 +224,11 @@ def test_cache_off_judges_every_sample(scripted_engine):
 
 
 def test_group_cache_is_keyed_by_the_whole_group(scripted_engine):
-    engine = scripted_engine(scripted({"6 x 7": GROUP_ANSWER}))
+    engine = scripted_engine(group_scorer({"42": 10, "forty": 2, "41": 3}))
     judge = Judge(spec(mode="group"), engine, log_path=None)
     first = judge([sample("forty"), sample("42")])
     assert judge([sample("forty"), sample("42")]) == first and len(engine.calls) == 1
+    assert judge([sample("42"), sample("forty")]) == first[::-1] and len(engine.calls) == 1  # order-free key
     judge([sample("forty"), sample("41")])
     assert len(engine.calls) == 2
 
