@@ -46,6 +46,19 @@ def slots_wanted(spec: dict) -> int:
     return int((spec.get("resources") or {}).get("gpus", 1))
 
 
+def ranks_of(spec: dict) -> int:
+    """Data-parallel ranks on this box: the devices not given to the judge (config/schema.py's rule)."""
+    resources = spec.get("resources") or {}
+    student = resources.get("student_gpus")
+    return int(student) if student else slots_wanted(spec) - int(resources.get("judge_gpus", 0))
+
+
+def devices_env(slots: Sequence[HasIndex]) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES naming every device of the job's slots (nothing for CPU slots)."""
+    devices = [slot.env["CUDA_VISIBLE_DEVICES"] for slot in slots if "CUDA_VISIBLE_DEVICES" in slot.env]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else {}
+
+
 def unplaceable(spec: dict, slot_count: int) -> str | None:
     """Why this daemon can never run the job (one sentence), or None."""
     resources = spec.get("resources") or {}
@@ -103,13 +116,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def rank_environment(base: dict[str, str], slots: Sequence[HasIndex], rank: int, port: int) -> dict[str, str]:
-    """What torchrun would set for `rank` on one box, plus the job's devices (the rank keeps its own)."""
-    env = {**base, "PYTHONUNBUFFERED": "1"}
-    devices = [slot.env["CUDA_VISIBLE_DEVICES"] for slot in slots if "CUDA_VISIBLE_DEVICES" in slot.env]
-    if devices:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    world = str(len(slots))
+def rank_environment(
+    base: dict[str, str], slots: Sequence[HasIndex], ranks: int, rank: int, port: int
+) -> dict[str, str]:
+    """What torchrun would set for `rank` of `ranks` on one box, plus the job's devices (the rank keeps its own)."""
+    env = {**base, **devices_env(slots), "PYTHONUNBUFFERED": "1"}
+    world = str(ranks)
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -119,15 +131,15 @@ def rank_environment(base: dict[str, str], slots: Sequence[HasIndex], rank: int,
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    if len(slots) > 1 and slots[0].kind == "cpu":
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(slots))))
+    if slots[0].kind == "cpu":
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
     return env
 
 
 def start_ranks(
-    command: list[str], slots: Sequence[HasIndex], job_dir: Path, channel_fd: int, base_env: dict[str, str]
+    command: list[str], slots: Sequence[HasIndex], ranks: int, job_dir: Path, channel_fd: int, base_env: dict[str, str]
 ) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
-    """Rank 0 (with `--fd channel_fd`, leading a new process group) and the other ranks in its group.
+    """Rank 0 (with `--fd channel_fd`, leading a new process group) and ranks 1..ranks-1 in its group.
 
     `command` is the worker's command without --fd. If a later rank cannot be started, the group is
     killed and the OSError raised, as for a one-slot worker that cannot be forked."""
@@ -142,12 +154,12 @@ def start_ranks(
             stderr=subprocess.STDOUT,
             pass_fds=(channel_fd,),
             process_group=0,
-            env=rank_environment(base_env, slots, 0, port),
+            env=rank_environment(base_env, slots, ranks, 0, port),
             cwd=job_dir,
         )
     others = []
     try:
-        for rank in range(1, len(slots)):
+        for rank in range(1, ranks):
             with open(job_dir / f"log.rank{rank}.txt", "ab") as log:
                 others.append(
                     subprocess.Popen(
@@ -156,7 +168,7 @@ def start_ranks(
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         process_group=leader.pid,
-                        env=rank_environment(base_env, slots, rank, port),
+                        env=rank_environment(base_env, slots, ranks, rank, port),
                         cwd=job_dir,
                     )
                 )

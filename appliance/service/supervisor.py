@@ -384,10 +384,10 @@ class Supervisor:
         ours, theirs = socket.socketpair()
         command = [sys.executable, "-m", MODULE, "--data-dir", str(self.data_dir), "--job-dir", str(job_dir)]
         command += ["--resume"] if resume else []
-        slot, ranks = slots[0], []
+        slot, ranks, world = slots[0], [], several.ranks_of(row.spec)
         try:
-            if len(slots) > 1:
-                proc, ranks = several.start_ranks(command, slots, job_dir, theirs.fileno(), dict(os.environ))
+            if world > 1:
+                proc, ranks = several.start_ranks(command, slots, world, job_dir, theirs.fileno(), dict(os.environ))
             else:
                 with open(job_dir / "log.txt", "ab") as log:
                     proc = subprocess.Popen(
@@ -397,7 +397,7 @@ class Supervisor:
                         stderr=subprocess.STDOUT,
                         pass_fds=(theirs.fileno(),),
                         process_group=0,
-                        env={**os.environ, **slot.env, "PYTHONUNBUFFERED": "1"},
+                        env={**os.environ, **several.devices_env(slots), "PYTHONUNBUFFERED": "1"},
                         cwd=job_dir,
                     )
         except OSError as error:  # fork failed (EAGAIN at the pids limit, ENOMEM), or the log cannot be opened

@@ -86,6 +86,8 @@ def test_a_two_rank_job_waits_for_both_slots_then_one_rank_jobs_share_them(super
     _until(lambda: _stepped(supervisor, wide, 1), what="the 2-rank job's step 1")
     step = supervisor.store.events(job_id=wide, kinds=("step",))[0].data
     assert step["completions"] == 4  # both ranks' groups (2 prompts x 2) in the job's one record
+    # The job's tokens (and tokens/s) are every rank's: each rank generated only its own 2 completions.
+    assert step["generated_tokens"]["student"] == round(step["completion_length_mean"] * 4)
     scraped = generate_latest(supervisor.metrics.registry).decode()
     assert 'device="0-1"' in scraped  # the job's series name every device its ranks hold
     _until(lambda: _state(supervisor, wide) == "succeeded", what="the 2-rank job to finish")

@@ -10,6 +10,7 @@ from appliance.service.slots import (
     contiguous_free,
     label,
     rank_environment,
+    ranks_of,
     slots_wanted,
     unplaceable,
 )
@@ -51,13 +52,16 @@ def test_jobs_start_in_queue_order_while_they_fit():
 
 def test_slots_wanted_and_what_can_never_run_here():
     assert slots_wanted({"name": "j"}) == 1 and slots_wanted({"resources": {"gpus": 3}}) == 3
+    # The judge's devices are the job's slots too, but run no trainer rank.
+    assert ranks_of({"resources": {"gpus": 8, "judge_gpus": 4}}) == 4 and ranks_of({"name": "j"}) == 1
+    assert ranks_of({"resources": {"gpus": 8, "student_gpus": 2, "judge_gpus": 2}}) == 2
     assert unplaceable({"resources": {"gpus": 2}}, 2) is None
     assert "this daemon has 2 slot(s); set resources.gpus to at most 2" in unplaceable({"resources": {"gpus": 4}}, 2)
     assert "resources.nodes: 1" in unplaceable({"resources": {"gpus": 1, "nodes": 2}}, 8)
 
 
 def test_each_rank_gets_torchruns_variables_and_the_jobs_devices():
-    env = rank_environment({"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, GPUS[2:], 1, 29999)
+    env = rank_environment({"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, GPUS[2:], 2, 1, 29999)
     assert env["CUDA_VISIBLE_DEVICES"] == "6,7"  # grpo/distributed.py keeps the LOCAL_RANK-th: 7
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29999")
@@ -90,7 +94,7 @@ def test_a_rank_that_cannot_be_forked_ends_the_ranks_already_started(tmp_path, m
     ours, theirs = socket.socketpair()
     command = [sys.executable, "-c", "import time; time.sleep(60)"]
     with pytest.raises(OSError, match="temporarily unavailable"):
-        slots.start_ranks(command, GPUS[:2], tmp_path, theirs.fileno(), {"PATH": "/usr/bin:/bin"})
+        slots.start_ranks(command, GPUS[:2], 2, tmp_path, theirs.fileno(), {"PATH": "/usr/bin:/bin"})
     assert started[0].returncode == -9  # killed and waited for
     ours.close()
     theirs.close()
