@@ -1,6 +1,6 @@
 """The supervisor on a box of two slots (fake only at the device list: two CPU slots): a 2-rank job holds both,
 1-rank jobs queued behind it wait and then run side by side; kill -9 of one rank restarts the job as a whole;
-cancel ends every rank. Workers and ranks are real processes training the bundled model with gloo."""
+pause stops every rank after the same step; cancel ends every rank. Workers and ranks are real processes training the bundled model with gloo."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_a_two_rank_job_waits_for_both_slots_then_one_rank_jobs_share_them(super
     assert _holders(supervisor) == [None, None]
 
 
-def test_kill_9_of_one_rank_restarts_the_job_and_cancel_ends_every_rank(supervisor):
+def test_kill_9_of_one_rank_restarts_the_job_pause_stops_every_rank_and_cancel_ends_them(supervisor):
     job = _submit(supervisor, "wide", steps=50, gpus=2)
     _until(lambda: _stepped(supervisor, job, 1), what="step 1")
     worker = supervisor._worker_of(job)
@@ -111,7 +111,17 @@ def test_kill_9_of_one_rank_restarts_the_job_and_cancel_ends_every_rank(supervis
     restarted = supervisor._worker_of(job)
     _until(lambda: supervisor.store.get(job).summary.step >= 2, what="a step after the restart")
 
-    pids = restarted.pids
+    # Pause reaches rank 0 only; both ranks stop after the same step and its checkpoint is written once.
+    supervisor.pause(job)
+    _until(lambda: _state(supervisor, job) == "paused", what="the pause")
+    assert [proc.returncode for proc in (restarted.proc, *restarted.ranks)] == [0, 0]
+    paused = supervisor.store.get(job).summary
+    checkpoint = supervisor.job_dir(job) / "checkpoints" / f"step-{paused.step:06d}"
+    assert f"paused after step {paused.step}" in paused.reason and (checkpoint / "rng-rank1.pt").is_file()
+    supervisor.resume(job)
+    _until(lambda: supervisor.store.get(job).summary.step > paused.step, what="a step after the resume")
+
+    pids = supervisor._worker_of(job).pids
     supervisor.cancel(job)
     assert _state(supervisor, job) == "cancelled"
     assert all(not _alive(pid) for pid in pids)
