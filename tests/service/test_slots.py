@@ -134,3 +134,23 @@ def test_a_job_wanting_more_slots_than_the_box_has_fails_instead_of_holding_up_t
     failed = supervisor.store.get(job.id).summary
     assert failed.state == "failed" and "this daemon has 2 slot(s)" in failed.reason
     assert supervisor.workers == {}
+
+
+def test_the_daemon_plans_what_each_rank_holds_its_share_of_the_step(store_data_dir):
+    """A 2-rank job's plan is one rank's: half the step's sequences in the rollout KV (the device: a planned GPU)."""
+    import yaml
+    from daemon_support import tiny_job
+
+    from appliance.budget.device import DeviceInfo
+    from appliance.config.load import parse_job_text
+    from appliance.service.submission import plan_on
+
+    def planned(gpus: int):
+        job = yaml.safe_load(tiny_job("split"))
+        job["grpo"].update(prompts_per_step=16, group_size=16, max_new_tokens=512)
+        job["resources"] = {"gpus": gpus}
+        return plan_on(parse_job_text(yaml.safe_dump(job)), store_data_dir, DeviceInfo("cuda", 80 * 2**30, 0, "GPU"))
+
+    whole, rank = planned(1), planned(2)
+    assert rank.components["rollout_kv"] * 2 == whole.components["rollout_kv"]
+    assert rank.components["student_weights"] == whole.components["student_weights"]  # DDP: a whole base each
