@@ -136,7 +136,7 @@ def build_trainer(
     if rank is None and spec.resources.world_size > 1:
         raise JobSetupError(
             f"'{spec.name}' asks for {spec.resources.world_size} data-parallel ranks (resources); start it with "
-            "'appliance train', which launches them (the daemon runs one-rank jobs for now)"
+            "'appliance train' or submit it to the daemon, which launch one process per rank"
         )
     device = rank.device if rank is not None else default_device()
     pin_mmap_threshold()

@@ -23,7 +23,8 @@ from appliance.service.control import EventBus
 from appliance.service.exports import ExportRunner
 from appliance.service.reaper import become_subreaper
 from appliance.service.store import JobStore
-from appliance.service.submission import Accepted, Policy, check_submission
+from appliance.service.slots import unplaceable
+from appliance.service.submission import Accepted, Policy, SubmissionRejected, check_submission
 from appliance.service.supervisor import Slot, Supervisor, probe_slots, slot_device
 
 DEFAULT_MAX_UPLOAD_BYTES = 64 * 2**20
@@ -98,7 +99,12 @@ class Daemon:
 
     def check(self, request: SubmitRequest) -> Accepted:
         """Validate and plan a submission against the first slot's device (all slots are alike)."""
-        return check_submission(request, self.policy, slot_device(self.supervisor.slots[0]))
+        accepted = check_submission(request, self.policy, slot_device(self.supervisor.slots[0]))
+        refusal = unplaceable(accepted.spec.model_dump(mode="json"), len(self.supervisor.slots))
+        if refusal:
+            accepted.discard()
+            raise SubmissionRejected(409, f"job '{accepted.spec.name}' cannot run here: {refusal}")
+        return accepted
 
     def close(self) -> None:
         self.store.close()

@@ -274,6 +274,7 @@ def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted
 
 def plan_on(spec: JobSpec, data_dir: Path, device):
     """The budget manager's plan of `spec` on `device` (model shapes from the model store)."""
+    from appliance.budget.devices import rank_job
     from appliance.budget.plan import plan_job
     from appliance.budget.shapes import ShapeError, load_config
     from appliance.models.store import ModelStoreError, resolve_model
@@ -283,6 +284,6 @@ def plan_on(spec: JobSpec, data_dir: Path, device):
         judge = None
         if spec.judge is not None and spec.judge.endpoint is None and not spec.judge.share_student_base:
             judge = load_config(resolve_model(spec.judge.model, data_dir, verify=False) / "config.json")
-        return plan_job(spec, student, judge, device)
+        return plan_job(rank_job(spec), student, judge, device)  # what each student device holds
     except (ShapeError, ModelStoreError, ValueError) as error:
         raise SubmissionRejected(422, f"job '{spec.name}' cannot be planned: {error}") from error

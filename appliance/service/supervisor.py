@@ -1,7 +1,9 @@
 """Device slots and the workers on them: spawn, report, reap, restart with backoff, pause, cancel, shut down.
 
-One job per slot (the CPU is one slot; on CUDA one per visible GPU, the
-worker pinned with CUDA_VISIBLE_DEVICES). A worker is a child process in its
+One slot per device (the CPU is one slot; on CUDA one per visible GPU, the
+worker pinned with CUDA_VISIBLE_DEVICES); a job asking for several devices
+gets several contiguous slots and runs one rank on each (service/slots.py
+says how, and the queue rule that keeps it from starving). A worker is a child process in its
 own process group (`process_group=0` at exec, so there is no moment it is
 not), and every end of a worker (done, paused, cancelled, crashed) kills the
 whole group: vLLM's EngineCore children would otherwise keep the GPU.
@@ -30,6 +32,7 @@ from appliance.errors import ApplianceError
 from appliance.paths import STATE_DIR_MODE, STATE_FILE_MODE, jobs_dir
 from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
 from appliance.service.groups import describe_exit, is_worker_group, kill_group, wait_gone
+from appliance.service import slots as several
 from appliance.service.reaper import reap_orphans
 from appliance.service.store import BadTransition, JobStore, StoreUnwritable
 from appliance.service.worker import EXIT_BAD_JOB, MODULE, Channel
@@ -97,6 +100,17 @@ class Worker:
     measured_bytes: dict[str, int] = field(default_factory=dict)
     device_total_bytes: int = 0
     device_used_bytes: int = 0
+    slots: tuple[Slot, ...] = ()  # every slot the job holds, `slot` first
+    ranks: list[subprocess.Popen] = field(default_factory=list)  # ranks after 0, in `proc`'s process group
+
+    @property
+    def device(self) -> str:
+        """The job's `device` label: its slot, or its first-last slots."""
+        return several.label(self.slots or (self.slot,))
+
+    @property
+    def pids(self) -> set[int]:
+        return {self.proc.pid, *(rank.pid for rank in self.ranks)}
 
 
 class Supervisor:
@@ -187,9 +201,11 @@ class Supervisor:
                     self._reaped(worker)
                 elif worker.stop_deadline is not None and time.time() > worker.stop_deadline:
                     kill_group(worker.proc.pid)  # it did not stop in time: the last checkpoint stands
+                elif several.failed_rank(worker.ranks):
+                    kill_group(worker.proc.pid)  # the others would wait for it: the job restarts as a whole
             for worker, returncode in list(self.unsettled.values()):
                 self._settle_or_keep(worker, returncode)
-            reap_orphans({worker.proc.pid for worker in self.workers.values()})
+            reap_orphans({pid for worker in self.workers.values() for pid in worker.pids})
             self._schedule()
         self.metrics.observe_disk(self.data_dir)
 
@@ -306,8 +322,9 @@ class Supervisor:
 
     def device_status(self) -> DeviceStatus:
         slots = []
+        holders = {slot.index: worker for worker in self.workers.values() for slot in worker.slots or (worker.slot,)}
         for slot in self.slots:
-            worker = self.workers.get(slot.index)
+            worker = holders.get(slot.index)
             status = SlotStatus(index=slot.index, kind=slot.kind, name=slot.name)
             if worker is not None:
                 status = status.model_copy(
@@ -338,27 +355,36 @@ class Supervisor:
         worker.channel.send({"type": "stop", "reason": reason})
 
     def _schedule(self) -> None:
+        """Start what fits: restarts that are due, then the queue in order (service/slots.py's rule)."""
         if self._closing:
             return
-        for slot in self.slots:
-            if slot.index in self.workers:
+        busy = {slot.index for worker in self.workers.values() for slot in worker.slots or (worker.slot,)}
+        if len(busy) == len(self.slots):
+            return
+        now = time.time()
+        due = [job for job in self.store.list(("interrupted",)) if self.retry_at.get(job.id, now + 1) <= now]
+        wanted = []
+        for job in due + self.store.list(("queued",)):
+            spec = self.store.get(job.id).spec
+            reason = several.unplaceable(spec, len(self.slots))
+            if reason:  # waiting would hold up the queue for ever (no back-filling)
+                self.retry_at.pop(job.id, None)
+                self.store.transition(job.id, "failed", reason)
                 continue
-            job = self._next_retry(slot) or self.store.claim_next(slot.index)
-            if job is None:
-                return
-            self._spawn(job, slot)
+            wanted.append(several.Waiting(job.id, several.slots_wanted(spec)))
+        for job_id, slots in several.assign(self.slots, busy, wanted):
+            restart = self.retry_at.pop(job_id, None) is not None
+            where = f"slot {slots[0].index}" if len(slots) == 1 else f"slots {several.label(slots)}"
+            job = self.store.transition(
+                job_id,
+                "running",
+                f"{'restarted' if restart else 'started'} on {where}",
+                slot=slots[0].index,
+            )
+            self._spawn(job, slots)
             self._publish_counts()
 
-    def _next_retry(self, slot: Slot) -> JobSummary | None:
-        now = time.time()
-        due = [job_id for job_id, at in self.retry_at.items() if at <= now]
-        for job in self.store.list(("interrupted",)):
-            if job.id in due:
-                del self.retry_at[job.id]
-                return self.store.transition(job.id, "running", f"restarted on slot {slot.index}", slot=slot.index)
-        return None
-
-    def _spawn(self, job: JobSummary, slot: Slot) -> None:
+    def _spawn(self, job: JobSummary, slots: list[Slot]) -> None:
         import socket
 
         job_dir = self.job_dir(job.id)
@@ -367,37 +393,31 @@ class Supervisor:
         # A first start begins at step 0; every later start resumes from the newest complete checkpoint.
         resume = row.summary.attempts > 0
         ours, theirs = socket.socketpair()
-        command = [
-            sys.executable,
-            "-m",
-            MODULE,
-            "--fd",
-            str(theirs.fileno()),
-            "--data-dir",
-            str(self.data_dir),
-            "--job-dir",
-            str(job_dir),
-        ] + (["--resume"] if resume else [])
-        environment = {**os.environ, **slot.env, "PYTHONUNBUFFERED": "1"}
+        command = [sys.executable, "-m", MODULE, "--data-dir", str(self.data_dir), "--job-dir", str(job_dir)]
+        command += ["--resume"] if resume else []
+        slot, ranks, world = slots[0], [], several.ranks_of(row.spec)
         try:
-            with open(job_dir / "log.txt", "ab") as log:
-                proc = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(theirs.fileno(),),
-                    process_group=0,
-                    env=environment,
-                    cwd=job_dir,
-                )
+            if world > 1:
+                proc, ranks = several.start_ranks(command, slots, world, job_dir, theirs.fileno(), dict(os.environ))
+            else:
+                with open(job_dir / "log.txt", "ab") as log:
+                    proc = subprocess.Popen(
+                        [*command, "--fd", str(theirs.fileno())],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        pass_fds=(theirs.fileno(),),
+                        process_group=0,
+                        env={**os.environ, **several.devices_env(slots), "PYTHONUNBUFFERED": "1"},
+                        cwd=job_dir,
+                    )
         except OSError as error:  # fork failed (EAGAIN at the pids limit, ENOMEM), or the log cannot be opened
             ours.close()
             theirs.close()
             self._crashed(job.id, None, f"the worker could not be started ({error})")
             return
         theirs.close()
-        worker = Worker(job.id, slot, proc, Channel(ours), time.time())
+        worker = Worker(job.id, slot, proc, Channel(ours), time.time(), slots=tuple(slots), ranks=ranks)
         worker.reader = threading.Thread(
             target=self._read_reports, args=(worker,), daemon=True, name=f"reports-{job.id}"
         )
@@ -440,14 +460,14 @@ class Supervisor:
                     record = StepRecord.from_dict(message["record"])
                     self.store.add_event(worker.job_id, "step", message["record"], step=record.step, at=record.time)
                     self.store.update(worker.job_id, restarts=0)
-                    self.metrics.observe_step(record, str(worker.slot.index))
+                    self.metrics.observe_step(record, worker.device)
                     worker.measured_bytes = dict(record.memory.components_used_bytes)
                     if record.memory.device_used_bytes is not None:
                         worker.device_used_bytes = record.memory.device_used_bytes
                 elif kind == "event":
                     event = RunEvent.from_dict(message["event"])
                     self._observe_event(worker, event)
-                    apply_event(self.metrics, event, str(worker.slot.index))
+                    apply_event(self.metrics, event, worker.device)
                 elif kind in ("result", "disk_full", "error"):
                     worker.outcome = message
             except (KeyError, TypeError, ValueError, ApplianceError) as error:  # ApplianceError: SnapshotError
@@ -472,6 +492,8 @@ class Supervisor:
         returncode = worker.proc.wait()
         try:
             kill_group(worker.proc.pid)
+            for rank in worker.ranks:
+                rank.wait()
             if worker.reader is not None:
                 worker.reader.join(timeout=10)
             worker.channel.close()
@@ -479,7 +501,7 @@ class Supervisor:
             print(f"supervisor: {worker.job_id}: reaping: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         finally:
             self.workers.pop(worker.slot.index, None)
-            self.metrics.forget_slot(str(worker.slot.index))
+            self.metrics.forget_slot(worker.device)
         self._settle_or_keep(worker, returncode)
 
     def _settle_or_keep(self, worker: Worker, returncode: int) -> None:

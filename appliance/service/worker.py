@@ -24,6 +24,7 @@ import appliance.offline  # noqa: F401  (before any ML import)
 
 import argparse
 import json
+import os
 import socket
 import sys
 import threading
@@ -109,16 +110,25 @@ def run(channel: Channel, data_dir: Path, job_dir: Path, resume: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=MODULE, description="one appliance job (started by the daemon)")
-    parser.add_argument("--fd", type=int, required=True, help="the daemon's end of the report channel")
+    # Required but for the ranks after 0 of a several-slot job (service/slots.py), which report nothing.
+    parser.add_argument("--fd", type=int, default=None, help="the daemon's end of the report channel")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
-    channel = Channel(socket.socket(fileno=args.fd))
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if args.fd is None and not several:
+        parser.error("--fd is required")
+    channel = Channel(socket.socket(fileno=args.fd)) if args.fd is not None else None
     try:
+        if several:
+            from appliance.service.rank_worker import run_rank
+
+            return run_rank(channel, args.data_dir, args.job_dir, args.resume)
         return run(channel, args.data_dir, args.job_dir, args.resume)
     finally:
-        channel.close()
+        if channel is not None:
+            channel.close()
 
 
 if __name__ == "__main__":
