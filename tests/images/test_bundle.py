@@ -52,7 +52,8 @@ def test_the_bundle_holds_image_model_client_units_and_monitoring(bundle: Path):
     assert {
         "image/appliance.tar",
         f"models/{DEMO_MODEL_NAME}/manifest.json",
-        "wheels/client/requirements.txt",
+        "wheels/client/requirements-3.9.txt",
+        "wheels/client/requirements-3.13.txt",
         "systemd/appliance.container",
         "systemd/appliance.service",
         "systemd/appliance.sysusers.conf",
@@ -112,28 +113,20 @@ def test_client_wheels_install_offline_without_torch(bundle: Path, tmp_path: Pat
     wheels = bundle / "wheels" / "client"
     venv = tmp_path / "client"
     run(sys.executable, "-m", "venv", venv).check_returncode()
-    pip = [
-        venv / "bin" / "python",
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--no-index",
-        "--no-deps",
-        "--find-links",
-        wheels,
-        "--requirement",
-        wheels / "requirements.txt",
-    ]
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
     offline = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": "", "PIP_CONSTRAINT": ""}
+    locked = f"requirements-{sys.version_info.major}.{sys.version_info.minor}.txt"
 
-    installed = run(*pip, env=offline, timeout=300)
+    installed = run(*pip, "--require-hashes", "--find-links", wheels, "-r", wheels / locked, env=offline, timeout=300)
+    app = run(*pip, *wheels.glob("appliance-*.whl"), env=offline, timeout=300)
+    check = run(venv / "bin" / "python", "-m", "pip", "check", env=offline)
     version = run(venv / "bin" / "appliance", "--version")
     jobs = run(venv / "bin" / "appliance", "jobs", "list", "--socket", tmp_path / "none.sock")
     tui = run(venv / "bin" / "appliance-tui", "--help")
     torch = run(venv / "bin" / "python", "-c", "import torch")
 
     assert installed.returncode == 0, installed.stderr
+    assert app.returncode == 0 and check.returncode == 0, app.stderr + check.stdout
     assert version.stdout.strip() == f"appliance {__version__}"
     assert jobs.returncode == 1 and "none.sock" in jobs.stderr  # the client runs; no daemon there
     assert tui.returncode == 0, tui.stderr
