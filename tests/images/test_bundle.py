@@ -24,9 +24,13 @@ def run(*argv, **kwargs) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def bundle(image, store_data_dir: Path, tmp_path_factory) -> Path:
+def bundle(image, store_data_dir: Path, signing_key, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "appliance-bundle"
-    env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(REPO_ROOT / "images" / "ci" / "storage.conf")}
+    env = {
+        **os.environ,
+        "CONTAINERS_STORAGE_CONF": str(REPO_ROOT / "images" / "ci" / "storage.conf"),
+        "GNUPGHOME": str(signing_key.home),
+    }
     made = run(
         REPO_ROOT / "images" / "bundle",
         "--out",
@@ -37,6 +41,8 @@ def bundle(image, store_data_dir: Path, tmp_path_factory) -> Path:
         DEMO_MODEL_NAME,
         "--data-dir",
         store_data_dir,
+        "--sign-key",
+        signing_key.uid,
         env=env,
         timeout=900,
     )
@@ -44,9 +50,15 @@ def bundle(image, store_data_dir: Path, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def keyring(signing_key) -> Path:
+    return signing_key.keyring
+
+
 def test_the_bundle_holds_image_model_client_units_and_monitoring(bundle: Path):
     listed = {line.split("  ", 1)[1] for line in (bundle / "MANIFEST.sha256").read_text().splitlines()}
-    on_disk = {str(path.relative_to(bundle)) for path in bundle.rglob("*") if path.is_file()} - {"MANIFEST.sha256"}
+    on_disk = {str(path.relative_to(bundle)) for path in bundle.rglob("*") if path.is_file()}
+    on_disk -= {"MANIFEST.sha256", "MANIFEST.sha256.sig"}
 
     assert listed == on_disk
     assert {
@@ -70,15 +82,15 @@ def test_the_bundle_holds_image_model_client_units_and_monitoring(bundle: Path):
     assert run("sha256sum", "--check", "--quiet", input="\n".join(lines) + "\n", cwd=bundle).returncode == 0
 
 
-def test_install_dry_run_verifies_and_changes_nothing(bundle: Path):
-    result = run(bundle / "install-bundle", "--dry-run", "--runtime", "podman")
+def test_install_dry_run_verifies_and_changes_nothing(bundle: Path, keyring: Path):
+    result = run(bundle / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring)
 
     assert result.returncode == 0, result.stderr
     assert "verified" in result.stdout and "nothing changed" in result.stdout
 
 
 @pytest.mark.parametrize("victim", ["systemd/appliance.container", f"models/{DEMO_MODEL_NAME}/config.json"])
-def test_a_tampered_file_is_refused_by_name(bundle: Path, tmp_path: Path, victim: str):
+def test_a_tampered_file_is_refused_by_name(bundle: Path, keyring: Path, tmp_path: Path, victim: str):
     copy = tmp_path / "copy"
     shutil.copytree(bundle, copy, copy_function=os.link)  # links: the image is not copied again
     target = copy / victim
@@ -86,13 +98,13 @@ def test_a_tampered_file_is_refused_by_name(bundle: Path, tmp_path: Path, victim
     target.unlink()  # break the link before writing
     target.write_bytes(text + b"\n# changed\n")
 
-    result = run(copy / "install-bundle", "--dry-run", "--runtime", "podman")
+    result = run(copy / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring)
 
     assert result.returncode == 1
     assert f"changed since the bundle was made: {victim}" in result.stderr
 
 
-def test_a_missing_or_added_file_is_refused_by_name(bundle: Path, tmp_path: Path):
+def test_a_missing_or_added_file_is_refused_by_name(bundle: Path, keyring: Path, tmp_path: Path):
     missing = tmp_path / "missing"
     shutil.copytree(bundle, missing, copy_function=os.link)
     (missing / "monitoring" / "alerts.yml").unlink()
@@ -100,8 +112,8 @@ def test_a_missing_or_added_file_is_refused_by_name(bundle: Path, tmp_path: Path
     shutil.copytree(bundle, added, copy_function=os.link)
     (added / "systemd" / "override.conf").write_text("[Service]\nExecStart=/bin/sh\n")
 
-    refused_missing = run(missing / "install-bundle", "--dry-run", "--runtime", "podman")
-    refused_added = run(added / "install-bundle", "--dry-run", "--runtime", "podman")
+    refused_missing = run(missing / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring)
+    refused_added = run(added / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring)
 
     assert (
         refused_missing.returncode == 1 and "missing from the bundle: monitoring/alerts.yml" in refused_missing.stderr
