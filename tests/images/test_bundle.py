@@ -83,7 +83,8 @@ def test_the_bundle_holds_image_model_client_units_and_monitoring(bundle: Path):
 
 
 def test_install_dry_run_verifies_and_changes_nothing(bundle: Path, keyring: Path):
-    result = run(bundle / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring)
+    # docker: Debian bookworm's Podman (4.3) is older than the Quadlet unit needs, and is refused.
+    result = run(bundle / "install-bundle", "--dry-run", "--runtime", "docker", "--keyring", keyring)
 
     assert result.returncode == 0, result.stderr
     assert "verified" in result.stdout and "nothing changed" in result.stdout

@@ -134,3 +134,61 @@ def test_bundle_refuses_to_write_without_a_signing_key(tmp_path: Path, signing_k
     assert unsigned.returncode == 2 and "--sign-key KEY is required" in unsigned.stderr
     assert unknown.returncode == 2 and "--sign-key nobody@nowhere.invalid: no secret key" in unknown.stderr
     assert not (tmp_path / "b").exists()
+
+
+GETENT = """#!/bin/sh
+# getent DATABASE KEY over the files beside this script: the line whose name or id is KEY.
+awk -F: -v key="$2" '$1 == key || $3 == key { print; found = 1 } END { exit found ? 0 : 2 }' "$(dirname "$0")/$1"
+"""
+
+
+def box_with(tmp_path: Path, podman_version: str, passwd: str = "", group: str = "") -> dict[str, str]:
+    """PATH with stand-ins for the box's podman and its user database (getent): the host boundary."""
+    shims = tmp_path / "shims"
+    shims.mkdir(parents=True)
+    (shims / "podman").write_text(f"#!/bin/sh\necho {podman_version}\n")
+    (shims / "getent").write_text(GETENT)
+    (shims / "passwd").write_text(passwd)
+    (shims / "group").write_text(group)
+    for shim in ("podman", "getent"):
+        (shims / shim).chmod(0o755)
+    return {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"}
+
+
+def box_check(bundle: Path, keyring: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return run(bundle / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring, env=env)
+
+
+def test_a_podman_older_than_the_quadlet_keys_need_is_refused(signed: Path, signing_key, tmp_path: Path):
+    old = box_check(signed, signing_key.keyring, box_with(tmp_path / "old", "4.3.1"))
+    new = box_check(signed, signing_key.keyring, box_with(tmp_path / "new", "5.2.0"))
+
+    assert old.returncode == 1
+    assert "Podman 4.3.1 is older than 5.0, which the Quadlet keys of systemd/appliance.container need" in old.stderr
+    assert new.returncode == 0, new.stderr
+    assert "nothing changed" in new.stdout
+
+
+@pytest.mark.parametrize(
+    ("passwd", "group", "message"),
+    [
+        ("postgres:x:10001:10001::/var/lib/postgresql:/bin/sh\n", "", "uid 10001 is taken by 'postgres'"),
+        ("", "ldap:x:10001:\n", "gid 10001 is taken by group 'ldap'"),
+        ("appliance:x:998:998::/:/bin/false\n", "", "user 'appliance' exists with uid 998, not 10001"),
+    ],
+)
+def test_ids_the_image_needs_but_the_box_gave_away_are_refused(
+    signed: Path, signing_key, tmp_path: Path, passwd: str, group: str, message: str
+):
+    result = box_check(signed, signing_key.keyring, box_with(tmp_path, "5.2.0", passwd, group))
+
+    assert result.returncode == 1 and message in result.stderr
+
+
+def test_the_appliance_user_already_there_with_its_ids_is_fine(signed: Path, signing_key, tmp_path: Path):
+    passwd = "appliance:x:10001:10001::/var/lib/appliance:/usr/sbin/nologin\n"
+    env = box_with(tmp_path, "5.2.0", passwd, "appliance:x:10001:\n")
+
+    result = box_check(signed, signing_key.keyring, env)
+
+    assert result.returncode == 0, result.stderr
