@@ -23,6 +23,12 @@ def run(*argv, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(arg) for arg in argv], capture_output=True, text=True, **kwargs)
 
 
+def client_wheels() -> list[str]:
+    """images/ci-build-check has built the client wheelhouse already; the bundle builds one where it has not."""
+    built = os.environ.get("APPLIANCE_CLIENT_WHEELHOUSE")
+    return ["--client-wheels", built] if built else []
+
+
 @pytest.fixture(scope="module")
 def bundle(image, store_data_dir: Path, signing_key, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "appliance-bundle"
@@ -43,6 +49,7 @@ def bundle(image, store_data_dir: Path, signing_key, tmp_path_factory) -> Path:
         store_data_dir,
         "--sign-key",
         signing_key.uid,
+        *client_wheels(),
         env=env,
         timeout=900,
     )
