@@ -79,6 +79,7 @@ def test_the_bundle_holds_image_model_client_units_and_monitoring(bundle: Path):
         "systemd/appliance.tmpfiles.conf",
         "monitoring/prometheus.yml",
         "monitoring/alerts.yml",
+        "monitoring/alertmanager.yml",
         "monitoring/grafana-dashboard.json",
         "docs/operator-guide.md",
         "install-bundle",
