@@ -83,6 +83,7 @@ def test_the_bundle_holds_image_model_client_units_and_monitoring(bundle: Path):
         "monitoring/grafana-dashboard.json",
         "docs/operator-guide.md",
         "install-bundle",
+        "gpu-smoke",
     } <= listed
     # The format of coreutils: an administrator can run sha256sum -c by hand (the image's hash is
     # checked by the dry-run below; reading 4 GB twice is left out here).
