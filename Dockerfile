@@ -1,7 +1,12 @@
 # The appliance image: the daemon (`appliance serve`) with the training stack, installed offline.
 #
-#   images/build-wheelhouse gpu images/wheelhouse        # on a connected build host
-#   podman build -t localhost/appliance:0.1.0 .           # or docker build; needs no network
+#   images/build-wheelhouse gpu images/wheelhouse        # on a connected build host: the locked wheels
+#   podman build -t localhost/appliance:0.1.0 \
+#     --build-arg REVISION=$(git rev-parse HEAD) --build-arg BASE_DIGEST=sha256:... .   # or docker build
+#
+# The dependencies install with no network; the gpu profile also installs gcc from Debian's archive
+# (Triton and vLLM compile at run time) unless the base already has one. Record the base by digest:
+# BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm@sha256:... and the same digest in BASE_DIGEST.
 #
 # BASE_IMAGE needs CPython 3.11 with the venv module, libstdc++ and libgomp on glibc (x86_64). The default is Debian
 # bookworm's Python 3.11 image: the CUDA user-space libraries come with torch's and vLLM's wheels
@@ -10,15 +15,35 @@
 # made by images/build-base (no registry is reachable there).
 ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
+ARG BASE_IMAGE
 
 # The ids are fixed so that the host's sysusers.d entry (systemd/appliance.sysusers.conf) gives
 # the same numbers: the socket's group and the state files' owner mean the same on both sides.
 ARG APPLIANCE_UID=10001
 ARG APPLIANCE_GID=10001
 
-# One layer: the wheelhouse is bind-mounted, not copied, so it never becomes part of the image.
-RUN --mount=type=bind,source=images,target=/tmp/images \
-    sh /tmp/images/install /tmp/images/wheelhouse "${APPLIANCE_UID}" "${APPLIANCE_GID}"
+# Two layers. The dependencies (multi-GB) first: the wheelhouse is bind-mounted, not copied, so it never
+# becomes part of the image; the project's wheel lies beside it (images/wheelhouse-app), so that a code
+# change keeps this layer. Then the application's own wheel, a thin layer on top.
+RUN --mount=type=bind,source=images/install,target=/tmp/install \
+    --mount=type=bind,source=images/wheelhouse,target=/tmp/wheels \
+    sh /tmp/install deps /tmp/wheels "${APPLIANCE_UID}" "${APPLIANCE_GID}"
+RUN --mount=type=bind,source=images/install,target=/tmp/install \
+    --mount=type=bind,source=images/wheelhouse-app,target=/tmp/app \
+    sh /tmp/install app /tmp/app
+
+# OCI labels (images/ci-build-check and a release build pass the revision and the base's digest).
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG BASE_DIGEST=unknown
+ARG SOURCE=unknown
+LABEL org.opencontainers.image.title="appliance" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
+      org.opencontainers.image.base.digest="${BASE_DIGEST}"
 
 # Nothing in the image may reach a network (DESIGN "No network, ever"); appliance.offline sets
 # the same variables again before any ML library loads.

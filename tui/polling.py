@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import Optional, Union
 
 from textual import work
 from textual.dom import DOMNode
@@ -22,7 +23,8 @@ from appliance.service.client import DaemonUnreachable as Unreachable
 from tui import messages as m
 from tui.feeds import RETRY_SECONDS
 
-Fetch = Callable[[], Message | Iterable[Message] | None]
+# Evaluated at import (a type alias, not an annotation): typing's spelling keeps CPython 3.9 working.
+Fetch = Callable[[], Optional[Union[Message, Iterable[Message]]]]
 # A feed paced by the daemon's events long-poll asks again this soon after its answer.
 LONG_POLL_TICK = 0.1
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,3 +93,33 @@ def image() -> MountedImage:
 def base_image(image: MountedImage) -> dict:
     tag = os.environ["APPLIANCE_TEST_BASE_IMAGE"]
     return json.loads(podman("image", "inspect", tag).stdout)[0]
+
+
+@dataclass
+class SigningKey:
+    """A throwaway OpenPGP signing key: its gpg home (GNUPGHOME for images/bundle) and its exported public
+    keyring (what the administrator installs on the box for install-bundle --keyring)."""
+
+    home: Path
+    keyring: Path
+    uid: str
+
+
+def make_signing_key(folder: Path, uid: str) -> SigningKey:
+    home = folder / "gnupg"
+    home.mkdir(mode=0o700, parents=True)
+    gpg = ["gpg", "--batch", "--quiet", "--homedir", str(home)]
+    subprocess.run([*gpg, "--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never"], check=True)
+    keyring = folder / "bundle-signing-key.gpg"
+    keyring.write_bytes(subprocess.run([*gpg, "--export", uid], check=True, capture_output=True).stdout)
+    return SigningKey(home, keyring, uid)
+
+
+@pytest.fixture(scope="session")
+def signing_key():
+    # A short folder: gpg-agent's socket path must stay under 108 bytes.
+    folder = Path(tempfile.mkdtemp(prefix="apk-", dir="/tmp"))
+    key = make_signing_key(folder, "Appliance bundles (test) <bundles@appliance.invalid>")
+    yield key
+    subprocess.run(["gpgconf", "--homedir", str(key.home), "--kill", "gpg-agent"], check=False)
+    shutil.rmtree(folder, ignore_errors=True)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def bundle(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(REPO_ROOT / "images" / "bundle"), *map(str, args)], capture_output=True, text=True)
+def bundle(*args, env=None) -> subprocess.CompletedProcess:
+    argv = [str(REPO_ROOT / "images" / "bundle"), *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, env=env)
 
 
 def test_a_missing_image_archive_is_named(tmp_path: Path):
@@ -30,7 +32,7 @@ def test_a_file_that_is_no_image_archive_is_refused(tmp_path: Path):
     assert "is not an image archive (no manifest.json)" in result.stderr
 
 
-def test_an_unknown_model_is_named_with_the_store(tmp_path: Path, store_data_dir: Path):
+def test_an_unknown_model_is_named_with_the_store(tmp_path: Path, store_data_dir: Path, signing_key):
     archive = tmp_path / "image.tar"
     (tmp_path / "manifest.json").write_text("[]")
     subprocess.run(["tar", "-cf", archive, "-C", tmp_path, "manifest.json"], check=True)
@@ -55,7 +57,10 @@ def test_an_unknown_model_is_named_with_the_store(tmp_path: Path, store_data_dir
         "smollm2-135m-instruct",
         "--data-dir",
         store_data_dir,
+        "--sign-key",
+        signing_key.uid,
         "--dry-run",
+        env={**os.environ, "GNUPGHOME": str(signing_key.home)},
     )
 
     assert result.returncode == 2
