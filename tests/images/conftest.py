@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from packaging_support import make_signing_key
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STORAGE_CONF = REPO_ROOT / "images" / "ci" / "storage.conf"
 
@@ -93,26 +95,6 @@ def image() -> MountedImage:
 def base_image(image: MountedImage) -> dict:
     tag = os.environ["APPLIANCE_TEST_BASE_IMAGE"]
     return json.loads(podman("image", "inspect", tag).stdout)[0]
-
-
-@dataclass
-class SigningKey:
-    """A throwaway OpenPGP signing key: its gpg home (GNUPGHOME for images/bundle) and its exported public
-    keyring (what the administrator installs on the box for install-bundle --keyring)."""
-
-    home: Path
-    keyring: Path
-    uid: str
-
-
-def make_signing_key(folder: Path, uid: str) -> SigningKey:
-    home = folder / "gnupg"
-    home.mkdir(mode=0o700, parents=True)
-    gpg = ["gpg", "--batch", "--quiet", "--homedir", str(home)]
-    subprocess.run([*gpg, "--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never"], check=True)
-    keyring = folder / "bundle-signing-key.gpg"
-    keyring.write_bytes(subprocess.run([*gpg, "--export", uid], check=True, capture_output=True).stdout)
-    return SigningKey(home, keyring, uid)
 
 
 @pytest.fixture(scope="session")

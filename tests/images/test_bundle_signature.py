@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import make_signing_key
+from packaging_support import make_signing_key
 from packaging_support import need_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
