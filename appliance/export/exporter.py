@@ -23,6 +23,7 @@ from appliance.export.card import CardInput, render_card
 from appliance.export.errors import ExportError
 from appliance.export.facts import job_facts
 from appliance.export.manifest import tree_digest, write_export_manifest
+from appliance.export.memory import available_host_bytes, check_merged_export_fits
 from appliance.export.source import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterSource, JobSource, find_adapter, find_job
 from appliance.models.store import MANIFEST, ModelStore, ModelStoreError, file_table
 
@@ -153,6 +154,8 @@ def export_job(
     adapter = find_adapter(job, checkpoint)
     base = base_model_of(job, Path(data_dir))
     out = Path(out).expanduser().resolve()
+    if merged:
+        check_merged_export_fits(base.path, dtype, available_host_bytes())
     staging = _staging_for(out)
     kind = "merged" if merged else "adapter"
     try:

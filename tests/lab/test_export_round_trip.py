@@ -155,3 +155,20 @@ def test_export_refuses_an_existing_folder_and_an_unknown_checkpoint(trained_job
     assert not (tmp_path / "x").exists()
     result = export_job(str(trained_job.job_dir), trained_job.data_dir, tmp_path / "latest", checkpoint="latest")
     assert result.step == 1 and verify_export(result.path)["source"]["checkpoint"] == "latest"
+
+
+def test_a_merged_export_that_cannot_fit_in_host_memory_is_refused_before_loading(
+    trained_job, demo_model_dir, tmp_path, monkeypatch
+):
+    from appliance.export import exporter, memory
+
+    parameters = memory.parameter_count(demo_model_dir)  # SmolLM2-135M, tied embeddings counted once
+    assert 130e6 < parameters < 140e6
+    needed = memory.merged_export_bytes(demo_model_dir, "bfloat16")
+    assert needed == parameters * (4 + 2) + memory.RUNTIME_BYTES
+    # The host memory probe is the boundary: this box is told it has a byte less than the export needs.
+    monkeypatch.setattr(exporter, "available_host_bytes", lambda: needed - 1)
+    out = tmp_path / "merged"
+    with pytest.raises(ExportError, match=r"needs about .* GiB of host memory .* export the adapter alone"):
+        export_job(trained_job.job_dir, trained_job.data_dir, out, checkpoint="best", merged=True)
+    assert not out.exists() and not list(tmp_path.iterdir())  # nothing loaded, nothing staged
