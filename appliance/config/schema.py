@@ -51,6 +51,9 @@ class JudgeSpec(Spec):
     endpoint: str | None = None
     # A file holding the endpoint's API key (sent as a bearer token, never logged).
     token_file: str | None = None
+    # Extra chat-template arguments (a local judge's tokenizer, or vLLM's chat_template_kwargs at an endpoint), e.g.
+    # {enable_thinking: false} for a Qwen3 judge, which otherwise thinks before its score.
+    chat_template_kwargs: dict[str, bool | int | float | str] = {}
     # Requests to the endpoint at once, and each one's timeout (retried `retries` times).
     concurrency: Annotated[int, Field(ge=1, le=256)] = 8
     request_timeout_seconds: Annotated[float, Field(gt=0)] = 60.0

@@ -90,6 +90,7 @@ class OpenAIRemoteEngine:
         concurrency: int = 4,
         retries: int = 2,
         backoff_seconds: float = 0.5,
+        chat_template_kwargs: dict | None = None,
     ):
         import httpx
 
@@ -99,6 +100,7 @@ class OpenAIRemoteEngine:
         self.retries = max(0, retries)
         self.backoff_seconds = backoff_seconds
         self.counters = EngineCounters()
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.failures = {"timeout": 0, "error": 0}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # trust_env=False: no proxy from the environment, so the only host reached is the configured one.
@@ -122,6 +124,7 @@ class OpenAIRemoteEngine:
             timeout_seconds=spec.request_timeout_seconds,
             concurrency=spec.concurrency,
             retries=spec.retries,
+            chat_template_kwargs=spec.chat_template_kwargs,
         )
 
     def __repr__(self) -> str:  # never shows the token
@@ -215,6 +218,8 @@ class OpenAIRemoteEngine:
         }
         if prefill:
             body.update(add_generation_prompt=False, continue_final_message=True)
+        if self.chat_template_kwargs:
+            body["chat_template_kwargs"] = self.chat_template_kwargs  # vLLM: e.g. Qwen3's enable_thinking
         if sampling.stop:
             # Kept in the text, as the local engines keep it (vLLM's include_stop_str_in_output).
             body.update(stop=list(sampling.stop), include_stop_str_in_output=True)

@@ -226,7 +226,8 @@ def evaluate_judge(
         seconds = clock() - started
         records = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
     stats = judge.stats()
-    latencies = [record["latency_seconds"] for record in records]
+    # Judge requests only: a response the injection guard stopped has a line but no request.
+    latencies = [record["latency_seconds"] for record in records if "latency_seconds" in record]
     labels = [row.label for row in rows]
     binary = set(labels) <= {0.0, 1.0}
     correct = [(score >= threshold) == (label >= 0.5) for score, label in zip(scores, labels)]

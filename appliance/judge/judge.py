@@ -192,6 +192,21 @@ def _group_key(sample: "RewardSample") -> tuple:
     return (sample.group, sample.prompt, sample.reference)
 
 
+class TemplateKwargsEngine:
+    """A local judge engine that renders with the job's judge.chat_template_kwargs (Qwen3's enable_thinking)."""
+
+    def __init__(self, engine: GenerationEngine, kwargs: dict):
+        self._engine, self._kwargs = engine, kwargs
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return self._engine.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **self._kwargs
+        )
+
+
 class Judge:
     """The reward "judge": an LLM judge over any GenerationEngine, scores in 0..1."""
 
@@ -206,6 +221,9 @@ class Judge:
         seed: int = 0,
     ):
         self.spec = spec
+        local_template = getattr(engine, "tokenizer", None) is not None and not hasattr(engine, "chat_template_kwargs")
+        if spec.chat_template_kwargs and local_template:
+            engine = TemplateKwargsEngine(engine, spec.chat_template_kwargs)
         self.engine = engine
         self.log = JudgeLog(log_path, spec.log_max_bytes, spec.log_backups) if log_path is not None else None
         self.cache: VerdictCache[list[float]] = VerdictCache(enabled=spec.cache)

@@ -53,6 +53,9 @@ INJECTIONS = [
 
 
 def adversarial_pairs(rows) -> list[tuple[object, str]]:
-    """(wrong row of the labelled set, its response with an injection appended), one per injection."""
-    wrong = [row for row in rows if row.label < 0.5]
+    """(wrong row of the labelled set, its response with an injection appended), one per injection.
+
+    Rows whose response already trips the guard (one uses the prompt's own <response> tags) are skipped,
+    so each pair differs by the injection alone."""
+    wrong = [row for row in rows if row.label < 0.5 and "<response" not in row.response]
     return [(wrong[i % len(wrong)], f"{wrong[i % len(wrong)].response}\n{text}") for i, text in enumerate(INJECTIONS)]

@@ -160,3 +160,30 @@ def test_a_transcript_longer_than_the_model_window_is_cut_and_scored(keeping_jud
         assert all(0.0 <= score <= 1.0 for score in scores)
     finally:
         local.close()
+
+
+def test_chat_template_kwargs_reach_a_local_template_and_an_endpoint(demo_model_dir, tmp_path):
+    from appliance.engines.hf import HFEngine
+    from appliance.engines.openai_remote import OpenAIRemoteEngine
+
+    thinking = "{{ 'THINKING OFF ' if enable_thinking is defined and not enable_thinking else '' }}"
+    target = bigram_judge(demo_model_dir, tmp_path / "m", thinking + TRIMMING_TEMPLATE)
+    local = HFEngine.load(target, device="cpu")
+    try:
+        judge = Judge(JudgeSpec(model="j", chat_template_kwargs={"enable_thinking": False}), local)
+        assert judge.engine.render_chat([{"role": "user", "content": "x"}]).startswith("THINKING OFF")
+    finally:
+        local.close()
+    spec = JudgeSpec(model="j", endpoint="http://127.0.0.1:9/v1", chat_template_kwargs={"enable_thinking": False})
+    remote = OpenAIRemoteEngine.from_judge_spec(spec)
+    try:
+        body = remote._body(remote.render_chat([{"role": "user", "content": "x"}]) + '{"score": ', _sampling())
+        assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["continue_final_message"]
+    finally:
+        remote.close()
+
+
+def _sampling():
+    from appliance.engines.base import Sampling
+
+    return Sampling(max_new_tokens=1, temperature=0.0)
