@@ -296,4 +296,5 @@ def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir:
         )
     else:
         engine = HFEngine.load(judge_dir, spec.judge.quantization, device=device, name=spec.judge.model)
-    return Judge(spec.judge, engine, log_path=job_dir / "judge.jsonl")
+    # Group mode shuffles each group with the job's seed, so a rerun sees the same order.
+    return Judge(spec.judge, engine, log_path=job_dir / "judge.jsonl", seed=spec.grpo.seed)
