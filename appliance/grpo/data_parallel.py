@@ -18,15 +18,14 @@ from pathlib import Path
 import torch
 
 from appliance.grpo import distributed
-from appliance.grpo.advantages import GroupAdvantages
 from appliance.grpo.checkpoint import CheckpointManager, load_tensors, restore_rng_state, rng_state
 from appliance.grpo.distributed import DistributedError, GradientReducer, RankInfo
 from appliance.grpo.records import RunRecords
 from appliance.grpo.rollout import ScoredRollout
+from appliance.grpo.sampling import concat_rollouts
 from appliance.grpo.trainer import Trainer
 from appliance.grpo.update import UpdateStats
 from appliance.judge.log import JudgeLog
-from appliance.rewards.registry import RewardScores
 
 WORLD_FILE = "world.json"
 
@@ -87,25 +86,6 @@ class ReadOnlyCheckpoints(CheckpointManager):
         return None
 
 
-def merge_rollouts(parts: list[ScoredRollout]) -> ScoredRollout:
-    """Every rank's share in rank order: the rollout one rank with the whole batch would have made."""
-    names = list(parts[0].scores.per_function)
-    advantages = [part.advantages for part in parts]
-    return ScoredRollout(
-        problems=[p for part in parts for p in part.problems],
-        prompts=[p for part in parts for p in part.prompts],
-        groups=[g for part in parts for g in part.groups],
-        scores=RewardScores(
-            {name: [v for part in parts for v in part.scores.per_function[name]] for name in names},
-            [v for part in parts for v in part.scores.total],
-        ),
-        advantages=GroupAdvantages(*(torch.cat([getattr(a, f) for a in advantages]) for f in _ADVANTAGE_FIELDS)),
-    )
-
-
-_ADVANTAGE_FIELDS = ("advantages", "group_mean", "group_std", "informative")
-
-
 class RankTrainer(Trainer):
     """A Trainer that is one rank of a data-parallel job (see the module docstring)."""
 
@@ -147,7 +127,8 @@ class RankTrainer(Trainer):
 
     def _rollout(self, clock) -> ScoredRollout:
         self._local = super()._rollout(clock)
-        return merge_rollouts(distributed.gather(self._local))
+        # Every rank's share in rank order: the rollout one rank with the whole batch would have made.
+        return concat_rollouts(distributed.gather(self._local))
 
     def _sampling(self):
         sampling = super()._sampling()  # each rank draws its own completions, the same on every resume
