@@ -451,6 +451,7 @@ class Supervisor:
 
     def _follow_reports(self, worker: Worker) -> None:
         from appliance.grpo.step_record import RunEvent, StepRecord
+        from appliance.metrics.engines import SnapshotError
         from appliance.metrics.run_exporter import apply_event
 
         for message in worker.channel.messages():
@@ -470,7 +471,9 @@ class Supervisor:
                     apply_event(self.metrics, event, worker.device)
                 elif kind in ("result", "disk_full", "error"):
                     worker.outcome = message
-            except (KeyError, TypeError, ValueError, ApplianceError) as error:  # ApplianceError: SnapshotError
+            # A malformed report is skipped; a store that refuses the write (StoreUnwritable) is not: it
+            # reaches _read_reports, which ends the worker rather than let it run unobserved.
+            except (KeyError, TypeError, ValueError, SnapshotError) as error:
                 print(
                     f"supervisor: bad report from the worker of {worker.job_id}: {error}", file=sys.stderr, flush=True
                 )
