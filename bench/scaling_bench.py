@@ -51,8 +51,12 @@ def run(store: Path, ranks: int, steps: int, quantization: str, group_size: int)
             text=True,
             env=env,
         )
-        if done.returncode:
-            raise SystemExit(done.stdout[-2000:] + done.stderr[-2000:])
+        if done.returncode:  # say how it ended: a run killed from outside (OOM, a full /tmp) prints nothing itself
+            raise SystemExit(
+                f"{ranks} rank(s): appliance train ended with code {done.returncode}\n"
+                + done.stdout[-2000:]
+                + done.stderr[-2000:]
+            )
         wall = time.monotonic() - started
         rows = [json.loads(line) for line in (data_dir / "jobs" / f"scale-{ranks}" / "metrics.jsonl").open()]
     timed = rows[1:] or rows
