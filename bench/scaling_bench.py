@@ -5,7 +5,8 @@ fp32, 4 prompts x group_size completions a step) with resources.gpus 1 or 2 (two
 processes here). Completions/s is completions over step seconds of steps 2..N
 (step 1 carries warm-up); the 1-minute load average is read before and after.
 
-    python bench/scaling_bench.py STORE_DATA_DIR [--rounds 2] [--steps 4] [--quantization none] [--json]
+    python bench/scaling_bench.py STORE_DATA_DIR [--rounds 2] [--steps 4] [--quantization none]
+        [--threads-per-rank 1] [--json]
 """
 
 from __future__ import annotations
@@ -37,22 +38,27 @@ def job(ranks: int, steps: int, quantization: str, group_size: int) -> dict:
     return spec
 
 
-def run(store: Path, ranks: int, steps: int, quantization: str, group_size: int) -> dict:
+def run(store: Path, ranks: int, steps: int, quantization: str, group_size: int, threads: int | None) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         data_dir, job_file = Path(scratch) / "data", Path(scratch) / "job.yaml"
         link_model_store(store, data_dir)
         job_file.write_text(yaml.safe_dump(job(ranks, steps, quantization, group_size)))
         load_before = os.getloadavg()[0]
         started = time.monotonic()
-        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // ranks))}
+        threads = threads or max(1, (os.cpu_count() or 2) // ranks)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         done = subprocess.run(
             [sys.executable, "-m", "appliance", "train", str(job_file), "--data-dir", str(data_dir)],
             capture_output=True,
             text=True,
             env=env,
         )
-        if done.returncode:
-            raise SystemExit(done.stdout[-2000:] + done.stderr[-2000:])
+        if done.returncode:  # say how it ended: a run killed from outside (OOM, a full /tmp) prints nothing itself
+            raise SystemExit(
+                f"{ranks} rank(s): appliance train ended with code {done.returncode}\n"
+                + done.stdout[-2000:]
+                + done.stderr[-2000:]
+            )
         wall = time.monotonic() - started
         rows = [json.loads(line) for line in (data_dir / "jobs" / f"scale-{ranks}" / "metrics.jsonl").open()]
     timed = rows[1:] or rows
@@ -60,6 +66,7 @@ def run(store: Path, ranks: int, steps: int, quantization: str, group_size: int)
     seconds = sum(row["seconds"]["step"] for row in timed)
     return {
         "ranks": ranks,
+        "threads_per_rank": threads,
         "completions_per_second": completions / seconds,
         "step_seconds": [round(row["seconds"]["step"], 3) for row in rows],
         "wall_seconds": round(wall, 1),
@@ -75,10 +82,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--quantization", default="nf4", help="nf4 (the demo's) or none (fp32: faster on a CPU)")
     parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument(
+        "--threads-per-rank",
+        type=int,
+        default=None,
+        help="OpenMP threads of each rank (default: the cores shared among the ranks); 1 on a busy box, where "
+        "spinning OpenMP threads of one rank over every core measure the load more than the rank",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     runs = [
-        run(args.store, ranks, args.steps, args.quantization, args.group_size)
+        run(args.store, ranks, args.steps, args.quantization, args.group_size, args.threads_per_rank)
         for _ in range(args.rounds)
         for ranks in (1, 2)
     ]
@@ -89,7 +103,8 @@ def main() -> None:
         return
     for item in runs:
         print(
-            f"{item['ranks']} rank(s): {item['completions_per_second']:.2f} completions/s, steps {item['step_seconds']}"
+            f"{item['ranks']} rank(s) x {item['threads_per_rank']} thread(s): "
+            f"{item['completions_per_second']:.2f} completions/s, steps {item['step_seconds']}"
             f", load {item['load_1min_before']:.1f} -> {item['load_1min_after']:.1f}"
         )
     print(f"mean: 1 rank {mean[1]:.2f}/s, 2 ranks {mean[2]:.2f}/s, efficiency {summary['scaling_efficiency']:.0%}")

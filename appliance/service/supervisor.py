@@ -2,8 +2,8 @@
 
 One slot per device (the CPU is one slot; on CUDA one per visible GPU, the
 worker pinned with CUDA_VISIBLE_DEVICES); a job asking for several devices
-gets several contiguous slots and runs one rank on each (service/slots.py
-says how, and the queue rule that keeps it from starving). A worker is a child process in its
+gets several contiguous slots, one rank each (service/slots.py says how, and
+the queue rule that keeps it from starving). A worker is a child process in its
 own process group (`process_group=0` at exec, so there is no moment it is
 not), and every end of a worker (done, paused, cancelled, crashed) kills the
 whole group: vLLM's EngineCore children would otherwise keep the GPU.
