@@ -28,7 +28,9 @@ import os
 import socket
 import sys
 import threading
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Callable, ContextManager
 
 MODULE = "appliance.service.worker"
 EXIT_DONE, EXIT_CRASH, EXIT_BAD_JOB, EXIT_DISK_FULL = 0, 1, 2, 3
@@ -77,34 +79,56 @@ def _listen_for_stop(channel: Channel, stop: dict) -> None:
     stop.setdefault("reason", "shutdown")  # the daemon is gone
 
 
-def run(channel: Channel, data_dir: Path, job_dir: Path, resume: bool) -> int:
+def local_stop(stop: dict) -> Callable[[], str | None]:
+    """The stop callable of a one-slot job: the reason the daemon sent, if any."""
+    return lambda: stop.get("reason")
+
+
+def run(
+    channel: Channel | None,
+    data_dir: Path,
+    job_dir: Path,
+    resume: bool,
+    stop_policy: Callable[[dict], Callable[[], str | None]] = local_stop,
+    around: Callable[[], ContextManager] = nullcontext,
+) -> int:
+    """Run the job, reporting over `channel` (None: a rank after 0 of a several-slot job reports nothing).
+
+    `stop_policy` turns the daemon's stop requests into run_job's stop callable; `around` is entered
+    before the job is read (a rank's process group) and left whatever happens."""
     from appliance.config.load import parse_job_text
     from appliance.errors import ApplianceError, DiskFullError
     from appliance.grpo.run import run_job
 
+    def send(message: dict) -> None:
+        if channel is not None:
+            channel.send(message)
+
     stop: dict = {}
-    threading.Thread(target=_listen_for_stop, args=(channel, stop), daemon=True, name="stop-listener").start()
+    if channel is not None:
+        threading.Thread(target=_listen_for_stop, args=(channel, stop), daemon=True, name="stop-listener").start()
     try:
-        spec = parse_job_text((job_dir / "job.yaml").read_text(encoding="utf-8"), str(job_dir / "job.yaml"))
-        result = run_job(
-            spec,
-            data_dir,
-            job_dir,
-            job_file_dir=job_dir,
-            resume=resume,
-            on_step=lambda record: channel.send({"type": "step", "record": record.to_dict()}),
-            on_event=lambda event: channel.send({"type": "event", "event": event.to_dict()}),
-            stop_requested=lambda: stop.get("reason"),
-        )
+        with around():
+            spec = parse_job_text((job_dir / "job.yaml").read_text(encoding="utf-8"), str(job_dir / "job.yaml"))
+            result = run_job(
+                spec,
+                data_dir,
+                job_dir,
+                job_file_dir=job_dir,
+                resume=resume,
+                on_step=lambda record: send({"type": "step", "record": record.to_dict()}),
+                on_event=lambda event: send({"type": "event", "event": event.to_dict()}),
+                stop_requested=stop_policy(stop),
+            )
     except DiskFullError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
-        channel.send({"type": "disk_full", "message": str(error)})
+        send({"type": "disk_full", "message": str(error)})
         return EXIT_DISK_FULL
     except ApplianceError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
-        channel.send({"type": "error", "message": str(error)})
+        send({"type": "error", "message": str(error)})
         return EXIT_BAD_JOB
-    channel.send({"type": "result", "result": result.to_dict()})
+    send({"type": "result", "result": result.to_dict()})
     return EXIT_DONE
 
 
