@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 
+from appliance.agents.toolcalls import CALL_CLOSE, CALL_OPEN
 from appliance.judge.escape import TokenEscaper
 
 _SCORE_WORDS = (
@@ -54,6 +55,8 @@ SIGNALS = (
 def injection_signals(text: str, escaper: TokenEscaper) -> list[str]:
     """The grader-directed signals found in a response (empty: none)."""
     found = [name for name, pattern in SIGNALS if pattern.search(text)]
-    if not escaper.clean(text):
+    # An agent's tool calls are written in the appliance's own markup (agents/toolcalls.py): how a
+    # trajectory calls a tool, not a token aimed at the judge. It is still escaped, so it reads as text.
+    if not escaper.clean(text.replace(CALL_OPEN, "").replace(CALL_CLOSE, "")):
         found.insert(0, "control token")
     return found
