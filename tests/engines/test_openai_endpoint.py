@@ -19,6 +19,7 @@ from appliance.config.schema import JudgeSpec
 from appliance.engines.base import Sampling
 from appliance.engines.openai_remote import OpenAIRemoteEngine
 from appliance.judge import Judge
+from appliance.judge.probe import JudgeProbeError
 from appliance.rewards.registry import RewardSample
 
 pytestmark = pytest.mark.model
@@ -176,12 +177,18 @@ def test_remote_judge_scores_and_logs_as_the_local_judge(
 def test_timeouts_are_counted_outcomes(server, token_file, tmp_path, scoring):
     spec = judge_spec(server.url, token_file, request_timeout_seconds=0.001, retries=1, scoring=scoring)
     engine = OpenAIRemoteEngine.from_judge_spec(spec)
-    judge = Judge(spec, engine, log_path=tmp_path / "judge.jsonl")
-    failures_at_load = dict(engine.failures)  # probability scoring checks its scale once at load
+    if scoring == "probabilities":  # the load probe needs an answer: such a judge refuses to start
+        with pytest.raises(JudgeProbeError, match="within the request timeout"):
+            Judge(spec, engine, log_path=tmp_path / "refused.jsonl")
+    # Loaded while the endpoint answers in time; the timeouts come after.
+    answering = OpenAIRemoteEngine.from_judge_spec(judge_spec(server.url, token_file, scoring=scoring))
+    judge = Judge(spec, answering, log_path=tmp_path / "judge.jsonl")
+    judge.engine = engine
+    failures_at_load = dict(engine.failures)
     try:
         scores = judge(SAMPLES)
     finally:
-        judge.close(), engine.close()
+        judge.close(), engine.close(), answering.close()
     assert scores == [0.5, 0.5]  # neutral: no group was judged
     assert judge.outcomes == {"ok": 0, "parse_error": 0, "timeout": 2}
     assert engine.failures["timeout"] - failures_at_load["timeout"] == 2
@@ -230,16 +237,22 @@ def garbage_endpoint():
 
 
 @pytest.mark.parametrize("scoring", ["probabilities", "generate"])
-def test_garbage_answers_are_counted_not_fatal(garbage_endpoint, token_file, tmp_path, scoring):
+def test_garbage_answers_are_counted_not_fatal(server, garbage_endpoint, token_file, tmp_path, scoring):
     spec = judge_spec(garbage_endpoint, token_file, retries=1, concurrency=1, scoring=scoring)
     engine = OpenAIRemoteEngine(garbage_endpoint, SERVED, token=TOKEN, concurrency=1, retries=1, backoff_seconds=0.01)
-    judge = Judge(spec, engine, log_path=tmp_path / "judge.jsonl")
-    GarbageHandler.answers = list(GARBAGE)  # from here on (the judge's load-time scale check got "{}")
+    if scoring == "probabilities":  # the load probe reads no score mass from "{}": such a judge refuses to start
+        with pytest.raises(JudgeProbeError, match="malformed completion"):
+            Judge(spec, engine, log_path=tmp_path / "refused.jsonl")
+    # Loaded while a real endpoint answered; the garbage comes after.
+    answering = OpenAIRemoteEngine.from_judge_spec(judge_spec(server.url, token_file, scoring=scoring))
+    judge = Judge(spec, answering, log_path=tmp_path / "judge.jsonl")
+    judge.engine = engine
+    GarbageHandler.answers = list(GARBAGE)
     samples = SAMPLES + [RewardSample(prompt="What is 2 x 2?", completion="4", reference="4", group=2)]
     try:
         scores = judge(samples)
     finally:
-        judge.close(), engine.close()
+        judge.close(), engine.close(), answering.close()
     assert scores == [0.5, 0.5, 0.5]
     assert judge.outcomes == {"ok": 0, "parse_error": 3, "timeout": 0}
     errors = [r["errors"][0] for r in read_log(tmp_path / "judge.jsonl")]
