@@ -38,7 +38,9 @@ def engine(demo_model_dir):
         demo_model_dir,
         model_name="student",
         kv_cache_bytes=GIB,
-        max_model_len=512,
+        # A judge's group prompt (two answers, the instructions restated after them) is about 500 tokens,
+        # and the judge keeps room for its answer inside the window (judge/window.py).
+        max_model_len=1024,
         dtype="float32",
         seed=0,
         enable_lora=True,
