@@ -124,18 +124,19 @@ class ToolEnvironment(ABC):
             turn = await client.chat(list(messages), tools)
             episode.turns += 1
             messages.append(turn.message())
-            if turn.sampled is not None and turn.sampled.finish_reason == "length":
-                # Cut at max_new_tokens: an unfinished call is not a malformed one; the episode ends here.
-                episode.cut_turns += 1
-                break
-            for number, error in enumerate(turn.tool_call_errors, start=1):
+            cut = turn.sampled is not None and turn.sampled.finish_reason == "length"
+            episode.cut_turns += cut
+            # A turn cut at max_new_tokens keeps what it completed: its whole calls run and, with none, its
+            # text is the answer. A call the cut left unfinished is not a malformed one.
+            errors = [] if cut else turn.tool_call_errors
+            for number, error in enumerate(errors, start=1):
                 episode.malformed_calls += 1
                 messages.append(
                     ToolMessage(
                         tool_call_id=f"malformed_{episode.turns}_{number}", content=f"error: {error}", error=True
                     )
                 )
-            if not turn.tool_calls and not turn.tool_call_errors:
+            if not turn.tool_calls and not errors:
                 episode.final_text = turn.text
                 break
             for call in turn.tool_calls:

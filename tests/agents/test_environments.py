@@ -8,6 +8,7 @@ argument checks and rewards.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import re
 from typing import Callable
@@ -20,7 +21,7 @@ from appliance.agents.envs.email_search import EmailSearchEnvironment
 from appliance.agents.envs.game2048 import Game2048Environment, GameState, slide, slide_row_left
 from appliance.agents.envs.mailbox import generate_mailbox
 from appliance.agents.toolcalls import parse_tool_calls
-from appliance.agents.trajectory import AssistantMessage, Message, ToolMessage, UserMessage
+from appliance.agents.trajectory import AssistantMessage, Message, Sampled, ToolMessage, UserMessage
 
 
 class ScriptedClient:
@@ -354,3 +355,27 @@ def test_email_search_counts_a_stated_fact_not_a_substring():
     # every date of a year listed: the fact is in there, but that is a dump, not an answer
     dump = " ".join(f"2026-03-{day:02d}" for day in range(1, 29))
     assert "2026-03-14" in dump and not states_fact(dump, "2026-03-14")
+
+
+class CutClient(ScriptedClient):
+    """Every turn is cut at max_new_tokens (finish_reason "length"), as a model that rambles on is."""
+
+    async def chat(self, messages: list[Message], tools: list[dict]) -> AssistantTurn:
+        turn = await super().chat(messages, tools)
+        return dataclasses.replace(turn, sampled=Sampled(token_ids=[1], logprobs=[-0.5], finish_reason="length"))
+
+
+def test_a_turn_cut_after_a_whole_call_runs_the_call_and_the_answer_still_counts():
+    def rambling(messages: list[Message]) -> str:  # a whole call, then the start of another, cut
+        tool = last_tool(messages)
+        if tool is not None and not tool.error:
+            return f"The product is <answer>{tool.content}</answer> and so on and"
+        return calculator_policy(messages) + ' then <tool_call>{"name": "multi'
+
+    environment = CalculatorEnvironment()
+    scenario = environment.scenarios("train", 1, seed=3)[0]
+    trajectory = asyncio.run(environment.rollout(CutClient(rambling), scenario))
+
+    assert trajectory.metrics["tool_calls"] == 1.0 and trajectory.metrics["malformed_calls"] == 0.0
+    assert trajectory.metrics["cut_turns"] == 2.0
+    assert trajectory.metrics["success"] == 1.0 and trajectory.reward > 0
