@@ -20,6 +20,10 @@ class ApplianceError(Exception):
     http_status = 400
 
 
+class UsageError(ApplianceError):
+    """A command-line option the command cannot use; the message names the option and a valid example."""
+
+
 class DiskFullError(ApplianceError):
     """A checkpoint could not be written for lack of disk space; the previous checkpoint is intact."""
 

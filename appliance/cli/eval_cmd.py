@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from appliance.cli.main import EXIT_BAD_INPUT, EXIT_OK, add_data_dir, data_dir_of
+from appliance.errors import ApplianceError, UsageError
 
 
 def register(subparsers) -> None:
@@ -48,39 +49,29 @@ def adapter_folder(path: Path) -> Path:
     for candidate in (path, path / "adapter"):
         if (candidate / "adapter_model.safetensors").is_file():
             return candidate
-    raise FileNotFoundError(f"{path} holds no adapter_model.safetensors (give a checkpoint, adapter or best/ folder)")
+    raise UsageError(
+        f"--adapter {path} holds no adapter_model.safetensors (give a checkpoint, adapter or best/ folder)"
+    )
 
 
 def _eval(args) -> int:
     from appliance.config.checks import load_checked_job
-    from appliance.config.load import JobFileError
     from appliance.conventions import JUDGE_REWARD
-    from appliance.grpo.evaluate import EvalSampling, evaluate_student
+    from appliance.grpo.evaluate import evaluate_student
     from appliance.grpo.student import Student
     from appliance.models.loading import default_device
-    from appliance.models.store import ModelStoreError, resolve_model
+    from appliance.models.store import resolve_model
     from appliance.rewards.registry import build_rewards
-    from appliance.tasks.base import TaskError
     from appliance.tasks.jsonl import load_jsonl_problems
     from appliance.tasks.load import load_task
 
     data_dir = data_dir_of(args)
     try:
         spec = load_checked_job(args.file, data_dir)
-    except (JobFileError, ValueError) as error:
+        how = _sampling(args, spec)
+    except ApplianceError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    temperature = spec.checkpoint.eval_temperature if args.temperature is None else args.temperature
-    samples = spec.checkpoint.eval_samples if args.samples is None else args.samples
-    try:
-        how = EvalSampling(temperature, samples, spec.grpo.seed)
-    except ValueError as error:
-        print(
-            f"error: --temperature {temperature:g} with --samples {samples} (or the job's checkpoint.eval_temperature"
-            f" / eval_samples): {error}",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_INPUT
+        return error.exit_code
     if spec.task.environment is not None:
         return _eval_agent(args, spec, data_dir, how)
     try:
@@ -90,9 +81,9 @@ def _eval(args) -> int:
         student = Student(spec.student, resolve_model(spec.student.model, data_dir), default_device())
         if adapter:
             student.load_adapter(adapter)
-    except (JobFileError, ModelStoreError, TaskError, FileNotFoundError, ValueError) as error:
+    except ApplianceError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return error.exit_code
     problems = [p for p in problems if p.answer is not None][: args.limit]  # no reference: no accuracy
     rewards = build_rewards([r for r in spec.rewards if r.name != JUDGE_REWARD], args.file.resolve().parent)
     result = evaluate_student(
@@ -101,14 +92,28 @@ def _eval(args) -> int:
     return _report(args, spec, adapter, result, "problems", "accuracy")
 
 
+def _sampling(args, spec):
+    """How to draw: --temperature / --samples over the job's checkpoint.eval_temperature / eval_samples."""
+    from appliance.grpo.evaluate import EvalSampling
+
+    temperature = spec.checkpoint.eval_temperature if args.temperature is None else args.temperature
+    samples = spec.checkpoint.eval_samples if args.samples is None else args.samples
+    try:
+        return EvalSampling(temperature, samples, spec.grpo.seed)
+    except ValueError as error:  # EvalSampling's own check, worded here with the flags that set it
+        raise UsageError(
+            f"--temperature {temperature:g} with --samples {samples} (or the job's checkpoint.eval_temperature"
+            f" / eval_samples): {error}"
+        ) from None
+
+
 def _eval_agent(args, spec, data_dir: Path, how) -> int:
     """Success of whole episodes on held-out scenarios of the job's in-process environment."""
-    from appliance.agents.environment import AgentEnvironmentError
     from appliance.agents.source import build_environment
     from appliance.grpo.evaluate import AGENT_EVAL_SCENARIOS, evaluate_agent_student
     from appliance.grpo.student import Student
     from appliance.models.loading import default_device
-    from appliance.models.store import ModelStoreError, resolve_model
+    from appliance.models.store import resolve_model
 
     if args.data:
         print(
@@ -123,9 +128,9 @@ def _eval_agent(args, spec, data_dir: Path, how) -> int:
         student = Student(spec.student, resolve_model(spec.student.model, data_dir), default_device())
         if adapter:
             student.load_adapter(adapter)
-    except (AgentEnvironmentError, ModelStoreError, FileNotFoundError, ValueError) as error:
+    except ApplianceError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return error.exit_code
     scenarios = args.limit or spec.checkpoint.eval_limit or AGENT_EVAL_SCENARIOS
     result = evaluate_agent_student(
         student, environment, scenarios, spec.grpo.max_new_tokens, use_adapter=adapter is not None, how=how

@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from appliance.cli.main import EXIT_BAD_INPUT, EXIT_OK, add_data_dir, data_dir_of
+from appliance.cli.main import EXIT_OK, add_data_dir, data_dir_of
+from appliance.errors import ApplianceError, UsageError
 
 MODES = ("pointwise", "group")
 SCORINGS = ("auto", "probabilities", "generate")
@@ -44,15 +45,12 @@ def _choices(value: str | None, allowed: tuple[str, ...], option: str, default: 
     values = [v.strip() for v in (value or default).split(",") if v.strip()]
     wrong = [v for v in values if v not in allowed]
     if wrong or not values:
-        raise ValueError(f"{option}: {', '.join(wrong) or '(empty)'} is not one of {', '.join(allowed)}")
+        raise UsageError(f"{option}: {', '.join(wrong) or '(empty)'} is not one of {', '.join(allowed)}")
     return values
 
 
 def _eval(args) -> int:
-    from appliance.config.load import JobFileError
-    from appliance.errors import ApplianceError
     from appliance.judge.harness import evaluate_judge, format_table, load_rows, shipped_set_path
-    from appliance.models.store import ModelStoreError
 
     data_dir = data_dir_of(args)
     try:
@@ -61,11 +59,11 @@ def _eval(args) -> int:
         modes = _choices(args.mode, MODES, "--mode", spec.mode)
         scorings = _choices(args.scoring, SCORINGS, "--scoring", spec.scoring)
         if not 0.0 <= args.threshold <= 1.0:
-            raise ValueError(f"--threshold must be between 0 and 1, got {args.threshold}")
+            raise UsageError(f"--threshold must be between 0 and 1, got {args.threshold}")
         engine = _judge_engine(spec, job, data_dir)
-    except (ApplianceError, JobFileError, ModelStoreError, ValueError, FileNotFoundError) as error:
+    except ApplianceError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return error.exit_code
     from appliance.judge.judge import Judge
 
     reports = []
@@ -83,7 +81,7 @@ def _eval(args) -> int:
                 )
     except ApplianceError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return error.exit_code
     finally:
         engine.close()
     if args.json:
@@ -113,7 +111,7 @@ def _judge_spec(args, data_dir: Path):
         return JudgeSpec(model=DEFAULT_JUDGE_MODEL), None
     job = load_checked_job(args.job, data_dir)
     if job.judge is None:
-        raise ValueError(f"{args.job}: the job has no 'judge' section to evaluate")
+        raise UsageError(f"--job {args.job}: the job has no 'judge' section to evaluate")
     return job.judge, job
 
 

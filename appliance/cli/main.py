@@ -45,6 +45,20 @@ def data_dir_of(args: argparse.Namespace):
     return Path(args.data_dir) if getattr(args, "data_dir", None) else default_data_dir()
 
 
+def size_option(option: str, text: str) -> int:
+    """A size option in bytes ('64MiB' -> 67108864), or a UsageError naming the option.
+
+    parse_bytes stays a ValueError-raising value parser: the job file's pydantic validators use it too.
+    """
+    from appliance.config.sizes import parse_bytes
+    from appliance.errors import UsageError
+
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise UsageError(f"{option}: {error}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance", description="On-premise GRPO training appliance.")
     parser.add_argument("--version", action="version", version=f"appliance {__version__}")

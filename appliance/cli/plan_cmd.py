@@ -13,12 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from appliance.errors import ApplianceError
 from appliance.cli.main import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, add_data_dir, data_dir_of
-
-
-class PlanInputError(ApplianceError):
-    """Bad command-line input; the message says what to change."""
+from appliance.errors import ApplianceError, UsageError
 
 
 def register(subparsers) -> None:
@@ -58,7 +54,7 @@ def _overrides(items: list[str]) -> dict[str, Path]:
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise PlanInputError(f"--model-config '{item}': write NAME=path/to/config.json")
+            raise UsageError(f"--model-config '{item}': write NAME=path/to/config.json")
         overrides[name] = Path(path)
     return overrides
 
@@ -83,7 +79,7 @@ def resolve_config(key: str, reference: str, data_dir: Path, overrides: dict[str
     fixture = fixture_for(reference)
     if fixture is not None:
         return load_config(fixture), f"shipped shape {fixture.stem}"
-    raise PlanInputError(
+    raise UsageError(
         f"{key}: no config.json for '{reference}' ({store_problem}; no shipped shape matches: "
         f"{', '.join(fixture_names())}); pass --model-config {reference}=path/to/config.json"
     )
@@ -91,25 +87,21 @@ def resolve_config(key: str, reference: str, data_dir: Path, overrides: dict[str
 
 def _device(args):
     from appliance.budget.device import DeviceInfo, probe_device
-    from appliance.config.sizes import parse_bytes
+    from appliance.cli.main import size_option
 
     if args.device_memory:
-        try:
-            total = parse_bytes(args.device_memory)
-        except ValueError as exc:
-            raise PlanInputError(f"--device-memory: {exc}") from None
+        total = size_option("--device-memory", args.device_memory)
         if total <= 0:
-            raise PlanInputError("--device-memory: the device size must be above zero")
+            raise UsageError("--device-memory: the device size must be above zero")
         return DeviceInfo(args.device or "cuda", total, 0, "(--device-memory)")
     try:
         return probe_device(args.device)
     except RuntimeError as exc:
-        raise PlanInputError(str(exc)) from None
+        raise UsageError(str(exc)) from None
 
 
 def _measured_prompt_tokens(job, file: Path, data_dir: Path) -> int | None:
     """The job's longest prompt with the student's chat template, when its tokenizer and dataset are here."""
-    from appliance.errors import ApplianceError
     from appliance.grpo.prompt_lengths import measure_prompt_tokens
     from appliance.models.store import resolve_model
 
@@ -122,7 +114,6 @@ def _measured_prompt_tokens(job, file: Path, data_dir: Path) -> int | None:
 
 def _plan(args) -> int:
     from appliance.budget.devices import plan_devices, refusal
-    from appliance.budget.shapes import ShapeError
     from appliance.config.load import JobFileError, load_job
 
     try:
@@ -142,9 +133,9 @@ def _plan(args) -> int:
             job, student_config, judge_config, device, prompt_tokens=_measured_prompt_tokens(job, args.file, data_dir)
         )
         plan = devices[0].plan  # student rank 0: the whole job on a single device
-    except (PlanInputError, ShapeError, ValueError) as exc:
+    except ApplianceError as exc:
         print(f"error: {args.file}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exc.exit_code
     if args.json:
         document = plan.to_dict()
         document["file"] = str(args.file)

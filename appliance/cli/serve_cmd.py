@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from appliance.cli.main import EXIT_BAD_INPUT, add_data_dir, data_dir_of
+from appliance.cli.main import add_data_dir, data_dir_of, size_option
 
 
 def register(subparsers) -> None:
@@ -101,7 +101,6 @@ def _add_submission_options(parser) -> None:
 
 
 def _serve(args) -> int:
-    from appliance.config.sizes import parse_bytes
     from appliance.errors import ApplianceError
     from appliance.metrics.server import parse_metrics_addr
     from appliance.service.client import default_socket
@@ -111,7 +110,7 @@ def _serve(args) -> int:
     try:
         host, port = parse_metrics_addr(args.metrics_addr)
         control_addr = _control_addr(args.control_addr) if args.control_addr else None
-        max_upload = parse_bytes(args.max_upload)
+        max_upload = size_option("--max-upload", args.max_upload)
         options = DaemonOptions(
             data_dir=data_dir_of(args),
             dataset_roots=tuple(args.dataset_root),
@@ -130,13 +129,15 @@ def _serve(args) -> int:
             control_token_file=args.control_token_file,
             admin_group=args.admin_group,
         )
-    except (ApplianceError, ValueError) as error:
+    except ApplianceError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return error.exit_code
 
 
 def _control_addr(text: str) -> tuple[str, int]:
+    from appliance.errors import UsageError
+
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise ValueError(f"--control-addr '{text}' is not HOST:PORT with a port 1-65535; for example 127.0.0.1:9470")
+        raise UsageError(f"--control-addr '{text}' is not HOST:PORT with a port 1-65535; for example 127.0.0.1:9470")
     return host.strip("[]"), int(port)

@@ -12,10 +12,10 @@ import traceback
 from pathlib import Path
 
 from appliance import __version__
-from appliance.cli.main import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, add_data_dir, data_dir_of
+from appliance.cli.main import EXIT_FAILURE, EXIT_OK, add_data_dir, data_dir_of
 from appliance.cli.terminal import Terminal
 from appliance.config.checks import load_checked_job
-from appliance.errors import ApplianceError, DiskFullError, JobStopped
+from appliance.errors import ApplianceError
 from appliance.metrics.server import parse_metrics_addr
 
 
@@ -83,20 +83,18 @@ def _train(args) -> int:
 
     data_dir, rank = data_dir_of(args), launched_rank()
     try:
-        spec = load_checked_job(args.file, data_dir)
         metrics_address = parse_metrics_addr(args.metrics_addr) if args.metrics_addr else None
+        spec = load_checked_job(args.file, data_dir)
         if rank is None and (spec.resources.world_size > 1 or args.nnodes or args.node_rank):
             return _launch(args, spec, data_dir)
         job_dir = _rank_job_dir(data_dir, spec, rank) if rank is not None else _job_dir(args, spec, data_dir)
-    except (ApplianceError, ValueError) as error:
-        return _refused(error, EXIT_BAD_INPUT)
+    except ApplianceError as error:
+        return _refused(error, error.exit_code)
     progress = Progress(job_dir, spec, rank, args.verbose, metrics_address, data_dir)
     try:
         _run(args, spec, data_dir, job_dir, progress)
-    except (DiskFullError, JobStopped) as error:
-        return _refused(error, EXIT_FAILURE)
-    except ApplianceError as error:
-        return _refused(error, EXIT_BAD_INPUT if progress.terminal.steps_seen == 0 else EXIT_FAILURE)
+    except ApplianceError as error:  # the same kind can be input to correct or, once steps ran, a failed run
+        return _refused(error, error.exit_code if progress.terminal.steps_seen == 0 else EXIT_FAILURE)
     except Exception as error:  # the last complete checkpoint stays; say how to continue
         return _crashed(error, args.file, job_dir, progress.terminal.last_step)
     finally:
@@ -220,7 +218,7 @@ def _launch(args, spec, data_dir: Path) -> int:
         if not shape.node_rank:
             job_dir = prepare_job_dir(data_dir, spec, resume=args.resume, restart=args.restart)
     except ApplianceError as error:
-        return _refused(error, EXIT_BAD_INPUT)
+        return _refused(error, error.exit_code)
     print(
         f"starting {shape.nproc_per_node} rank(s) on this box"
         + (f" (node {shape.node_rank} of {shape.nnodes})" if shape.nnodes > 1 else ""),

@@ -147,9 +147,11 @@ class Student:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
+        from appliance.grpo.checkpoint import CheckpointError
+
         state = load_file(str(Path(folder) / "adapter_model.safetensors"), device=str(self.device))
         result = set_peft_model_state_dict(self.model, state)
         if getattr(result, "unexpected_keys", None):
-            raise ValueError(
+            raise CheckpointError(
                 f"adapter in {folder} does not match this student: unexpected {result.unexpected_keys[:3]}"
             )

@@ -8,6 +8,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
+from appliance.errors import UsageError
 from appliance.metrics.registry import TrainingMetrics
 
 DEFAULT_HOST = "127.0.0.1"
@@ -38,7 +39,7 @@ def parse_metrics_addr(text: str) -> tuple[str, int]:
     """'HOST:PORT', ':PORT' or '[::1]:PORT' -> (host, port); a clear error for anything else."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(
+        raise UsageError(
             f"--metrics-addr '{text}' is not HOST:PORT with a port 0-65535; for example {DEFAULT_HOST}:{DEFAULT_PORT}"
         )
     host = host.strip("[]") or DEFAULT_HOST

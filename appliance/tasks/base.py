@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 
-class TaskError(ApplianceError, ValueError):
+class TaskError(ApplianceError):
     """The task section or its dataset is unusable; the message names the key, file or line to fix."""
 
 

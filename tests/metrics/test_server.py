@@ -7,6 +7,7 @@ import urllib.request
 
 import pytest
 
+from appliance.errors import UsageError
 from appliance.metrics import parse_metrics_addr, serve_metrics
 
 
@@ -44,5 +45,5 @@ def test_metrics_addr_is_host_and_port(text, expected):
 
 @pytest.mark.parametrize("text", ["9464", "127.0.0.1", "127.0.0.1:http", "127.0.0.1:70000", ""])
 def test_a_bad_metrics_addr_names_the_flag_and_an_example(text):
-    with pytest.raises(ValueError, match="--metrics-addr .* is not HOST:PORT .* for example 127.0.0.1:9464"):
+    with pytest.raises(UsageError, match="--metrics-addr .* is not HOST:PORT .* for example 127.0.0.1:9464"):
         parse_metrics_addr(text)
