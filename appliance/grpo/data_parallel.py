@@ -108,7 +108,7 @@ class RankTrainer(Trainer):
             raise DistributedError(
                 "resources.sharding: fsdp is planned (appliance plan) but not trained yet; use sharding: ddp"
             )
-        self.stream = RankStream(self.stream, rank)
+        self.source.stream = RankStream(self.source.stream, rank)
         self.updater.reducer = GradientReducer()
         GradientReducer.broadcast_parameters(self.student.trainable_parameters())
         if not rank.is_main:
@@ -130,8 +130,8 @@ class RankTrainer(Trainer):
         # Every rank's share in rank order: the rollout one rank with the whole batch would have made.
         return concat_rollouts(distributed.gather(self._local))
 
-    def _sampling(self):
-        sampling = super()._sampling()  # each rank draws its own completions, the same on every resume
+    def _sampling(self, step: int):
+        sampling = super()._sampling(step)  # each rank draws its own completions, the same on every resume
         return dataclasses.replace(sampling, seed=(sampling.seed + 7919 * self.rank.rank) % (2**31 - 1))
 
     def _update(self, scored) -> UpdateStats:

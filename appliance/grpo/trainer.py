@@ -22,7 +22,6 @@ import torch
 
 from appliance.config import best as best_rule
 from appliance.config.schema import JobSpec
-from appliance.conventions import JUDGE_REWARD
 from appliance.engines.base import GenerationEngine, Sampling
 from appliance.errors import JobStopped
 from appliance.grpo.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager
@@ -30,17 +29,16 @@ from appliance.grpo.hooks import RunHooks
 from appliance.grpo.optim import make_optimizer, make_scheduler
 from appliance.grpo.phases import PhaseClock
 from appliance.grpo.records import RunRecords
-from appliance.grpo.rollout import ScoredRollout, generate_groups, score_groups, scored_rollout
-from appliance.grpo.sampling import PromptSkipper, SamplingRounds, round_seed
+from appliance.grpo.rollout import ScoredRollout
+from appliance.grpo.sources import AgentSource, PromptSource, RolloutSource, rule_rewards
 from appliance.grpo.step_record import MemoryReading, RewardStats, RunEvent, StepRecord
 from appliance.grpo.student import Student
 from appliance.grpo.time_share import enter_phase
 from appliance.grpo.training_state import UpdateSnapshot, load_payload, write_adapter, write_payload
-from appliance.grpo.trajectories import AgentJob, ScoredTrajectories, score_trajectories
+from appliance.grpo.trajectories import AgentJob, ScoredTrajectories
 from appliance.grpo.update import GrpoUpdater, UpdateStats
 from appliance.rewards.registry import WeightedReward
 from appliance.tasks.base import Task
-from appliance.tasks.stream import ProblemStream
 
 SAMPLES_PER_STEP = 8  # completions recorded in samples.jsonl per step (bounded)
 # Steps in a row whose update was skipped for a NaN/inf loss or gradient before the job stops.
@@ -96,11 +94,7 @@ class Trainer:
         self.judge = judge
         self.ledger = ledger
         self.plan = plan
-        self.agent = agent  # an agent job: trajectory groups from agent.source instead of task prompts
         self.hooks = hooks or RunHooks()
-        self.stream = ProblemStream(task.train, seed=spec.task.seed) if task is not None else None
-        after = spec.grpo.skip_settled_after
-        self.skipper = PromptSkipper(self.stream, after) if self.stream is not None and after else None
         self.optimizer = make_optimizer(student.trainable_parameters(), spec.grpo, choices.device)
         self.scheduler = make_scheduler(self.optimizer, spec.grpo)
         self.updater = GrpoUpdater(
@@ -108,6 +102,11 @@ class Trainer:
         )
         self.checkpoints = CheckpointManager(self.job_dir, spec.checkpoint.keep_last)
         self.records = RunRecords(self.job_dir, on_log=lambda line: self.on_event("log", line=line))
+        self.source: RolloutSource = (  # an agent job: trajectory groups from agent.source instead of task prompts
+            AgentSource(spec, agent, student.tokenizer, rewards, self.records.log)
+            if agent is not None
+            else PromptSource(spec, task, engine, rewards, self._sampling)
+        )
         self.best_metric, self.best_mode = best_rule.resolve(
             spec.checkpoint.best_metric, spec.checkpoint.best_mode, best_rule.evaluation_every(spec) is not None
         )
@@ -116,8 +115,6 @@ class Trainer:
         self.micro_batch_size = choices.micro_batch_size
         self.nonfinite_in_a_row = 0
         self.last_record: StepRecord | None = None
-        self.prompts_skipped = 0  # prompts the data order passed over this step (skip_settled_after)
-        self.sampling_rounds = 1  # generation rounds of this step (dynamic_sampling)
 
     def on_event(self, kind: str, **data) -> None:
         self.hooks.on_event(RunEvent(kind=kind, step=self.step, data=data, time=time.time()))
@@ -134,10 +131,7 @@ class Trainer:
                 if missing:
                     raise CheckpointError(f"missing {', '.join(missing)}")
                 load_payload(info.path, self.student, self.optimizer, self.scheduler)
-                if self.stream is not None:  # an agent job's scenarios follow from the step number alone
-                    self.stream.load_state_dict(info.state["data_cursor"])
-                if self.skipper is not None:
-                    self.skipper.load_state_dict(info.state.get("skipped_prompts", {}))
+                self.source.load_state(info.state)
             except Exception as error:  # noqa: BLE001 - any unreadable file means: use the previous one
                 problems.append(f"{info.path.name}: {type(error).__name__}: {error}")
                 self.records.log(
@@ -182,7 +176,7 @@ class Trainer:
         if self.judge is not None:
             self.judge.set_step(self.step + 1)
         before = self._token_totals()
-        scored = self._agent_rollout(clock) if self.agent is not None else self._rollout(clock)
+        scored = self._rollout(clock)
         with clock.phase("train"):
             stats = self._update(scored)
         self.step += 1
@@ -203,61 +197,17 @@ class Trainer:
         self._check_finite(record)
         return record
 
-    def _rollout(self, clock: PhaseClock) -> ScoredRollout:
-        """One generation round, or with dynamic sampling rounds until the batch is full of informative groups."""
-        grpo = self.spec.grpo
-        rounds = SamplingRounds(grpo.prompts_per_step, grpo.max_sampling_rounds if grpo.dynamic_sampling else 1)
-        self.prompts_skipped = 0
-        while rounds.wants_more():
-            rounds.add(self._rollout_round(clock, len(rounds.rounds)))
-        self.sampling_rounds = len(rounds.rounds)
-        return rounds.rollout()
+    def _rollout(self, clock: PhaseClock) -> ScoredRollout | ScoredTrajectories:
+        return self.source.rollout(clock, self.step + 1)
 
-    def _rollout_round(self, clock: PhaseClock, index: int) -> ScoredRollout:
-        count = self.spec.grpo.prompts_per_step
-        problems = self.skipper.next_batch(count) if self.skipper is not None else self.stream.next_batch(count)
-        self.prompts_skipped += self.skipper.skipped_last_batch if self.skipper is not None else 0
-        sampling = self._sampling()
-        sampling = dataclasses.replace(sampling, seed=round_seed(sampling.seed, index)) if index else sampling
-        with clock.phase("generate"):
-            prompts, groups = generate_groups(self.engine, self.task, problems, sampling)
-        with clock.phase("reward"):
-            scores = score_groups(problems, groups, self.rewards)
-        scored = scored_rollout(problems, prompts, groups, scores, self.spec.grpo.scale_rewards)
-        if self.skipper is not None:
-            self.skipper.observe(problems, scored.advantages.informative.tolist())
-        return scored
-
-    def _agent_rollout(self, clock: PhaseClock) -> ScoredTrajectories:
-        grpo = self.spec.grpo
-        with clock.phase("generate"):
-            groups = self.agent.source.collect(self.step + 1, grpo.prompts_per_step, grpo.group_size)
-        with clock.phase("reward"):
-            scored = score_trajectories(
-                self.agent.environment,
-                groups,
-                self.student.tokenizer,
-                self.rewards,
-                grpo.scale_rewards,
-                self.agent.max_tokens,
-                self.spec.task.mask_truncated,
-                self.step + 1,
-            )
-        if scored.truncated:
-            self.records.log(
-                f"step {self.step + 1}: {scored.truncated} trajectories were longer than the planned "
-                f"{self.agent.max_tokens} tokens and were cut there"
-            )
-        return scored
-
-    def _sampling(self) -> Sampling:
+    def _sampling(self, step: int) -> Sampling:
         grpo = self.spec.grpo
         return Sampling(
             max_new_tokens=grpo.max_new_tokens,
             n=grpo.group_size,
             temperature=grpo.temperature,
             top_p=grpo.top_p,
-            seed=sampling_seed(grpo.seed, self.step + 1),
+            seed=sampling_seed(grpo.seed, step),
         )
 
     def _update(self, scored: ScoredRollout | ScoredTrajectories) -> UpdateStats:
@@ -340,21 +290,7 @@ class Trainer:
         from appliance.grpo import evaluate as held_out
 
         how = held_out.EvalSampling.of(self.spec.checkpoint, self.spec.grpo.seed)
-        max_new_tokens = self.spec.grpo.max_new_tokens
-        engine = self._policy_engine(adapter)
-        if self.agent is not None:
-            environment = self.agent.evaluation_environment
-            scenarios = limit or held_out.AGENT_EVAL_SCENARIOS
-            if engine is not None:
-                return held_out.evaluate_environment(environment, engine, scenarios, max_new_tokens, how)
-            return held_out.evaluate_agent_student(self.student, environment, scenarios, max_new_tokens, adapter, how)
-        problems = self.task.held_out[:limit] if limit else self.task.held_out
-        rewards = self.rewards_for_eval()
-        if engine is not None:
-            return held_out.evaluate(engine, self.task, problems, rewards, max_new_tokens, how=how)
-        return held_out.evaluate_student(
-            self.student, self.task, problems, rewards, max_new_tokens, use_adapter=adapter, how=how
-        )
+        return self.source.evaluate(self.student, self._policy_engine(adapter), adapter, limit, how)
 
     def _policy_engine(self, adapter: bool) -> GenerationEngine | None:
         """The rollout engine when it holds exactly the policy to evaluate, else None (evaluate the student).
@@ -381,9 +317,7 @@ class Trainer:
         return summary
 
     def has_held_out(self) -> bool:
-        if self.agent is not None:
-            return self.agent.evaluation_environment is not None
-        return bool(self.task.held_out)
+        return self.source.has_held_out()
 
     def _keep_best(self, record: StepRecord) -> None:
         """best/ follows the best metric at every step that measures it (every step, or every evaluation)."""
@@ -398,7 +332,7 @@ class Trainer:
 
     def rewards_for_eval(self) -> list[WeightedReward]:
         """Rule rewards only: evaluation does not spend judge calls."""
-        return [reward for reward in self.rewards if reward.name != JUDGE_REWARD]
+        return rule_rewards(self.rewards)
 
     # ----- the record ---------------------------------------------------------------------------
 
@@ -479,28 +413,28 @@ class Trainer:
             logprob_diff_max=stats.logprob_diff_max,
             judge_outcomes=dict(self.judge.outcomes) if self.judge is not None else {},
             groups_trained=int((scored.trained if isinstance(scored, ScoredRollout) else informative).sum()),
-            sampling_rounds=self.sampling_rounds,
-            prompts_skipped=self.prompts_skipped,
+            sampling_rounds=self.source.sampling_rounds,
+            prompts_skipped=self.source.prompts_skipped,
         )
 
     # ----- checkpoints --------------------------------------------------------------------------
 
     def save_checkpoint(self, record: StepRecord) -> Path:
+        kept = self.source.checkpoint_state(self.step)
         path = self.checkpoints.save(
             self.step,
             self._write_payload,
             {
                 "job": self.spec.name,
-                "data_cursor": self.stream.state_dict() if self.stream is not None else {"step": self.step},
+                "data_cursor": kept["data_cursor"],
                 "metrics": {k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))},
                 "best": self.best,
                 "micro_batch_size": self.micro_batch_size,
                 "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                "skipped_prompts": self.skipper.state_dict() if self.skipper is not None else {},
+                "skipped_prompts": kept["skipped_prompts"],
             },
         )
-        if self.agent is not None:
-            self.agent.source.checkpointed(self.step)  # submitted groups it trained need not be kept any more
+        self.source.checkpointed(self.step)
         self.on_event("checkpoint", path=str(path), best=False)
         return path
 
@@ -517,8 +451,7 @@ class Trainer:
 
     def close(self) -> None:
         """Release the engines (vLLM child processes, the judge's model); the trainer is unusable afterwards."""
-        if self.agent is not None:
-            self.agent.source.close()
+        self.source.close()
         if self.judge is not None:
             self.judge.close()
         for engine in self.engines():
