@@ -2,40 +2,10 @@
 
 A job with `task.environment: external` does not play rollouts itself. Its
 worker serves the student with its current adapter on an OpenAI-compatible
-`/v1/chat/completions` (engines/openai_server.py over the trainer's own
-engine), on loopback with a random per-job bearer token written 0600 to
-`<job>/endpoint.json` for the daemon, which hands it out through
-`GET /jobs/{id}/endpoint`. Agent code runs its rollouts against it and submits
-trajectory groups (`POST /jobs/{id}/trajectories`; the daemon forwards them to
-this endpoint's `POST /appliance/trajectories`), where the served-token ledger
-checks them (agents/ledger.py) and the accepted ones queue for `collect`.
-
-Nothing accepted is lost when the worker restarts (a crash, a pause and
-resume, a daemon restart): a submission is answered "accepted" only once its
-groups are on disk (agents/spool.py), and they leave the disk only once the
-step that trained them is checkpointed (`checkpointed`); a restarted worker
-queues them again. The ledger is kept in the job folder too
-(agents/ledger_file.py), so completions served before the restart can still
-be submitted after it, and forged or reused ones are still refused. The
-token stays the same for the life of the job and the port too when it is
-free (agents/endpoint_file.py); clients re-read both through the control API.
-
-Requests with `tools` get them described in the prompt exactly as in-process
-rollouts do (`toolcalls.template_messages`), and replies carry the parsed
-calls as OpenAI `tool_calls` (finish_reason "tool_calls"); `content` keeps the
-model's whole text, call markup included, so that sending the message back
-renders the very tokens the model wrote. Logprobs are those sampled.
-
-The trainer and the endpoint never use the model at once: the engine lock is
-held by the trainer from the end of one `collect` to the start of the next
-(the update and weight sync), so chat requests arriving then wait.
-
-The endpoint runs over whichever engine the trainer rolls out with
-(transformers, or vLLM on a GPU box): it renders with the engine's tokenizer
-and generates through `engine.generate`, so the ledger records the token ids
-and sampled logprobs of that engine, and each sync's adapter serves the next
-collect. vLLM's own OpenAI server is not used: it would bypass the gate and
-the ledger.
+`/v1/chat/completions` (loopback, a per-job bearer token in `<job>/endpoint.json`,
+handed out by `GET /jobs/{id}/endpoint`). Agents submit trajectory groups to
+it; the served-token ledger (agents/ledger.py) checks them and the accepted
+ones queue for `collect`.
 """
 
 from __future__ import annotations
@@ -102,7 +72,12 @@ def request_messages(messages: list[dict]) -> list[Message]:
 
 
 class EndpointHooks:
-    """The ChatHooks of an external job's endpoint: tools in the prompt, tool calls out, every reply in the ledger."""
+    """The ChatHooks of an external job's endpoint: tools in the prompt, tool calls out, every reply in the ledger.
+
+    Tools are described in the prompt exactly as in-process rollouts do (`toolcalls.template_messages`); replies
+    carry the parsed calls as OpenAI `tool_calls` while `content` keeps the model's whole text, call markup
+    included, so sending the message back renders the very tokens the model wrote.
+    """
 
     def __init__(self, source: "ExternalSource"):
         self.source = source
@@ -152,7 +127,13 @@ class SourceBusy(ApplianceError):
 
 
 class ExternalSource:
-    """A TrajectorySource fed by agents outside the job, through the student endpoint it serves."""
+    """A TrajectorySource fed by agents outside the job, through the student endpoint it serves.
+
+    Nothing accepted is lost when the worker restarts: a submission is answered "accepted" only once its groups
+    are on disk (agents/spool.py), and they leave the disk only once the step that trained them is checkpointed.
+    The ledger (agents/ledger_file.py), the token and, when free, the port (agents/endpoint_file.py) outlive a
+    restart too, so completions served before it can still be submitted and forged or reused ones are refused.
+    """
 
     def __init__(
         self,
@@ -185,7 +166,9 @@ class ExternalSource:
         self.accepted_total = 0
         self.stale_dropped = 0
         self._arrived = threading.Condition()
-        # Logprobs: those sampled; under `policy` every request is sampled as the job samples.
+        # Logprobs: those sampled; under `policy` every request is sampled as the job samples. Served through the
+        # trainer's own engine (not vLLM's OpenAI server, which would bypass the gate and the ledger), so the
+        # ledger records that engine's token ids and each sync's adapter serves the next collect.
         self.service = ChatService(engine, served_name, hooks=EndpointHooks(self), policy=policy)
         # Submissions are checked while the trainer updates: with a tokenizer of their own (a fast tokenizer
         # shared between threads can fail with "Already borrowed" when the engine pads a batch meanwhile).
@@ -193,6 +176,8 @@ class ExternalSource:
         self._submit_lock = threading.Lock()
         self._open_for_submissions = True
         self._closed = False
+        # The trainer and the endpoint never use the model at once: the trainer holds the engine lock from the
+        # end of one collect to the start of the next (update and sync); chat requests arriving then wait.
         self.service.lock.acquire()  # closed until the trainer's first collect
         self._gate_held = True
         previous = previous_endpoint(job_dir)

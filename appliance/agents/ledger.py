@@ -8,14 +8,7 @@ in the ledger that no earlier submission used, with the same text and
 logprobs; and, given the tokenizer, when the conversation before each turn
 renders to exactly the prompt that turn was served for. So an agent cannot
 train the student on text it did not generate (a forged or edited turn), on
-an edited context, or on one good completion twice. The first problem found
-is refused with the group, trajectory and turn it is in.
-
-The ledger is bounded (oldest entries go first); a job that keeps more
-completions unsubmitted than `capacity` loses the oldest. Given a file
-(agents/ledger_file.py) it is kept there too, so a restarted worker of the
-same job still accepts what the earlier one served and still refuses what it
-did not serve or what was already submitted.
+an edited context, or on one good completion twice.
 """
 
 from __future__ import annotations
@@ -66,7 +59,12 @@ def served_key(prompt_ids: list[int], token_ids: list[int]) -> bytes:
 
 
 class ServedLedger:
-    """Bounded record of served completions, optionally kept in a file (`path`); thread-safe."""
+    """Bounded record of served completions, optionally kept in a file (`path`); thread-safe.
+
+    The oldest entries go first: a job that keeps more completions unsubmitted than `capacity` loses the oldest.
+    Kept in a file (agents/ledger_file.py), it outlives the worker: a restarted worker of the same job still
+    accepts what the earlier one served and still refuses what it did not serve or what was already submitted.
+    """
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY, path: Path | None = None):
         if capacity < 1:

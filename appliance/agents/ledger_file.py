@@ -5,21 +5,11 @@ completion, with what the check needs:
 
     {"key": "<sha256 hex of prompt and completion ids>", "text": "...", "logprobs": [...], "step": 3}
 
-(the same completion served again, as two rollouts of a group may sample
-it, is one more line with the same key: it may then be submitted twice), and
-one line per accepted submission naming the completions it used, a key once
-per use:
+(the same completion served again is one more line with the same key: it may
+then be submitted twice), and one line per accepted submission naming the
+completions it used, a key once per use:
 
     {"used": ["<key>", ...]}
-
-A served line is written (not fsynced) before the reply leaves the endpoint,
-so it survives the worker's crash (the kernel has it) though not a power cut;
-a used line is fsynced before the submit call answers. Loading replays the
-lines in order into the bounded ledger; a line that does not parse (the last
-one, when a crash cut a write short) is skipped with a log line. The file is
-then rewritten with the entries kept (one line each, with `"served"` and
-`"used"` counts), and again whenever it grows past twice the ledger's capacity, so it
-stays bounded like the ledger.
 """
 
 from __future__ import annotations
@@ -75,7 +65,14 @@ def _valid(record: Any) -> bool:
 
 
 class LedgerFile:
-    """Appends and rewrites of one ledger file; its owner (ServedLedger) serialises the calls."""
+    """Appends and rewrites of one ledger file; its owner (ServedLedger) serialises the calls.
+
+    A served line is written (not fsynced) before the reply leaves the endpoint, so it survives the worker's
+    crash (the kernel has it) though not a power cut; a used line is fsynced before the submit call answers.
+    Loading replays the lines in order; a line that does not parse (a write cut short) is skipped with a log
+    line. The file is then rewritten with the entries kept (with "served" and "used" counts), and again whenever
+    it grows past twice the ledger's capacity, so it stays bounded like the ledger.
+    """
 
     def __init__(self, path: Path):
         self.path = Path(path)

@@ -6,24 +6,8 @@ An external-rollout job keeps each accepted group as one file in
     000000000012.json               accepted, waiting for a step
     000000000012.step-000007.json   taken by step 7 (renamed by `collect`)
 
-The number is the order of acceptance. A group is written under a temporary
-name, fsynced, renamed and the folder fsynced before the submit call answers,
-so an accepted group survives a crash right after the answer. `take` renames
-a step's groups and fsyncs the folder before the step trains; once step S is
-in a complete checkpoint, `drop_trained(S)` deletes the files taken by steps
-up to S.
-
-After a restart `load` gives every file back in acceptance order. The job
-resumes from its newest checkpoint R and asks for step R + 1 first: a group
-taken by a step after R is queued again (so the replayed steps train the same
-groups in the same order), and one taken by a step up to R was trained into
-that checkpoint and is deleted then (the crash fell between the checkpoint and
-`drop_trained`). When resume falls back past a damaged checkpoint to an older
-one, the groups of the steps in between were already deleted: those steps
-train on the next groups submitted instead.
-
-A file that cannot be read is renamed `*.damaged` (kept for inspection) with a
-log line, and the rest load.
+The number is the order of acceptance. Each change is fsynced, folder too,
+before it is answered or trained, so an accepted group survives a crash.
 """
 
 from __future__ import annotations
@@ -67,7 +51,15 @@ class GroupSpool:
         self._taken: dict[int, int] = {}  # number -> step, for the files named as taken
 
     def load(self) -> list[Spooled]:
-        """Every group on disk, in acceptance order (call once, before anything is added)."""
+        """Every group on disk, in acceptance order (call once, before anything is added).
+
+        The job resumes from its newest checkpoint R and asks for step R + 1 first: a group taken by a step after
+        R is queued again (the replayed steps train the same groups in the same order), and one taken by a step
+        up to R was trained into that checkpoint and is deleted (the crash fell between the checkpoint and
+        `drop_trained`). After a fallback past a damaged checkpoint, the groups of the steps in between are already
+        deleted: those steps train on the next groups submitted. An unreadable file is renamed `*.damaged` (kept
+        for inspection) with a log line, and the rest load.
+        """
         entries = []
         for path in sorted(self.folder.iterdir()):
             if is_temporary(path):

@@ -7,17 +7,6 @@ template is rendered up to i with the generation prompt, and after it without.
 What lies between is that turn; of it, the model's own text and the end-of-turn
 token are trained (mask 1) and the template's glue around it is context, as
 are system, user and tool segments.
-
-Each segment is tokenised on its own, except that an assistant turn an engine
-produced uses the token ids it sampled, verbatim, with their logprobs. When
-re-tokenising the rendered text of such a turn gives different ids (a
-non-canonical tokenisation was sampled), the sampled ids are the ones kept and
-the turn is counted in `drifted_turns`. When the client recorded the ids of the
-prompt each turn was generated from, the context just before the turn is those
-served ids (never a re-tokenisation of the same text), and `context_mismatches`
-counts the turns whose earlier tokens differ from that prompt (a sampled
-non-canonical tokenisation, which the next prompt re-tokenised), so "trains
-exactly as it was generated" is checked rather than assumed.
 """
 
 from __future__ import annotations
@@ -77,7 +66,15 @@ def _after(longer: str, prefix: str, what: str) -> str:
 
 
 def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajectory:
-    """Input ids, assistant mask and logprobs of `trajectory` under `tokenizer`'s chat template."""
+    """Input ids, assistant mask and logprobs of `trajectory` under `tokenizer`'s chat template.
+
+    Each segment is tokenised on its own, except that an assistant turn an engine produced keeps the token ids it
+    sampled, verbatim, with their logprobs. When re-tokenising such a turn's text gives other ids (a non-canonical
+    tokenisation was sampled), the sampled ids are kept and the turn counts in `drifted_turns`. When the client
+    recorded each turn's prompt ids, the context before the turn is those served ids, and `context_mismatches`
+    counts the turns whose earlier tokens differ from that prompt: "trains exactly as it was generated" is
+    checked rather than assumed.
+    """
     rendered = template_messages(trajectory.messages, trajectory.tools)
     shift = len(rendered) - len(trajectory.messages)  # 1 when a system message was added for the tools
     out = TokenizedTrajectory(input_ids=[], assistant_mask=[], logprobs=[])

@@ -1,28 +1,13 @@
 """A small OpenAI-compatible server over a local generation engine: /v1/models and /v1/chat/completions.
 
 It serves any `LocalEngine` (transformers or vLLM; a base model, or the
-student with its current adapter) with the request and response shapes of
-OpenAI's chat completions API and vLLM's extensions that the appliance's
-remote engine uses: `continue_final_message` / `add_generation_prompt` (an
-assistant prefill), `return_token_ids` (prompt and completion token ids) and
-`return_tokens_as_token_ids`. Requests are rendered with the engine's own
-tokenizer (its chat template) and generated with `engine.generate`, so the
-server knows nothing of which engine it runs on.
-
-`logprobs` are those the engine sampled with (what a trajectory trains on).
-Given a `TokenLogprobs` scorer (a transformers model: `serve_in_thread`),
-they are instead the model's raw next-token distribution at each generated
-position, with `top_logprobs` (as vLLM's own server returns them), computed
-in one forward pass over prompt and completion.
-
-It binds loopback (or a given host) only, optionally requires a bearer token,
-and serialises engine calls (the engines are not thread-safe).
-`serve_in_thread` starts it on a free port and returns a handle to stop it.
-
-Tool calls and the served-token ledger are not this module's business: a
-`ChatHooks` (agents/external.py) renders `tools` and tool messages into the
-prompt, reads tool calls out of each reply and records what was served; a
-server without hooks refuses requests that carry tools.
+student with its current adapter) with OpenAI's chat completions shapes and
+the vLLM extensions the appliance's remote engine uses
+(`continue_final_message` / `add_generation_prompt`, `return_token_ids`,
+`return_tokens_as_token_ids`). It renders with the engine's own tokenizer and
+generates with `engine.generate`, binds loopback (or a given host) only,
+optionally requires a bearer token, and serialises engine calls (the engines
+are not thread-safe). `serve_in_thread` starts it on a free port.
 """
 
 from __future__ import annotations
@@ -107,7 +92,11 @@ class _ServiceClosed(Exception):
 
 
 class ChatHooks(Protocol):
-    """What a server with tool calls and a ledger adds (see agents/external.py)."""
+    """What a server with tool calls and a ledger adds (see agents/external.py).
+
+    The hooks render `tools` and tool messages into the prompt, read tool calls out of each reply and record what
+    was served; a server without hooks refuses requests that carry tools.
+    """
 
     def template(self, messages: list[dict], tools: list[dict]) -> list[dict[str, str]]:
         """The request's messages as `{role, content}` dicts for the chat template, tools described."""
@@ -120,7 +109,12 @@ class ChatHooks(Protocol):
 
 
 class TokenLogprobs:
-    """Raw per-position log-probabilities of a completion under a transformers model."""
+    """Raw per-position log-probabilities of a completion under a transformers model.
+
+    Without a scorer `logprobs` are those the engine sampled with (what a trajectory trains on). With one
+    (`serve_in_thread` over a transformers model) they are the model's raw next-token distribution at each
+    generated position, with `top_logprobs` as vLLM's own server returns them, from one forward pass.
+    """
 
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer

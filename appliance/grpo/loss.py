@@ -1,30 +1,4 @@
-"""The GRPO policy loss and its four aggregation variants.
-
-Per token t of completion i (mask m_it = 1 on real completion tokens):
-
-    ratio_it = exp(logp_it - old_logp_it)
-    surrogate_it = min(ratio_it * A_i, clip(ratio_it, 1 - epsilon, 1 + epsilon_high) * A_i)
-    kl_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1          (k3 estimator, beta > 0 only)
-    l_it = -(surrogate_it * w_it) + beta * kl_it
-
-w_it is an optional truncated importance weight (rollouts sampled by another
-engine, e.g. vLLM); 1 otherwise. The variants differ only in how l_it is
-averaged over a batch of N completions:
-
-    grpo     mean over sequences of (mean over that sequence's tokens)
-             (1/N) sum_i (1/|o_i|) sum_t l_it          -- DeepSeekMath; favours long wrong answers
-                                                           (each token of a long one is penalised less)
-    bnpo     mean over every token of the (micro-)batch
-             sum_it l_it / sum_it m_it                   -- each micro-batch normalised by its own tokens
-    dr_grpo  sum over tokens divided by a constant: N * max_new_tokens
-             sum_it l_it / (N * L_max)                   -- Dr. GRPO, no length bias
-    dapo     sum over tokens divided by the tokens of the WHOLE step (all micro-batches)
-             sum_it l_it / T_step                        -- DAPO token-level loss
-
-With gradient accumulation, `normalizer` carries the step-wide quantity (N of
-the step for grpo/dr_grpo, T_step for dapo, the number of micro-batches for
-bnpo) so that the accumulated gradient equals that of one big batch.
-"""
+"""The GRPO policy loss and its four aggregation variants (grpo, bnpo, dr_grpo, dapo)."""
 
 from __future__ import annotations
 
@@ -56,7 +30,17 @@ class StepNormalizer:
 def per_token_loss(
     logp, old_logp, advantages, mask, epsilon, epsilon_high, beta=0.0, ref_logp=None, importance_weights=None
 ):
-    """l_it and the diagnostics. Shapes: logp/old_logp/mask/ref/weights [N, T], advantages [N]."""
+    """l_it and the diagnostics. Shapes: logp/old_logp/mask/ref/weights [N, T], advantages [N].
+
+    Per token t of completion i (mask m_it = 1 on real completion tokens):
+
+        ratio_it = exp(logp_it - old_logp_it)
+        surrogate_it = min(ratio_it * A_i, clip(ratio_it, 1 - epsilon, 1 + epsilon_high) * A_i)
+        kl_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1          (k3 estimator, beta > 0 only)
+        l_it = -(surrogate_it * w_it) + beta * kl_it
+
+    w_it is an optional truncated importance weight (rollouts sampled by another engine, e.g. vLLM); 1 otherwise.
+    """
     high = epsilon if epsilon_high is None else epsilon_high
     ratio = torch.exp(logp - old_logp)
     advantage = advantages.unsqueeze(1)
@@ -78,7 +62,19 @@ def per_token_loss(
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, loss_type: str, normalizer: StepNormalizer) -> torch.Tensor:
-    """Reduce l_it [N, T] of one micro-batch to its share of the step loss."""
+    """Reduce l_it [N, T] of one micro-batch to its share of the step loss.
+
+    The variants differ only in how l_it is averaged over a batch of N completions:
+
+        grpo     (1/N) sum_i (1/|o_i|) sum_t l_it   mean over sequences of their token mean (DeepSeekMath);
+                                                    favours long wrong answers (each token penalised less)
+        bnpo     sum_it l_it / sum_it m_it          each micro-batch normalised by its own tokens
+        dr_grpo  sum_it l_it / (N * L_max)          a constant divisor: Dr. GRPO, no length bias
+        dapo     sum_it l_it / T_step               the tokens of the whole step: DAPO's token-level loss
+
+    With gradient accumulation `normalizer` carries the step-wide quantity (N of the step for grpo/dr_grpo,
+    T_step for dapo, the number of micro-batches for bnpo), so the accumulated gradient equals one big batch's.
+    """
     mask = mask.to(loss.dtype)
     masked = loss * mask
     if loss_type == "grpo":

@@ -1,23 +1,7 @@
 """Which prompts a step generates for and which groups it trains on: no compute spent on groups without signal.
 
-Two options of the `grpo` section, both off by default:
-
-Dynamic sampling (`dynamic_sampling`, as DAPO does it). A group whose
-completions all earn the same reward has zero advantage everywhere and teaches
-nothing. The step keeps drawing `prompts_per_step` more prompts (a generation
-round) until it holds `prompts_per_step` informative groups or has run
-`max_sampling_rounds` rounds; it trains on the first `prompts_per_step`
-informative groups. Every generated group is counted in the step record
-(groups_total, groups_informative, groups_trained, sampling_rounds).
-
-Prompt skipping (`skip_settled_after: K`). A prompt whose last K groups all had
-no spread (every completion right, or every one wrong) is *settled*: its next K
-appearances in the data order are skipped, the (K+1)-th generates it again as a
-probe. A probe group with spread resets the prompt (it is back in every epoch);
-one without spread keeps it settled for K more appearances. So a settled prompt
-costs a 1/(K+1) share of its generation, and comes back as soon as one of its
-groups regains spread. When every prompt left in a whole pass of the data is
-settled, the batch is filled with settled prompts (probes) rather than looping.
+Two options of the `grpo` section, both off by default: dynamic sampling
+(`SamplingRounds`) and prompt skipping (`PromptSkipper`).
 """
 
 from __future__ import annotations
@@ -42,7 +26,14 @@ class PromptRecord:
 
 
 class PromptSkipper:
-    """The data cursor with settled prompts left out (see the module docstring); `after` None skips nothing."""
+    """The data cursor with settled prompts left out (`skip_settled_after: K`); `after` None skips nothing.
+
+    A prompt whose last K groups all had no spread (every completion right, or every one wrong) is settled: its
+    next K appearances in the data order are skipped, the (K+1)-th generates it again as a probe. A probe group
+    with spread resets the prompt; one without keeps it settled for K more appearances. So a settled prompt costs
+    a 1/(K+1) share of its generation. When every prompt left in a whole pass of the data is settled, the batch is
+    filled with settled prompts (probes) rather than looping.
+    """
 
     def __init__(self, stream: ProblemStream, after: int | None):
         if after is not None and after < 1:
@@ -112,7 +103,13 @@ class PromptSkipper:
 
 @dataclass
 class SamplingRounds:
-    """The generation rounds of one step, and the rollout they make (see the module docstring)."""
+    """The generation rounds of one step, and the rollout they make (`dynamic_sampling`, as DAPO does it).
+
+    A group whose completions all earn the same reward has zero advantage and teaches nothing. The step keeps
+    drawing `prompts_per_step` more prompts (a round) until it holds `prompts_per_step` informative groups or has
+    run `max_sampling_rounds` rounds, and trains on the first `prompts_per_step` informative groups. Every
+    generated group is counted in the step record (groups_total, groups_informative, groups_trained).
+    """
 
     target: int  # informative groups the step wants: prompts_per_step
     max_rounds: int  # 1: no dynamic sampling

@@ -5,18 +5,9 @@ first assistant token (the scenario's opening under the chat template),
 `completion_ids` the rest, and the train mask is `tokenize_trajectory`'s
 assistant mask over that rest, so tool results, system, user and template
 glue are context and only what the model sampled is trained, with the
-logprobs it was sampled with. The same GrpoUpdater and loss train single-turn
-and multi-turn samples.
-
-Rewards: each trajectory is scored as (prompt = its opening, completion = its
-transcript, `agents/render.py`), group = its scenario, by every job reward:
-`environment` is the environment's own reward, rules and plugins read the
-transcript, and the judge in group mode ranks the group's transcripts against
-each other (RULER). Advantages are grouped per scenario exactly as for
-completions.
-
-Trajectories longer than `max_tokens` (the planned sequence length) are cut
-there: the cut part is neither trained nor context, and the record says so.
+logprobs it was sampled with. Trajectories longer than `max_tokens` (the
+planned sequence length) are cut there: the cut part is neither trained nor
+context, and the record says so.
 """
 
 from __future__ import annotations
@@ -221,6 +212,10 @@ def score_trajectories(
     step: int | None = None,
 ) -> ScoredTrajectories:
     """Tokens, every job reward and group advantages of a step's trajectory groups.
+
+    Each trajectory is scored as (prompt = its opening, completion = its transcript, agents/render.py), group = its
+    scenario, by every job reward: `environment` is the environment's own reward, rules and plugins read the
+    transcript, and the judge in group mode ranks the group's transcripts against each other (RULER).
 
     Rewards see what is trained (the transcript cut at the bound) and, in the sample's metadata, `truncated`
     (cut at the bound or a turn cut at max_new_tokens), `cut_to_bound`, `finish_reasons` and

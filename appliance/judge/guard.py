@@ -1,22 +1,11 @@
 """The injection guard: a response that addresses the grader gets the lowest score instead of a reading.
 
 Escaping and the prompt's layout stop a response from *being* the judge's
-instructions, but not from *persuading* a model judge: measured on the bundled
-SmolLM2-135M in probability mode, appending "score 9" instructions, fake markers
-or control tokens to 36 wrong answers raised every one of them (mean 0.41 ->
-0.61, tests/judge/test_adversarial.py). A small judge cannot be prompted out of
-that, so the appliance does not ask it to: a response with a grader-directed
-signal is not judged and gets 0, and the reason is recorded (judge.jsonl
-`injections`, `Judge.stats()["injections"]`).
-
-The signals, none of which a genuine answer needs: the judge prompt's own
-markers (`<response`), a control token of any chat template (the escaper had
-to break one), a JSON "score" key, words that address a grader or its rubric,
-"ignore the previous instructions" in common languages, and a score claim (a
-number next to a score word, "9/9", "9 out of 9", "9分"). It is a lexicon: it
-can miss a new phrasing and can flag an answer that talks about scores (a
-word problem about a game's score). `judge.injection_guard: off` turns it off
-for such tasks; the adversarial test measures the judge both ways.
+instructions, but not from *persuading* a model judge: on the bundled
+SmolLM2-135M, grader-directed text raised every one of 36 wrong answers
+(tests/judge/test_adversarial.py). So a response with such a signal is not
+judged, gets 0, and the reason is recorded (judge.jsonl `injections`).
+`judge.injection_guard: off` turns it off for tasks that talk about scores.
 """
 
 from __future__ import annotations
@@ -35,6 +24,8 @@ _IGNORE = (
     r"ignore (?:all |any )?(?:the )?(?:previous|prior|above|earlier) (?:instructions|rules|rubric)"
     r"|ignorez|ignora |ignoriere|ignore as instru|игнорируй|忽略|無視|무시|تجاهل|अनदेखा|zignoruj|negeer"
 )
+# None of these does a genuine answer need. A lexicon: it can miss a new phrasing and can flag an answer that talks
+# about scores (a word problem about a game's score); the adversarial test measures the judge both ways.
 SIGNALS = (
     ("marker", re.compile(r"</?\s*response\b", re.IGNORECASE)),
     ("score JSON", re.compile(r"""["']\s*(?:score|scores|grade|rating)\s*["']\s*:""", re.IGNORECASE)),

@@ -3,38 +3,9 @@
 `Judge(spec, engine, log_path)` is a BatchReward: `judge(samples)` returns one
 score in 0..1 per sample. In `pointwise` mode every response gets its own
 rubric prompt; in `group` mode (RULER-style) each group of completions of the
-same prompt is judged in one prompt.
-
-Two ways to get a score (`judge.scoring`):
-
-- `probabilities` (the default when the engine gives next-token logprobs):
-  the prompt ends with the answer's opening and the score is the expected
-  value of the next-token distribution over the scale's tokens (`probs.py`).
-  Pointwise, all of a step's prompts go in one engine call; in group mode the
-  whole group is in one prompt and each response id's score is read after that
-  prompt plus `{"id": "k", "score": `, the n readings in one call that shares
-  the prefix. The count of scores is right by construction and nothing is
-  sampled, so nothing is retried; too little mass on the score tokens is a
-  counted failure (outcome parse_error) with the neutral fallback below.
-  Whether every scale value is one token is checked when the judge loads.
-- `generate`: the judge writes a JSON answer with a short reason, constrained
-  where the engine can (vLLM: a regular expression via structured outputs;
-  transformers: generation stops at the closing brace, and a group answer
-  stops when it starts naming an id past the group's size, the extra entry
-  cut off), all of a step's prompts batched in one generate call.
-
-An unusable answer is asked again (at most `spec.retries` times, each time at
-half the previous temperature and with the problem fed back, so retries help
-even when greedy), until `spec.timeout_seconds` have passed for the batch.
-What still fails gets a neutral score that adds nothing to GRPO's advantage:
-the mean of the judged members of its group (its deviation from the group mean
-is then zero and the others' deviations are unchanged), or 0.5 for the whole
-group when none was judged. Engine errors (out of memory, a bad model) are not
-judge failures and propagate.
-
-The timeout is checked between generate calls: the engine interface has no
-way to cancel a call in flight, so one slow call can overrun it once, but no
-retry starts after it.
+same prompt is judged in one prompt. A score is read from the next-token
+distribution (`probabilities`, probs.py) or from a JSON answer the judge
+writes (`generate`); what still fails gets a neutral score (`neutral_fill`).
 """
 
 from __future__ import annotations
@@ -172,7 +143,10 @@ def failure_fill(scores: Sequence[float | None], group_keys: Sequence[Hashable],
 
 
 def neutral_fill(scores: Sequence[float | None], group_keys: Sequence[Hashable]) -> list[float]:
-    """Replace each None by the mean of its group's judged scores (NEUTRAL_SCORE if none was judged)."""
+    """Replace each None by the mean of its group's judged scores (NEUTRAL_SCORE if none was judged).
+
+    Neutral for GRPO: the filled member's deviation from its group mean is zero and the others' are unchanged.
+    """
     judged: dict[Hashable, list[float]] = {}
     for score, key in zip(scores, group_keys):
         if score is not None:
@@ -208,7 +182,10 @@ class TemplateKwargsEngine:
 
 
 class Judge:
-    """The reward "judge": an LLM judge over any GenerationEngine, scores in 0..1."""
+    """The reward "judge": an LLM judge over any GenerationEngine, scores in 0..1.
+
+    Engine errors (out of memory, a bad model) are not judge failures: they propagate.
+    """
 
     name = "judge"
 
@@ -447,7 +424,13 @@ class Judge:
         return scores, requests
 
     def _run_probabilities(self, requests: list[_Request]) -> None:
-        """Read every request's scores from next-token distributions: one engine call per batch of prompts."""
+        """Read every request's scores from next-token distributions: one engine call per batch of prompts.
+
+        The prompt ends with the answer's opening; the score is the expected value over the scale's tokens. In
+        group mode each response id's score is read after the prompt plus `{"id": "k", "score": `, the n readings
+        in one call that shares the prefix. Nothing is sampled, so nothing is retried: too little mass on the
+        score tokens is a counted parse_error with the neutral fallback.
+        """
         for request in requests:
             prefix = self.engine.render_chat(request.messages)
             if self.spec.mode == "group":
@@ -498,7 +481,14 @@ class Judge:
         return self.spec.temperature * 0.5**attempt
 
     def _run(self, requests: list[_Request]) -> None:
-        """Generate, parse and retry until every request is ok or out of retries or time."""
+        """Generate, parse and retry until every request is ok or out of retries or time.
+
+        The judge's JSON answer is constrained where the engine can (vLLM: a regular expression; transformers:
+        generation stops at the closing brace, or in a group when it names an id past the group's size). A retry
+        runs at half the previous temperature with the problem fed back, so it helps even when greedy. The
+        deadline is checked between generate calls (a call in flight cannot be cancelled): one slow call can
+        overrun it once, but no retry starts after it.
+        """
         deadline = self.clock() + self.spec.timeout_seconds
         pending = list(requests)
         attempt = 0

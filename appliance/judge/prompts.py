@@ -2,35 +2,10 @@
 
 A job's `judge.rubric` replaces only the grading criteria; the answer format
 (JSON, the score scale, which ids) is always appended here, so a custom rubric
-cannot break parsing.
-
-What a response cannot do, and what holds it:
-
-- Change the prompt's structure for a *parser*: every response (pointwise too)
-  sits between an opening and a closing marker that carry a key derived from
-  the response's own text (a SHA-256 digest), so a response cannot close its
-  own block. The markers are a parser defence only: they make the prompt's
-  blocks unambiguous to code and tests, not to a language model, which may
-  still read a fake closing marker followed by instructions as outside the
-  response.
-- Speak as the chat template: every special or markup token of the judge's
-  tokenizer, and the control-token families of the common templates
-  (`<|im_end|>`, `<end_of_turn>`, `[INST]`, `</s>`, `<｜...｜>`, ...), is broken
-  with a word joiner inside the response (escape.py), so it is encoded as text
-  and a response cannot end the user turn or write the judge's answer.
-- Have the last word: the grading criteria are restated after the responses
-  (a "sandwich"), and the answer's opening is written by us, so the judge
-  reads our instructions last and continues our JSON.
-
-How much a model judge is still swayed by instructions inside a response is
-measured, not assumed: tests/judge/test_adversarial.py scores an adversarial
-set with the bundled judge.
-
-Two answer shapes: *probability* scoring reads the next-token distribution
-after the answer's opening (`{"score": ` pointwise, `{"id": "k", "score": `
-for response k of a group) on a scale whose every value is one token (0-9);
-*generate* (reasoned) scoring lets the judge write a JSON answer with a short
-reason, on 0-10.
+cannot break parsing. A response cannot close its own block (`response_block`),
+speak as the chat template (escape.py) or have the last word (`sandwich`). How
+much a model judge is still swayed by instructions inside a response is
+measured, not assumed: tests/judge/test_adversarial.py.
 """
 
 from __future__ import annotations
@@ -118,7 +93,13 @@ def neutralise_control_tokens(text: str, escaper: TokenEscaper = DEFAULT_ESCAPER
 
 
 def response_block(text: str, response_id: str | None = None, escaper: TokenEscaper = DEFAULT_ESCAPER) -> str:
-    """One response between markers it cannot close, its special tokens escaped."""
+    """One response between markers it cannot close, its special tokens escaped.
+
+    The markers are a parser defence only: they make the prompt's blocks unambiguous to code and tests, not to a
+    language model, which may still read a fake closing marker followed by instructions as outside the response.
+    Escaping breaks every special token of the judge's tokenizer and the common templates' control tokens
+    (`<|im_end|>`, `[INST]`, ...) with a word joiner, so a response cannot end the user turn or write the answer.
+    """
     text = escaper.escape(text)
     key = block_key(text, response_id or "")
     id_part = f' id="{response_id}"' if response_id is not None else ""
@@ -133,7 +114,10 @@ def _question_block(question: str, reference: str | None, escaper: TokenEscaper)
 
 
 def sandwich(rubric: str) -> str:
-    """The criteria restated after the responses, so the last instructions the judge reads are ours."""
+    """The criteria restated after the responses, so the last instructions the judge reads are ours.
+
+    The answer's opening (the prefill) is written by us too, so the judge continues our JSON.
+    """
     return f"{SANDWICH_NOTICE}\nThe grading criteria again: {rubric}"
 
 

@@ -1,21 +1,8 @@
 """Find the final numeric answer in a model's completion and compare it with a reference.
 
-`extract_answer` looks for the answer where a model or a dataset marks it, in
-this order, and takes the last marker of the first kind found:
-
-1. `<answer>...</answer>` (the layout the format rewards teach),
-2. `\\boxed{...}` (math-tuned models),
-3. `#### N` (GSM8K solutions, so references parse the same way),
-4. "the answer is N" / "answer: N" (plain prose),
-5. otherwise the last number anywhere in the text.
-
-Inside a marked span the number after the last "=" wins ("6 * 7 = 42"), else
-the first number ("18 dollars (3 bags)"). A marker whose span holds no number
-falls through to the next rule. Numbers may carry a sign, thousands commas,
-decimals, a currency sign or unit around them, or be a fraction ("3/4",
-`\\frac{3}{4}`). The result is a canonical string ("1,234.50" -> "1234.5"), so
-equal values compare equal as text too. `answers_match` compares values
-exactly (fractions, no float rounding).
+The result is a canonical string ("1,234.50" -> "1234.5"), so equal values
+compare equal as text too. `answers_match` compares values exactly
+(fractions, no float rounding).
 """
 
 from __future__ import annotations
@@ -125,7 +112,15 @@ def format_number(value: Fraction) -> str:
 
 
 def extract_value(text: str | None) -> Fraction | None:
-    """The numeric value of the final answer in `text`, or None when it holds no number."""
+    """The numeric value of the final answer in `text`, or None when it holds no number.
+
+    The answer is looked for where a model or a dataset marks it, in this order, taking the last marker of the
+    first kind found: `<answer>...</answer>` (what the format rewards teach), `\\boxed{...}` (math-tuned models),
+    `#### N` (GSM8K solutions, so references parse the same way), "the answer is N" / "answer: N", else the last
+    number anywhere. Inside a marked span the number after the last "=" wins ("6 * 7 = 42"), else the first one
+    ("18 dollars (3 bags)"); a span with no number falls through to the next rule. Numbers may carry a sign,
+    thousands commas, decimals, a currency sign or unit, or be a fraction ("3/4", `\\frac{3}{4}`).
+    """
     if not text:
         return None
     for spans in _marked_spans(text):

@@ -2,30 +2,11 @@
 
 pydantic + the standard library only (no torch, no engines): the `appliance
 jobs` client and the TUI import this module. A step's record travels as the
-plain dict `StepRecord.to_dict()` writes to metrics.jsonl (use
-`appliance.grpo.step_record.StepRecord.from_dict` for the typed form); run
-events carry the `RunEvent.data` dict of their kind.
-
-Routes (all JSON; ids are validated by JOB_ID_PATTERN):
-
-    GET  /status                        DaemonStatus
-    POST /jobs                          SubmitRequest -> SubmitResponse (201, or 200 for dry_run)
-    GET  /jobs                          JobList
-    GET  /jobs/{id}                     JobDetail
-    POST /jobs/{id}/pause|resume|cancel JobSummary
-    GET  /jobs/{id}/metrics?after_step=&limit=        MetricsPage
-    GET  /jobs/{id}/samples?limit=                    RecordsPage
-    GET  /jobs/{id}/judge?outcome=&limit=             RecordsPage
-    GET  /jobs/{id}/log?offset=&max_bytes=            LogChunk   (offset<0: the last -offset bytes)
-    GET  /events?after=&job=&timeout=                 EventsPage (long-poll: waits up to timeout seconds)
-    GET  /device                                      DeviceStatus
-    GET  /models                                      ModelList
-    GET  /jobs/{id}/endpoint                          EndpointInfo (external-rollout jobs; 409 unless running)
-    POST /jobs/{id}/trajectories                      TrajectorySubmission -> TrajectoriesAccepted (422: refused)
-
-Errors: 4xx/5xx with ErrorResponse (`error` is one sentence; `errors` every
-job-file problem exactly as `appliance config check` prints them; `plan` when
-the job does not fit).
+plain dict `StepRecord.to_dict()` writes to metrics.jsonl (`StepRecord.from_dict`
+gives the typed form); run events carry the `RunEvent.data` dict of their kind.
+The routes, each with its response type, are in service/routes.py; errors are
+an ErrorResponse (`error` one sentence, `errors` every job-file problem as
+`appliance config check` prints them, `plan` when the job does not fit).
 """
 
 from __future__ import annotations
