@@ -1,4 +1,4 @@
-"""Judge quality and speed, every mode side by side in one run: probability scoring vs reasoned (generate).
+"""Judge quality and speed, every mode side by side in one run: probability, reasoned and generate scoring.
 
     PYTHONPATH=. python bench/judge_bench.py --data-dir DIR [--rows FILE.jsonl] [--limit N] [--out RESULT.json]
     PYTHONPATH=. python bench/judge_bench.py --model-dir HF_FOLDER --device cuda ...
@@ -7,9 +7,10 @@ One judge engine (transformers, float32, the bundled SmolLM2-135M-Instruct by
 default) is loaded once and every (mode, scoring) pair runs over the same
 labelled rows (default: the shipped appliance/judge/data/judge_set.jsonl)
 through `appliance.judge.harness.evaluate_judge`. Printed: the harness table,
-and per mode the ratio of seconds per judged completion, reasoned over
-probabilities. Reasoned mode uses today's defaults (128 new tokens per judged
-response, 2 retries, greedy).
+and per mode the ratio of seconds per judged completion of reasoned (a
+rationale, then the score's probabilities) and generate (a written JSON
+answer) over probabilities. Both write with today's defaults (128 new tokens
+per judged response, greedy; generate retries twice).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 MODES = ("pointwise", "group")
-SCORINGS = ("probabilities", "generate")
+SCORINGS = ("probabilities", "reasoned", "generate")
 
 
 def main() -> int:
@@ -36,7 +37,7 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="the first N rows only")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--scorings", default=",".join(SCORINGS))
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="reasoned mode: tokens per judged response")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="reasoned/generate: tokens per judged response")
     parser.add_argument("--out", type=Path, default=None, help="write the reports as JSON here")
     args = parser.parse_args()
 
@@ -70,13 +71,16 @@ def main() -> int:
     by_key = {(r.mode, r.scoring): r for r in reports}
     ratios = {}
     for mode in args.modes.split(","):
-        probabilities, generate = by_key.get((mode, "probabilities")), by_key.get((mode, "generate"))
-        if probabilities and generate:
-            ratios[mode] = generate.seconds_per_completion / probabilities.seconds_per_completion
-            print(
-                f"{mode}: reasoned {generate.seconds_per_completion:.3f} s / probabilities "
-                f"{probabilities.seconds_per_completion:.3f} s per judged completion = {ratios[mode]:.1f}x"
-            )
+        probabilities = by_key.get((mode, "probabilities"))
+        for scoring in ("reasoned", "generate"):
+            other = by_key.get((mode, scoring))
+            if probabilities and other:
+                ratio = other.seconds_per_completion / probabilities.seconds_per_completion
+                ratios[f"{mode}/{scoring}"] = ratio
+                print(
+                    f"{mode}: {scoring} {other.seconds_per_completion:.3f} s / probabilities "
+                    f"{probabilities.seconds_per_completion:.3f} s per judged completion = {ratio:.1f}x"
+                )
     if args.out:
         args.out.write_text(
             json.dumps(
@@ -86,7 +90,7 @@ def main() -> int:
                     "rows": len(rows),
                     "torch": torch.__version__,
                     "reports": [r.to_dict() for r in reports],
-                    "reasoned_over_probabilities": ratios,
+                    "over_probabilities": ratios,
                 },
                 indent=2,
             )

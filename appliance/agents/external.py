@@ -2,7 +2,8 @@
 
 A job with `task.environment: external` does not play rollouts itself. Its
 worker serves the student with its current adapter on an OpenAI-compatible
-`/v1/chat/completions` (loopback, a per-job bearer token in `<job>/endpoint.json`,
+`/v1/chat/completions` (loopback unless the daemon's `--agent-endpoint-addr` says
+otherwise, agents/endpoint_bind.py; a per-job bearer token in `<job>/endpoint.json`,
 handed out by `GET /jobs/{id}/endpoint`). Agents submit trajectory groups to
 it; the served-token ledger (agents/ledger.py) checks them and the accepted
 ones queue for `collect`.
@@ -19,9 +20,11 @@ import threading
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from pydantic import TypeAdapter, ValidationError
 
+from appliance.agents.endpoint_bind import LOOPBACK_ANY_PORT, EndpointBind, EndpointBindError
 from appliance.agents.endpoint_file import ENDPOINT_FILE, SUBMIT_ROUTE, previous_endpoint, write_endpoint
 from appliance.agents.ledger import DEFAULT_CAPACITY, Freshness, ServedLedger, TrajectoryRefused, trained_turn_keys
 from appliance.agents.spool import GroupSpool, Spooled
@@ -145,7 +148,7 @@ class ExternalSource:
         max_queued_groups: int = 64,
         ledger_capacity: int = DEFAULT_CAPACITY,
         stop_requested: Callable[[], str | None] | None = None,
-        host: str = "127.0.0.1",
+        bind: EndpointBind = LOOPBACK_ANY_PORT,
         policy: SamplingPolicy | None = None,
         max_staleness: int = 1,
     ):
@@ -182,11 +185,19 @@ class ExternalSource:
         self._gate_held = True
         previous = previous_endpoint(job_dir)
         self.token = previous.token or secrets.token_urlsafe(32)
-        self.server = _serve(build_app(self.service, self.token), host, previous.port)
-        self.url = self.server.url
+        self.server = _serve(build_app(self.service, self.token), bind, previous.port)
+        port = urlsplit(self.server.url).port
+        self.url, self.local_url = bind.client_url(port), bind.local_url(port)
         self.endpoint_file = job_dir / ENDPOINT_FILE
         write_endpoint(
-            job_dir, {"url": self.url, "token": self.token, "model": self.service.served_name, "pid": os.getpid()}
+            job_dir,
+            {
+                "url": self.url,
+                "local_url": self.local_url,
+                "token": self.token,
+                "model": self.service.served_name,
+                "pid": os.getpid(),
+            },
         )
 
     # ----- the trainer's side ----------------------------------------------------------------------
@@ -306,11 +317,19 @@ def _served_step(group: TrajectoryGroup) -> int:
     return min(int(t.metadata.get("served_step", 0)) for t in group.trajectories)
 
 
-def _serve(app, host: str, port: int | None):
-    """Serve on `port` (the job's previous port) when it is free, else on any free port."""
-    if port:
+def _serve(app, bind: EndpointBind, previous_port: int | None):
+    """Serve on the job's previous port when it is free and allowed, else on the first free one `bind` allows."""
+    errors = []
+    for port in bind.port_choices(previous_port):
         try:
-            return serve_app_in_thread(app, host, port)
+            return serve_app_in_thread(app, bind.host, port)
         except OSError as error:
-            log.warning("the endpoint's previous port %d is taken (%s); serving on another", port, error)
-    return serve_app_in_thread(app, host, 0)
+            if port == previous_port:
+                log.warning("the endpoint's previous port %d is taken (%s); serving on another", port, error)
+            errors.append(f"{port}: {error.strerror or error}")
+    raise EndpointBindError(
+        f"the student endpoint cannot listen on {bind.host}, ports {bind.ports[0]}-{bind.ports[1]}: every one is "
+        f"taken or refused ({'; '.join(errors[:3])}); free one or widen the daemon's --agent-endpoint-addr range"
+        if bind.ports
+        else f"the student endpoint cannot listen on {bind.host} ({'; '.join(errors[:3])})"
+    )

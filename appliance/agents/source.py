@@ -18,6 +18,7 @@ on what comes back; it never knows who played them. Two sources exist:
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
@@ -131,6 +132,7 @@ def make_source(
     waiting when the job is asked to stop.
     """
     if spec.task.environment == EXTERNAL_ENVIRONMENT:
+        from appliance.agents.endpoint_bind import bind_from_environment
         from appliance.agents.external import ExternalSource
         from appliance.engines.openai_server import SamplingPolicy
 
@@ -148,5 +150,6 @@ def make_source(
             stop_requested=stop_requested,
             policy=SamplingPolicy(spec.grpo.temperature, spec.grpo.top_p),
             max_staleness=spec.task.max_staleness,
+            bind=bind_from_environment(os.environ),
         )
     return EnvironmentSource(build_environment(spec, data_dir), engine, rollout_sampling(spec), seed=spec.grpo.seed)

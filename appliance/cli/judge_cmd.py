@@ -22,7 +22,7 @@ from appliance.cli.main import EXIT_OK, add_data_dir, data_dir_of
 from appliance.errors import ApplianceError, UsageError
 
 MODES = ("pointwise", "group")
-SCORINGS = ("auto", "probabilities", "generate")
+SCORINGS = ("auto", "probabilities", "reasoned", "generate")
 DEFAULT_JUDGE_MODEL = "smollm2-135m-instruct"
 
 
@@ -33,7 +33,9 @@ def register(subparsers) -> None:
     evaluate.add_argument("file", help="labelled JSONL (question, reference, response, label), or 'shipped'")
     evaluate.add_argument("--job", type=Path, default=None, help="job YAML whose judge section is evaluated")
     evaluate.add_argument("--mode", default=None, help="pointwise | group (or a comma list); default: the job's")
-    evaluate.add_argument("--scoring", default=None, help="auto | probabilities | generate (or a comma list)")
+    evaluate.add_argument(
+        "--scoring", default=None, help="auto | probabilities | reasoned | generate (or a comma list)"
+    )
     evaluate.add_argument("--threshold", type=float, default=0.5, help="score at or above which a row counts as 1")
     evaluate.add_argument("--limit", type=int, default=None, help="the first N rows only")
     evaluate.add_argument("--json", action="store_true", help="one JSON document on stdout")

@@ -96,11 +96,25 @@ def _add_submission_options(parser) -> None:
         help="a remote judge server jobs may use (repeatable; its scheme, host and port); none by default",
     )
     parser.add_argument(
+        "--agent-endpoint-addr",
+        default=None,
+        metavar="HOST[:PORT[-PORT]]",
+        help="where external-rollout jobs serve their student endpoint (default: loopback, any free port); "
+        "e.g. 0.0.0.0:9500-9509 with --agent-endpoint-host to let agents on other hosts in",
+    )
+    parser.add_argument(
+        "--agent-endpoint-host",
+        default=None,
+        metavar="NAME",
+        help="the name other hosts reach this box by: the endpoint URL handed out uses it",
+    )
+    parser.add_argument(
         "--max-upload", default="64MiB", metavar="SIZE", help="largest dataset a submission may upload (default 64MiB)"
     )
 
 
 def _serve(args) -> int:
+    from appliance.agents.endpoint_bind import parse_bind
     from appliance.errors import ApplianceError
     from appliance.metrics.server import parse_metrics_addr
     from appliance.service.client import default_socket
@@ -118,6 +132,7 @@ def _serve(args) -> int:
             judge_endpoints=tuple(args.judge_endpoint),
             max_upload_bytes=max_upload,
             stop_timeout=args.stop_timeout,
+            agent_endpoint=parse_bind(args.agent_endpoint_addr, args.agent_endpoint_host),
         )
         return run_daemon(
             options,

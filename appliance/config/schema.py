@@ -61,9 +61,11 @@ class JudgeSpec(Spec):
     mode: Literal["pointwise", "group"] = "pointwise"
     rubric: str | None = None
     # probabilities: the score is read from the judge's next-token distribution (one forward pass,
-    # no sampling); generate: the judge writes a score and a short reason; auto: probabilities
-    # when the judge's engine gives next-token log-probabilities (both built-in engines do).
-    scoring: Literal["auto", "probabilities", "generate"] = "auto"
+    # no sampling); reasoned: the judge first writes a short rationale (up to max_new_tokens), then
+    # the score is read from the distribution after it (G-Eval with reasoning); generate: the judge
+    # writes a score and a short reason; auto: probabilities when the judge's engine gives
+    # next-token log-probabilities (both built-in engines do).
+    scoring: Literal["auto", "probabilities", "reasoned", "generate"] = "auto"
     # Probability scoring: a reading with less probability than this on the score tokens is a
     # failure (neutral score), not a score.
     min_score_mass: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5

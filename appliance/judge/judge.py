@@ -4,8 +4,9 @@
 score in 0..1 per sample. In `pointwise` mode every response gets its own
 rubric prompt; in `group` mode (RULER-style) each group of completions of the
 same prompt is judged in one prompt. A score is read from the next-token
-distribution (`probabilities`, probs.py) or from a JSON answer the judge
-writes (`generate`); what still fails gets a neutral score (`neutral_fill`).
+distribution (`probabilities`, probs.py), from it after a short rationale the
+judge writes first (`reasoned`, G-Eval with reasoning), or from a JSON answer
+the judge writes (`generate`); what still fails gets a neutral score (`neutral_fill`).
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ from appliance.judge.prompts import (
     PROBABILITY_SCALE,
     group_answer_regex,
     group_ids,
-    group_item_prefill,
     group_messages,
     group_stop_strings,
     pointwise_answer_regex,
+    REASON_PREFILL,
+    REASON_REGEX,
     RETRY_ECHO_CHARS,
     pointwise_messages,
+    rationale_from,
+    score_openings,
     retry_messages,
 )
 from appliance.judge.rubric import check_rubric_scale
@@ -49,6 +53,8 @@ if TYPE_CHECKING:
     from appliance.rewards.registry import RewardSample
 
 OUTCOMES = ("ok", "parse_error", "timeout")
+# The scorings whose score is read from the next-token distribution over the 0-9 scale.
+READS_PROBABILITIES = ("probabilities", "reasoned")
 NEUTRAL_SCORE = 0.5
 
 
@@ -57,13 +63,13 @@ class JudgeScoringError(ApplianceError):
 
 
 def resolve_scoring(requested: str, engine: GenerationEngine) -> str:
-    """'probabilities' or 'generate' for this engine; 'auto' is probabilities when the engine gives logprobs."""
+    """The scoring used with this engine; 'auto' is probabilities when the engine gives logprobs."""
     has_logprobs = callable(getattr(engine, "next_token_logprobs", None))
     if requested == "auto":
         return "probabilities" if has_logprobs else "generate"
-    if requested == "probabilities" and not has_logprobs:
+    if requested in READS_PROBABILITIES and not has_logprobs:
         raise JudgeScoringError(
-            f"judge.scoring: probabilities needs an engine with next_token_logprobs; "
+            f"judge.scoring: {requested} needs an engine with next_token_logprobs; "
             f"{type(engine).__name__} has none (set judge.scoring: generate)"
         )
     return requested
@@ -86,6 +92,9 @@ class _Request:
     regex: str | None = None
     # Probability mode: the texts whose next token is a score (one per response id in a group).
     score_prompts: list[str] = field(default_factory=list)
+    # Reasoned mode: the judge's rationale, written before its score is read, and whether it was cut.
+    rationale: str | None = None
+    rationale_cut: bool = False
     readings: list[ScoreReading] = field(default_factory=list)
     prompt_text: str = ""
     outputs: list[str] = field(default_factory=list)
@@ -226,7 +235,8 @@ class Judge:
         self.window = engine_window(engine, spec.max_prompt_tokens)
         self.count_tokens = token_counter(engine)
         self.probe: ProbeResult | None = None
-        if self.scoring == "probabilities":
+        if self.scoring in READS_PROBABILITIES:
+            # Reasoned scoring is probed on the plain opening: the same score tokens after `"score": `.
             self._check_scale()
             self.probe = probe_score_mass(engine, spec.mode, spec.rubric, spec.min_score_mass, self.escaper)
 
@@ -255,7 +265,9 @@ class Judge:
         else:
             scores, requests = self._pointwise_requests(samples)
         runnable = [request for request in requests if request.outcome != "too_long"]
-        if self.scoring == "probabilities":
+        if self.scoring == "reasoned":
+            self._write_rationales(runnable)
+        if self.scoring in READS_PROBABILITIES:
             self._run_probabilities(runnable)
         else:
             self._run(runnable)
@@ -328,7 +340,12 @@ class Judge:
         return build(fitted), cut
 
     def _reserve(self, count: int) -> int:
-        return 1 if self.scoring == "probabilities" else self.spec.max_new_tokens * count
+        """Tokens the answer needs in the judge's window: the score, a rationale and the score, or the answers."""
+        if self.scoring == "probabilities":
+            return 1
+        if self.scoring == "reasoned":
+            return self.spec.max_new_tokens + PREFILL_TOKENS
+        return self.spec.max_new_tokens * count
 
     def _pointwise_requests(self, samples: list["RewardSample"]) -> tuple[list[float | None], list[_Request]]:
         scores: list[float | None] = [None] * len(samples)
@@ -423,6 +440,37 @@ class Judge:
             )
         return scores, requests
 
+    def _write_rationales(self, requests: list[_Request]) -> None:
+        """Reasoned scoring: every request's rationale, in one generate call; a failed one fails its request."""
+        if not requests:
+            return
+        prompts = [self.engine.render_chat(request.messages) + REASON_PREFILL for request in requests]
+        sampling = Sampling(
+            max_new_tokens=self.spec.max_new_tokens,
+            temperature=self.spec.temperature,
+            stop=('"',),
+            regex=REASON_REGEX,
+        )
+        started = self.clock()
+        outputs = self.engine.generate(prompts, sampling)
+        elapsed = self.clock() - started
+        self.counters.calls += 1
+        self.counters.generate_seconds += elapsed
+        for request, completions in zip(requests, outputs):
+            completion = completions[0]
+            request.latency_seconds += elapsed
+            if completion.error is not None:  # a remote engine's request failed after its own retries
+                request.errors.append(completion.error)
+                request.outcome = "timeout" if completion.finish_reason == "timeout" else "parse_error"
+                continue
+            request.rationale = rationale_from(completion.text)
+            request.rationale_cut = completion.finish_reason == "length"
+            request.outputs.append(REASON_PREFILL + completion.text)
+            request.tokens_in += len(completion.prompt_token_ids)
+            request.tokens_out += len(completion.token_ids)
+            self.counters.prompt_tokens += len(completion.prompt_token_ids)
+            self.counters.generated_tokens += len(completion.token_ids)
+
     def _run_probabilities(self, requests: list[_Request]) -> None:
         """Read every request's scores from next-token distributions: one engine call per batch of prompts.
 
@@ -431,15 +479,14 @@ class Judge:
         in one call that shares the prefix. Nothing is sampled, so nothing is retried: too little mass on the
         score tokens is a counted parse_error with the neutral fallback.
         """
-        for request in requests:
+        readable = [request for request in requests if request.outcome == "ok"]
+        for request in readable:
             prefix = self.engine.render_chat(request.messages)
-            if self.spec.mode == "group":
-                request.score_prompts = [prefix + group_item_prefill(i) for i in group_ids(len(request.members))]
-            else:
-                request.score_prompts = [prefix + POINTWISE_PREFILL]
+            openings = score_openings(self.spec.mode, len(request.members), request.rationale)
+            request.score_prompts = [prefix + opening for opening in openings]
             request.prompt_text = request.score_prompts[0]
         # Pointwise: the whole step in one call. Group: one call per group, whose prompts share the group's prefix.
-        batches = [requests] if self.spec.mode == "pointwise" else [[request] for request in requests]
+        batches = [readable] if self.spec.mode == "pointwise" else [[request] for request in readable]
         for batch in batches:
             if not batch:
                 continue
@@ -458,8 +505,8 @@ class Judge:
                 mine = logprobs[position : position + count]
                 position += count
                 # Latency: the wall time the request waited (as in generate mode); prompt tokens: its share.
-                request.latency_seconds = elapsed
-                request.tokens_in = round(prompt_tokens * count / len(prompts))
+                request.latency_seconds += elapsed
+                request.tokens_in += round(prompt_tokens * count / len(prompts))
                 unanswered = [lp for lp in mine if isinstance(lp, UnansweredLogprobs)]
                 if unanswered:  # a remote engine's request failed after its retries: counted, never fatal
                     request.errors = [lp.error for lp in unanswered]
@@ -550,6 +597,9 @@ class Judge:
                 "failed": request.failed,
                 "copies": [len(shared) for shared in request.members],
                 "cut": request.cut.to_dict() if request.cut is not None else None,
+                # Reasoned scoring: the rationale the score was read after, and whether max_new_tokens cut it.
+                "rationale": request.rationale,
+                "rationale_cut": request.rationale_cut,
                 "outcome": request.outcome,
                 "retries": max(len(request.outputs) - 1, 0),
                 "latency_seconds": round(request.latency_seconds, 6),

@@ -23,8 +23,8 @@ from appliance.judge.prompts import (
     POINTWISE_PREFILL,
     PROBABILITY_MAX,
     PROBABILITY_SCALE,
-    group_item_prefill,
     group_messages,
+    score_openings,
     pointwise_messages,
 )
 
@@ -50,12 +50,12 @@ def calibration_prompts(engine, mode: str, rubric: str | None, escaper: TokenEsc
             CALIBRATION_QUESTION, CALIBRATION_REFERENCE, list(CALIBRATION_RESPONSES), rubric, "probabilities", escaper
         )
         prefix = engine.render_chat(messages)
-        return [prefix + group_item_prefill(str(i)) for i in range(1, len(CALIBRATION_RESPONSES) + 1)]
+        return [prefix + opening for opening in score_openings(mode, len(CALIBRATION_RESPONSES))]
     return [
         engine.render_chat(
             pointwise_messages(CALIBRATION_QUESTION, CALIBRATION_REFERENCE, text, rubric, "probabilities", escaper)
         )
-        + POINTWISE_PREFILL
+        + score_openings(mode, 1)[0]
         for text in CALIBRATION_RESPONSES
     ]
 

@@ -6,6 +6,9 @@ cannot break parsing. A response cannot close its own block (`response_block`),
 speak as the chat template (escape.py) or have the last word (`sandwich`). How
 much a model judge is still swayed by instructions inside a response is
 measured, not assumed: tests/judge/test_adversarial.py.
+Three answer shapes: probability scoring reads the 0-9 distribution after the
+answer's opening; reasoned scoring reads it after a short rationale the judge
+writes first; generate scoring parses a written JSON answer on 0-10.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ GENERATE_MAX = 10
 
 POINTWISE_FORMAT = {
     "probabilities": f'Reply with only this JSON object: {{"score": <integer from 0 to {PROBABILITY_MAX}>}}',
+    "reasoned": 'Reply with only this JSON object, the reason first: {"reason": "<one or two short sentences '
+    f'on how well the response meets the criteria>", "score": <integer from 0 to {PROBABILITY_MAX}>}}',
     "generate": f'Reply with only this JSON object: {{"score": <integer from 0 to {GENERATE_MAX}>, '
     '"reason": "<one short sentence>"}',
 }
@@ -53,6 +58,27 @@ POINTWISE_FORMAT = {
 # JSON without it). The parsers read prefill + generated text.
 POINTWISE_PREFILL = '{"score": '
 GROUP_PREFILL = '{"scores": [{"id": "1", "score": '
+# Reasoned scoring: the rationale is generated after this opening, up to its closing quote.
+REASON_PREFILL = '{"reason": "'
+# What may follow REASON_PREFILL (vLLM structured outputs): the rationale and its closing quote.
+REASON_REGEX = r'[^"\\\n]{0,600}"'
+
+
+def rationale_from(generated: str) -> str:
+    """The rationale as it goes back into the prompt: up to its closing quote, on one line, no escapes."""
+    return " ".join(generated.split('"', 1)[0].replace("\\", " ").split())
+
+
+def score_openings(mode: str, count: int, rationale: str | None = None) -> list[str]:
+    """What each score prompt ends with after the rendered chat: the answer so far, up to a score token.
+
+    One per response of a group (`count`), one pointwise; after the rationale's line or
+    field when the judge reasoned first.
+    """
+    if mode == "group":
+        head = "" if rationale is None else f'{REASON_PREFILL}{rationale}"}}\n'
+        return [head + group_item_prefill(response_id) for response_id in group_ids(count)]
+    return [POINTWISE_PREFILL if rationale is None else f'{REASON_PREFILL}{rationale}", "score": ']
 
 
 def group_item_prefill(response_id: str) -> str:
@@ -65,10 +91,16 @@ def group_ids(count: int) -> list[str]:
 
 
 def group_format(ids: list[str], scoring: str) -> str:
+    per_response = (
+        f"one JSON object per response, one per line, for the ids {', '.join(ids)}: "
+        f'{{"id": "<id>", "score": <integer from 0 to {PROBABILITY_MAX}>}}'
+    )
     if scoring == "probabilities":
+        return f"Reply with {per_response}"
+    if scoring == "reasoned":
         return (
-            f"Reply with one JSON object per response, one per line, for the ids {', '.join(ids)}: "
-            f'{{"id": "<id>", "score": <integer from 0 to {PROBABILITY_MAX}>}}'
+            'Reply first with one line {"reason": "<compare the responses in one or two short sentences>"}, '
+            f"then with {per_response}"
         )
     example = ", ".join(f'{{"id": "{i}", "score": <0-{GENERATE_MAX}>, "explanation": "<short>"}}' for i in ids[:2])
     more = ", ..." if len(ids) > 2 else ""

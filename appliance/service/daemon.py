@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance import __version__
+from appliance.agents.endpoint_bind import LOOPBACK_ANY_PORT, EndpointBind
 from appliance.errors import ApplianceError
 from appliance.metrics.registry import TrainingMetrics
 from appliance.paths import STATE_DIR_MODE, datasets_dir, jobs_dir, own_data_dir, plugins_dir, uploads_dir
@@ -45,6 +46,8 @@ class DaemonOptions:
     max_restarts: int = 3
     backoff_seconds: tuple[float, ...] = (2.0, 4.0, 8.0)
     slots: list[Slot] | None = field(default=None)  # default: probe_slots()
+    # Where external-rollout jobs' student endpoints listen (agents/endpoint_bind.py); default loopback.
+    agent_endpoint: EndpointBind = LOOPBACK_ANY_PORT
 
 
 class Daemon:
@@ -92,6 +95,7 @@ class Daemon:
             backoff_seconds=options.backoff_seconds,
             stop_timeout=options.stop_timeout,
             version=__version__,
+            worker_env=options.agent_endpoint.environment(),
         )
 
     def job_dir(self, job_id: str) -> Path:

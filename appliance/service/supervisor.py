@@ -125,12 +125,14 @@ class Supervisor:
         backoff_seconds: tuple[float, ...] = (2.0, 4.0, 8.0),
         stop_timeout: float = 120.0,
         version: str = "",
+        worker_env: dict[str, str] | None = None,
     ):
         from prometheus_client import Counter
 
         self.store, self.data_dir, self.slots, self.metrics = store, Path(data_dir), slots, metrics
         self.max_restarts, self.backoff_seconds, self.stop_timeout = max_restarts, backoff_seconds, stop_timeout
         self.version = version
+        self.worker_env = dict(worker_env or {})  # set for every worker, over the daemon's own environment
         self.workers: dict[int, Worker] = {}
         self.retry_at: dict[str, float] = {}
         self.unsettled: dict[str, tuple[Worker, int]] = {}  # reaped workers whose end the store refused so far
@@ -398,7 +400,9 @@ class Supervisor:
         slot, ranks, world = slots[0], [], several.ranks_of(row.spec)
         try:
             if world > 1:
-                proc, ranks = several.start_ranks(command, slots, world, job_dir, theirs.fileno(), dict(os.environ))
+                proc, ranks = several.start_ranks(
+                    command, slots, world, job_dir, theirs.fileno(), {**os.environ, **self.worker_env}
+                )
             else:
                 with open(job_dir / "log.txt", "ab") as log:
                     proc = subprocess.Popen(
@@ -408,7 +412,7 @@ class Supervisor:
                         stderr=subprocess.STDOUT,
                         pass_fds=(theirs.fileno(),),
                         process_group=0,
-                        env={**os.environ, **several.devices_env(slots), "PYTHONUNBUFFERED": "1"},
+                        env={**os.environ, **self.worker_env, **several.devices_env(slots), "PYTHONUNBUFFERED": "1"},
                         cwd=job_dir,
                     )
         except OSError as error:  # fork failed (EAGAIN at the pids limit, ENOMEM), or the log cannot be opened

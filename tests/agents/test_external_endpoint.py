@@ -95,7 +95,13 @@ def collect_in_thread(source: ExternalSource, step: int, scenarios: int) -> tupl
 
 def test_an_external_agent_plays_and_its_groups_are_collected(source, tmp_path):
     document = read_endpoint_file(tmp_path)
-    assert document == {"url": source.url, "token": source.token, "model": "student", "pid": document["pid"]}
+    assert document == {
+        "url": source.url,
+        "local_url": source.url,  # on loopback (the default) clients and the daemon use the same address
+        "token": source.token,
+        "model": "student",
+        "pid": document["pid"],
+    }
     assert stat.S_IMODE((tmp_path / ENDPOINT_FILE).stat().st_mode) == 0o600
     assert source.url.startswith("http://127.0.0.1:")
 

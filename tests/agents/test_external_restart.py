@@ -121,6 +121,7 @@ def test_a_restarted_worker_keeps_queued_groups_and_checks_what_the_dead_one_ser
     assert (second.token, second.url) == (first.token, first.url)  # same job: same token, the port was free
     assert read_endpoint_file(job_dir) == {
         "url": first.url,
+        "local_url": first.url,
         "token": first.token,
         "model": "student",
         "pid": os.getpid(),

@@ -121,3 +121,19 @@ def test_judge_eval_cli_reports_every_probability_mode(store_data_dir, capsys):
             r["score_std"] > 0 and r["prompt_tokens_per_completion"] > 100 and r["generated_tokens_per_completion"] == 0
         )
         assert 0.0 <= r["auc"] <= 1.0 and r["latency_p95_seconds"] >= r["latency_p50_seconds"] > 0
+
+
+def test_reasoned_scoring_reads_the_score_after_the_models_own_rationale(engine, tmp_path):
+    rows = load_rows(shipped_set_path())[134:136]  # one multiply question, a right and a wrong answer
+    samples = [RewardSample(prompt=r.question, completion=r.response, reference=r.reference, group=0) for r in rows]
+    spec = JudgeSpec(model="smollm2-135m-instruct", scoring="reasoned", cache=False, max_new_tokens=16)
+    judge = Judge(spec, engine, log_path=tmp_path / "judge.jsonl")
+    scores = judge(samples)
+    judge.close()
+
+    assert judge.outcomes == {"ok": 2, "parse_error": 0, "timeout": 0} and judge.stats()["generated_tokens"] > 0
+    for line in (json.loads(text) for text in (tmp_path / "judge.jsonl").read_text().splitlines()):
+        assert line["rationale"] and '"' not in line["rationale"]
+        assert line["prompt"].endswith(f'{{"reason": "{line["rationale"]}", "score": ')
+        assert line["distributions"][0]["mass"] >= spec.min_score_mass
+    assert all(0.0 <= s <= 1.0 for s in scores) and scores[0] != scores[1]
