@@ -3,7 +3,9 @@ tampered with, and its client wheels install `appliance jobs` and `appliance-tui
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,11 +86,25 @@ def test_the_bundle_holds_image_model_client_units_and_monitoring(bundle: Path):
         "docs/operator-guide.md",
         "install-bundle",
         "gpu-smoke",
+        "sbom/image.cdx.json",
+        "sbom/client.cdx.json",
+        "sbom/models.cdx.json",
     } <= listed
     # The format of coreutils: an administrator can run sha256sum -c by hand (the image's hash is
     # checked by the dry-run below; reading 4 GB twice is left out here).
     lines = [line for line in (bundle / "MANIFEST.sha256").read_text().splitlines() if "image/" not in line]
     assert run("sha256sum", "--check", "--quiet", input="\n".join(lines) + "\n", cwd=bundle).returncode == 0
+
+
+def test_the_image_sbom_lists_the_lock_the_image_was_installed_with(bundle: Path, image):
+    lock = (image.root / "opt/appliance/share/requirements.lock").read_text()
+    sbom = json.loads((bundle / "sbom" / "image.cdx.json").read_text())
+    models = json.loads((bundle / "sbom" / "models.cdx.json").read_text())
+    pinned = set(re.findall(r"^([A-Za-z0-9._-]+)==([^ ;]+)", lock, re.MULTILINE))
+
+    assert lock in {(REPO_ROOT / "images" / "locks" / f"{profile}.txt").read_text() for profile in ("cpu", "gpu")}
+    assert {(c["name"], c["version"]) for c in sbom["components"]} == pinned
+    assert [model["name"] for model in models["components"]] == [DEMO_MODEL_NAME]
 
 
 def test_install_dry_run_verifies_and_changes_nothing(bundle: Path, keyring: Path):

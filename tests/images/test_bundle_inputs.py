@@ -6,6 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
+from packaging_support import hashed_lock
+from packaging_support import image_archive
+from packaging_support import sbom_python
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -33,9 +37,8 @@ def test_a_file_that_is_no_image_archive_is_refused(tmp_path: Path):
 
 
 def test_an_unknown_model_is_named_with_the_store(tmp_path: Path, store_data_dir: Path, signing_key):
-    archive = tmp_path / "image.tar"
-    (tmp_path / "manifest.json").write_text("[]")
-    subprocess.run(["tar", "-cf", archive, "-C", tmp_path, "manifest.json"], check=True)
+    lock = {"opt/appliance/share/requirements.lock": hashed_lock("pyyaml==6.0.2").encode()}
+    archive = image_archive(tmp_path / "image.tar", [lock], "localhost/appliance:test", {})
 
     result = bundle(
         "--out",
@@ -60,7 +63,7 @@ def test_an_unknown_model_is_named_with_the_store(tmp_path: Path, store_data_dir
         "--sign-key",
         signing_key.uid,
         "--dry-run",
-        env={**os.environ, "GNUPGHOME": str(signing_key.home)},
+        env={**os.environ, "GNUPGHOME": str(signing_key.home), "APPLIANCE_SBOM_PYTHON": sbom_python()},
     )
 
     assert result.returncode == 2

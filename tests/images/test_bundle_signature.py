@@ -7,6 +7,7 @@ images/bundle, gpg, install-bundle and gpgv."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -14,8 +15,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from packaging_support import hashed_lock
+from packaging_support import image_archive
 from packaging_support import make_signing_key
 from packaging_support import need_tool
+from packaging_support import sbom_python
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,20 +32,29 @@ def run(*argv, **kwargs) -> subprocess.CompletedProcess:
 def signed(signing_key, tmp_path_factory) -> Path:
     need_tool("gpgv", "gpgv")
     inputs = tmp_path_factory.mktemp("inputs")
-    (inputs / "manifest.json").write_text("[]")
-    run("tar", "-cf", inputs / "image.tar", "-C", inputs, "manifest.json").check_returncode()
+    lock = {"opt/appliance/share/requirements.lock": hashed_lock("pyyaml==6.0.2").encode()}
+    image = image_archive(inputs / "image.tar", [lock], "localhost/appliance:test", {})
     client = inputs / "client"
     client.mkdir()
-    (client / "requirements-3.9.txt").write_text("")
+    (client / "requirements-3.9.txt").write_text(hashed_lock("pyyaml==6.0.2"))
+    (client / "appliance-0.1.0-py3-none-any.whl").write_bytes(b"PK")
     out = tmp_path_factory.mktemp("bundle") / "appliance-bundle"
     made = run(
         REPO_ROOT / "images" / "bundle",
-        *("--out", out, "--image-archive", inputs / "image.tar", "--client-wheels", client),
+        *("--out", out, "--image-archive", image, "--client-wheels", client),
         *("--sign-key", signing_key.uid),
-        env={**os.environ, "GNUPGHOME": str(signing_key.home)},
+        env={**os.environ, "GNUPGHOME": str(signing_key.home), "APPLIANCE_SBOM_PYTHON": sbom_python()},
     )
     assert made.returncode == 0, made.stderr
     return out
+
+
+def test_the_sboms_travel_under_the_signed_manifest(signed: Path):
+    listed = {line.split("  ", 1)[1] for line in (signed / "MANIFEST.sha256").read_text().splitlines()}
+    image = json.loads((signed / "sbom" / "image.cdx.json").read_text())
+
+    assert {"sbom/image.cdx.json", "sbom/client.cdx.json", "sbom/models.cdx.json"} <= listed
+    assert [(c["name"], c["version"]) for c in image["components"]] == [("pyyaml", "6.0.2")]
 
 
 def copy_of(bundle: Path, folder: Path) -> Path:
