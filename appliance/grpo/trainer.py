@@ -24,8 +24,8 @@ import torch
 from appliance.config import best as best_rule
 from appliance.config.schema import JobSpec
 from appliance.engines.base import GenerationEngine, Sampling
-from appliance.errors import JobStopped
-from appliance.grpo.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager
+from appliance.errors import CheckpointError, CheckpointMismatch, JobStopped
+from appliance.grpo.checkpoint import CheckpointInfo, CheckpointManager
 from appliance.grpo.hooks import RunHooks
 from appliance.grpo.judging import Judging, judging_for
 from appliance.grpo.optim import make_optimizer, make_scheduler
@@ -137,6 +137,11 @@ class Trainer:
                     raise CheckpointError(f"missing {', '.join(missing)}")
                 load_payload(info.path, self.student, self.optimizer, self.scheduler)
                 self.source.load_state(info.state)
+            except CheckpointMismatch as error:  # an older checkpoint of the run holds the same data cursor
+                raise CheckpointMismatch(
+                    f"cannot resume from {info.path}: {error}; resume with the same task settings and data, "
+                    "or --restart to begin the run again"
+                ) from None
             except Exception as error:  # noqa: BLE001 - any unreadable file means: use the previous one
                 problems.append(f"{info.path.name}: {type(error).__name__}: {error}")
                 self.records.log(
