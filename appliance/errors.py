@@ -39,6 +39,14 @@ class DiskFullError(ApplianceError):
         )
 
 
+class CheckpointError(ApplianceError):
+    """A checkpoint cannot be read or resumed; the message names it and the way on (often --restart)."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """A checkpoint saved by a run over other data: no checkpoint of it can be resumed by this run."""
+
+
 class JobStopped(ApplianceError):
     """A run ended early on purpose (e.g. too many non-finite steps in a row)."""
 

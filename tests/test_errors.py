@@ -28,3 +28,9 @@ def test_every_project_exception_is_an_appliance_error():
     assert len(found) > 40  # the walk reached the whole package
     outside = sorted(name for name, cls in found.items() if not issubclass(cls, ApplianceError))
     assert outside == sorted(CONTROL_FLOW)
+
+
+def test_every_project_error_has_one_base():
+    """A kind is caught as what it is: no project error is also a ValueError (or any other builtin)."""
+    two_based = sorted(name for name, cls in _exception_classes() if len(cls.__bases__) > 1)
+    assert two_based == []

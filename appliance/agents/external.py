@@ -183,6 +183,10 @@ class ExternalSource:
         # end of one collect to the start of the next (update and sync); chat requests arriving then wait.
         self.service.lock.acquire()  # closed until the trainer's first collect
         self._gate_held = True
+        self._open_endpoint(job_dir, bind)
+
+    def _open_endpoint(self, job_dir: Path, bind: EndpointBind) -> None:
+        """Serve the chat service (on the previous run's token and, when free, port) and write endpoint.json."""
         previous = previous_endpoint(job_dir)
         self.token = previous.token or secrets.token_urlsafe(32)
         self.server = _serve(build_app(self.service, self.token), bind, previous.port)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from appliance.durable import fsync_dir
-from appliance.errors import ApplianceError, DiskFullError
+from appliance.errors import CheckpointError, DiskFullError
 
 SCHEMA_VERSION = 2
 STATE_FILE = "state.json"
@@ -39,10 +39,6 @@ PAYLOAD = ("adapter/adapter_model.safetensors", "adapter/adapter_config.json", "
 DISK_MARGIN = 1.1
 # How torch's zip writer reports a full disk: "enforce fail at inline_container.cc ... unexpected pos".
 _TORCH_DISK_FULL = ("unexpected pos", "file write failed", "No space left")
-
-
-class CheckpointError(ApplianceError):
-    pass
 
 
 @dataclass(frozen=True)

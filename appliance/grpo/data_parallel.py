@@ -25,7 +25,6 @@ from appliance.grpo.rollout import ScoredRollout
 from appliance.grpo.sampling import concat_rollouts
 from appliance.grpo.trainer import Trainer
 from appliance.grpo.update import UpdateStats
-from appliance.judge.log import JudgeLog
 
 WORLD_FILE = "world.json"
 
@@ -114,13 +113,7 @@ class RankTrainer(Trainer):
         if not rank.is_main:
             self.records = SilentRecords(self.job_dir)
             self.checkpoints = ReadOnlyCheckpoints(self.job_dir, self.spec.checkpoint.keep_last)
-            if self.judge is not None and self.judge.log is not None:  # judge.jsonl is rank 0's
-                self.judge.log.close()
-                self.judge.log = JudgeLog(
-                    self.job_dir / f"judge.rank{rank.rank}.jsonl",
-                    self.spec.judge.log_max_bytes,
-                    self.spec.judge.log_backups,
-                )
+            self.judging.log_to(self.job_dir / f"judge.rank{rank.rank}.jsonl")  # judge.jsonl is rank 0's
         self._local: ScoredRollout | None = None
 
     # ----- the step: local rollout and update, global record ----------------------------------------

@@ -147,7 +147,7 @@ class Student:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        from appliance.grpo.checkpoint import CheckpointError
+        from appliance.errors import CheckpointError
 
         state = load_file(str(Path(folder) / "adapter_model.safetensors"), device=str(self.device))
         result = set_peft_model_state_dict(self.model, state)

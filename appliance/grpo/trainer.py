@@ -17,15 +17,17 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from appliance.config import best as best_rule
 from appliance.config.schema import JobSpec
 from appliance.engines.base import GenerationEngine, Sampling
-from appliance.errors import JobStopped
-from appliance.grpo.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager
+from appliance.errors import CheckpointError, CheckpointMismatch, JobStopped
+from appliance.grpo.checkpoint import CheckpointInfo, CheckpointManager
 from appliance.grpo.hooks import RunHooks
+from appliance.grpo.judging import Judging, judging_for
 from appliance.grpo.optim import make_optimizer, make_scheduler
 from appliance.grpo.phases import PhaseClock
 from appliance.grpo.records import RunRecords
@@ -39,6 +41,9 @@ from appliance.grpo.trajectories import AgentJob, ScoredTrajectories
 from appliance.grpo.update import GrpoUpdater, UpdateStats
 from appliance.rewards.registry import WeightedReward
 from appliance.tasks.base import Task
+
+if TYPE_CHECKING:
+    from appliance.judge.judge import Judge
 
 SAMPLES_PER_STEP = 8  # completions recorded in samples.jsonl per step (bounded)
 # Steps in a row whose update was skipped for a NaN/inf loss or gradient before the job stops.
@@ -77,7 +82,7 @@ class Trainer:
         task: Task | None,
         rewards: list[WeightedReward],
         choices: RuntimeChoices,
-        judge=None,
+        judge: Judge | None = None,
         ledger=None,
         plan=None,
         agent: AgentJob | None = None,
@@ -91,7 +96,7 @@ class Trainer:
         self.task = task
         self.rewards = rewards
         self.choices = choices
-        self.judge = judge
+        self.judging: Judging = judging_for(judge)  # the judge's engine, totals and outcomes, or none
         self.ledger = ledger
         self.plan = plan
         self.hooks = hooks or RunHooks()
@@ -132,6 +137,11 @@ class Trainer:
                     raise CheckpointError(f"missing {', '.join(missing)}")
                 load_payload(info.path, self.student, self.optimizer, self.scheduler)
                 self.source.load_state(info.state)
+            except CheckpointMismatch as error:  # an older checkpoint of the run holds the same data cursor
+                raise CheckpointMismatch(
+                    f"cannot resume from {info.path}: {error}; resume with the same task settings and data, "
+                    "or --restart to begin the run again"
+                ) from None
             except Exception as error:  # noqa: BLE001 - any unreadable file means: use the previous one
                 problems.append(f"{info.path.name}: {type(error).__name__}: {error}")
                 self.records.log(
@@ -173,8 +183,7 @@ class Trainer:
 
     def train_step(self) -> StepRecord:
         clock = PhaseClock(self.ledger, self.on_event, self._enter)
-        if self.judge is not None:
-            self.judge.set_step(self.step + 1)
+        self.judging.set_step(self.step + 1)
         before = self._token_totals()
         scored = self._rollout(clock)
         with clock.phase("train"):
@@ -275,12 +284,10 @@ class Trainer:
                 self.on_event("engine_metrics", snapshot=snapshot)
 
     def _enter(self, planned: str) -> None:
-        enter_phase(
-            planned, self.engine, self.judge.engine if self.judge is not None else None, self.choices.time_share
-        )
+        enter_phase(planned, self.engine, self.judging.engine, self.choices.time_share)
 
     def engines(self) -> list[GenerationEngine]:
-        return [self.engine] + ([self.judge.engine] if self.judge is not None else [])
+        return [self.engine] + self.judging.engines()
 
     # ----- evaluation and the best adapter ------------------------------------------------------
 
@@ -337,21 +344,12 @@ class Trainer:
     # ----- the record ---------------------------------------------------------------------------
 
     def _token_totals(self) -> dict:
-        totals = {"student": (self.engine.counters.generated_tokens, self.engine.counters.prompt_tokens)}
-        if self.judge is not None:
-            stats = self.judge.stats()
-            totals["judge"] = (stats["generated_tokens"], stats["prompt_tokens"])
-            totals["judge_seconds"] = stats["seconds"]
-        return totals
+        student = (self.engine.counters.generated_tokens, self.engine.counters.prompt_tokens)
+        return {"student": student, **self.judging.totals()}
 
     def _seconds(self, clock: PhaseClock, before: dict) -> dict[str, float]:
         """Phase seconds, with the judge's share of the reward phase shown as its own phase."""
-        seconds = clock.total()
-        if self.judge is not None:
-            judged = self.judge.stats()["seconds"] - before["judge_seconds"]
-            seconds["judge"] = judged
-            seconds["reward"] = max(0.0, seconds.get("reward", 0.0) - judged)
-        return seconds
+        return self.judging.split_seconds(clock.total(), before)
 
     def memory_reading(self) -> MemoryReading:
         ledger = self.ledger
@@ -411,7 +409,7 @@ class Trainer:
             eval=evaluation,
             logprob_diff_mean=stats.logprob_diff_mean,
             logprob_diff_max=stats.logprob_diff_max,
-            judge_outcomes=dict(self.judge.outcomes) if self.judge is not None else {},
+            judge_outcomes=self.judging.outcomes(),
             groups_trained=int((scored.trained if isinstance(scored, ScoredRollout) else informative).sum()),
             sampling_rounds=self.source.sampling_rounds,
             prompts_skipped=self.source.prompts_skipped,
@@ -452,8 +450,7 @@ class Trainer:
     def close(self) -> None:
         """Release the engines (vLLM child processes, the judge's model); the trainer is unusable afterwards."""
         self.source.close()
-        if self.judge is not None:
-            self.judge.close()
+        self.judging.close()
         for engine in self.engines():
             engine.close()
 

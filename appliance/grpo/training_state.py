@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from appliance.grpo.checkpoint import CheckpointError, load_tensors, restore_rng_state, rng_state
+from appliance.errors import CheckpointError
+from appliance.grpo.checkpoint import load_tensors, restore_rng_state, rng_state
 
 
 def adapter_is_finite(student) -> bool:

@@ -18,7 +18,7 @@ from typing import Callable
 from appliance.errors import ApplianceError
 
 
-class RewardError(ApplianceError, ValueError):
+class RewardError(ApplianceError):
     """A reward in the job file cannot be built or returned a bad value; the message says what to change."""
 
 

@@ -159,7 +159,7 @@ def _try_rule(where: str, function: Callable[..., float], params: dict) -> None:
     """Call a rule once on an empty completion so that bad param values (length target 0) fail now."""
     try:
         function("", "", None, {}, **params)
-    except (ValueError, TypeError) as error:
+    except (RewardError, ValueError, TypeError) as error:  # a rule's own RewardError gets the entry's name too
         raise RewardError(f"{where}: {error}") from error
 
 

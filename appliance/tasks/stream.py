@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
+from appliance.errors import CheckpointError, CheckpointMismatch
 from appliance.tasks.base import Problem
 
 
@@ -51,12 +52,11 @@ class ProblemStream:
     def load_state_dict(self, state: dict) -> None:
         for key, expected in (("num_problems", len(self.problems)), ("seed", self.seed)):
             if key in state and state[key] != expected:
-                raise ValueError(
-                    f"checkpoint data cursor was saved with {key}={state[key]}, but this run has {key}={expected};"
-                    " resume with the same task settings"
+                raise CheckpointMismatch(
+                    f"the checkpoint's data cursor was saved with {key}={state[key]}, but this run has {key}={expected}"
                 )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self.problems):
-            raise ValueError(f"checkpoint data cursor is out of range: epoch={epoch}, position={position}")
+            raise CheckpointError(f"the checkpoint's data cursor is out of range: epoch={epoch}, position={position}")
         self.epoch, self.position = epoch, position
         self._order = self._epoch_order(epoch)

@@ -9,6 +9,7 @@ import pytest
 
 from appliance.config.schema import RewardSpec
 from appliance.rewards import (
+    RULES,
     RewardError,
     RewardSample,
     build_rewards,
@@ -67,6 +68,17 @@ def test_bad_params_fail_at_build_time(tmp_path):
         build_rewards([RewardSpec(name="length", params={"target": 0})], tmp_path)
     with pytest.raises(RewardError, match=r"rewards\[0\] \('length'\)"):
         build_rewards([RewardSpec(name="length")], tmp_path)
+
+
+def test_a_rule_refusing_its_params_with_a_reward_error_is_named_by_its_entry(tmp_path, monkeypatch):
+    def strict(prompt, completion, reference, metadata, limit=1):
+        if limit < 1:
+            raise RewardError(f"limit must be at least 1, got {limit}")
+        return 1.0
+
+    monkeypatch.setitem(RULES, "strict", strict)
+    with pytest.raises(RewardError, match=r"^rewards\[1\] \('strict'\): limit must be at least 1, got 0$"):
+        build_rewards([RewardSpec(name="correctness"), RewardSpec(name="strict", params={"limit": 0})], tmp_path)
 
 
 def test_unknown_name_suggests_the_closest(tmp_path):

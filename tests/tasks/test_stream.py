@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from appliance.errors import CheckpointError, CheckpointMismatch
 from appliance.tasks import Problem, ProblemStream
 
 
@@ -60,7 +61,14 @@ def test_a_batch_larger_than_the_dataset_spans_epochs():
 
 def test_resuming_on_different_data_is_refused():
     saved = ProblemStream(problems(10), seed=42).state_dict()
-    with pytest.raises(ValueError, match="num_problems=10, but this run has num_problems=11"):
+    with pytest.raises(CheckpointMismatch, match="num_problems=10, but this run has num_problems=11"):
         ProblemStream(problems(11), seed=42).load_state_dict(saved)
-    with pytest.raises(ValueError, match="seed=42, but this run has seed=7"):
+    with pytest.raises(CheckpointMismatch, match="seed=42, but this run has seed=7"):
         ProblemStream(problems(10), seed=7).load_state_dict(saved)
+
+
+@pytest.mark.parametrize("cursor", [{"epoch": -1, "position": 0}, {"epoch": 0, "position": 11}])
+def test_a_cursor_out_of_range_is_a_damaged_checkpoint_not_other_data(cursor):
+    with pytest.raises(CheckpointError, match="out of range") as refused:
+        ProblemStream(problems(10), seed=42).load_state_dict({**cursor, "num_problems": 10, "seed": 42})
+    assert not isinstance(refused.value, CheckpointMismatch)  # resume falls back to the previous checkpoint
