@@ -1,7 +1,7 @@
 """Spellings the job file and the code share, each defined once.
 
-The judge's reward name, how a plugin reward is written, and the prefix of
-the datasets shipped inside the package. Config checks, the reward registry,
+The judge's reward name, how a plugin reward is written, the prefix of the
+datasets shipped inside the package, and the tool-call markup. Config checks, the reward registry,
 the task loader and the trainer all read them from here.
 """
 
@@ -20,6 +20,8 @@ PLUGIN_REWARD = re.compile(r"^(?P<file>.+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_
 PLUGIN_SYNTAX = "path/to/file.py:function"
 # task.dataset of a dataset shipped inside the package: builtin:multiply, builtin:gsm8k.
 BUILTIN_DATASET_PREFIX = "builtin:"
+# How an agent's tool call is written (agents/toolcalls.py); the judge's injection guard lets it through.
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
 def is_plugin_reward(name: str) -> bool:

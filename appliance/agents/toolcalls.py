@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import jsonschema
 
+from appliance.conventions import CALL_CLOSE, CALL_OPEN
 from appliance.agents.trajectory import AssistantMessage, FunctionCall, Message, ToolCall, ToolMessage
 from appliance.errors import ApplianceError
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
 CALL_EXAMPLE = '<tool_call>{"name": "TOOL_NAME", "arguments": {"ARG": VALUE}}</tool_call>'

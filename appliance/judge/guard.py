@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from appliance.agents.toolcalls import CALL_CLOSE, CALL_OPEN
+from appliance.conventions import CALL_CLOSE, CALL_OPEN
 from appliance.judge.escape import TokenEscaper
 
 _SCORE_WORDS = (
