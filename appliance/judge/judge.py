@@ -451,11 +451,7 @@ class Judge:
             stop=('"',),
             regex=REASON_REGEX,
         )
-        started = self.clock()
-        outputs = self.engine.generate(prompts, sampling)
-        elapsed = self.clock() - started
-        self.counters.calls += 1
-        self.counters.generate_seconds += elapsed
+        outputs, elapsed = self._generate(prompts, sampling)
         for request, completions in zip(requests, outputs):
             completion = completions[0]
             request.latency_seconds += elapsed
@@ -524,6 +520,15 @@ class Judge:
         for request in requests:
             self.outcomes[request.outcome] += 1
 
+    def _generate(self, prompts: list[str], sampling: Sampling) -> tuple[list[list[Completion]], float]:
+        """One generate call of the judge's, counted and timed (its seconds are every request's wait)."""
+        started = self.clock()
+        outputs = self.engine.generate(prompts, sampling)
+        elapsed = self.clock() - started
+        self.counters.calls += 1
+        self.counters.generate_seconds += elapsed
+        return outputs, elapsed
+
     def _temperature(self, attempt: int) -> float:
         return self.spec.temperature * 0.5**attempt
 
@@ -553,11 +558,7 @@ class Judge:
                 stop=stop,
                 regex=regex,
             )
-            started = self.clock()
-            outputs = self.engine.generate(prompts, sampling)
-            elapsed = self.clock() - started
-            self.counters.calls += 1
-            self.counters.generate_seconds += elapsed
+            outputs, elapsed = self._generate(prompts, sampling)
             for request, completions in zip(pending, outputs):
                 request.record(completions[0], elapsed)
                 self.counters.prompt_tokens += len(completions[0].prompt_token_ids)
