@@ -52,7 +52,7 @@ class RankStream:
 class SilentRecords(RunRecords):
     """A rank other than 0 writes no records (rank 0 writes the job's)."""
 
-    def rewind_to(self, step: int) -> None:
+    def rewind_to(self, step: int, checkpoint_record: dict | None = None) -> None:
         pass
 
     def metrics(self, record: dict) -> None:

@@ -66,10 +66,17 @@ class RunRecords:
         self.log_path = self.job_dir / "log.txt"
         self.samples_limit_bytes = samples_limit_bytes
 
-    def rewind_to(self, step: int) -> None:
-        """Drop the lines of steps after `step` (they run again after a resume)."""
+    def rewind_to(self, step: int, checkpoint_record: dict | None = None) -> None:
+        """Drop the lines of steps after `step` (they run again after a resume).
+
+        A crash between writing step `step`'s checkpoint and its metrics line would lose that
+        line for good (the step does not run again): the checkpoint's copy of the record
+        (`checkpoint_record`) is written back then.
+        """
         for path in (self.metrics_path, self.samples_path, self.judge_path):
             truncate_after_step(path, step)
+        if checkpoint_record is not None and not any(row.get("step") == step for row in read_jsonl(self.metrics_path)):
+            append_jsonl(self.metrics_path, checkpoint_record)
 
     def metrics(self, record: dict) -> None:
         append_jsonl(self.metrics_path, record)

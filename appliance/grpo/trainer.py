@@ -11,6 +11,7 @@ from __future__ import annotations
 import appliance.offline  # noqa: F401
 
 import dataclasses
+import json
 import resource
 import shutil
 import statistics
@@ -165,7 +166,7 @@ class Trainer:
         self.micro_batch_size = info.state.get("micro_batch_size", self.micro_batch_size)
         self.nonfinite_in_a_row = info.state.get("nonfinite_in_a_row", 0)
         self.best = self._reconciled_best(info)
-        self.records.rewind_to(self.step)
+        self.records.rewind_to(self.step, info.state.get("record"))
         self.engine.update_adapter(info.path / "adapter", self.step)
         self.records.log(f"resumed '{self.spec.name}' at step {self.step} from {info.path}")
 
@@ -426,6 +427,9 @@ class Trainer:
                 "job": self.spec.name,
                 "data_cursor": kept["data_cursor"],
                 "metrics": {k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))},
+                # The step's metrics line is written after its checkpoint: a crash between the two is mended
+                # from this copy on resume (its seconds lack the checkpoint's own).
+                "record": json.loads(json.dumps(record.to_dict(), default=float)),
                 "best": self.best,
                 "micro_batch_size": self.micro_batch_size,
                 "nonfinite_in_a_row": self.nonfinite_in_a_row,

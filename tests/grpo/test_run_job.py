@@ -75,6 +75,24 @@ def test_resume_falls_back_past_a_damaged_newest_checkpoint(tiny_model_dir, tmp_
     assert result.step == 3 and [r.step for r in _metrics(job_dir)] == [1, 2, 3]
 
 
+def test_a_crash_between_checkpoint_and_metrics_line_loses_no_record(tiny_model_dir, tmp_path, fresh_data_dir):
+    """The metrics line of a step is written after its checkpoint; kill -9 between the two leaves exactly this."""
+    spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, grpo={"steps": 2}, checkpoint={"every": 1, "keep_last": 3})
+    job_dir = fresh_data_dir / "jobs" / "tiny"
+    run_job(spec, fresh_data_dir, job_dir, job_file_dir=tmp_path)
+    whole = (job_dir / "metrics.jsonl").read_text().splitlines()
+    (job_dir / "metrics.jsonl").write_text(whole[0] + "\n")  # step 2 checkpointed, its line never written
+    longer = _spec(tiny_model_dir, tmp_path, fresh_data_dir, grpo={"steps": 3}, checkpoint={"every": 1, "keep_last": 3})
+    result = run_job(longer, fresh_data_dir, job_dir, job_file_dir=tmp_path, resume=True)
+    records = _metrics(job_dir)
+    assert result.step == 3 and [r.step for r in records] == [1, 2, 3]  # step 2 written back once, not run again
+    mended = json.loads((job_dir / "metrics.jsonl").read_text().splitlines()[1])
+    original = json.loads(whole[1])
+    assert {k: mended[k] for k in ("reward_mean", "loss", "completions")} == {
+        k: original[k] for k in ("reward_mean", "loss", "completions")
+    }
+
+
 def test_iterations_and_kl_with_held_out_evaluation_choosing_best(tiny_model_dir, tmp_path, fresh_data_dir):
     spec = _spec(
         tiny_model_dir,
