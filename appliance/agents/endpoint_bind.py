@@ -105,7 +105,7 @@ def parse_bind(addr: str | None, public_host: str | None = None) -> EndpointBind
         )
     host = match["v6"] or match["host"]
     try:
-        ipaddress.ip_address(host)
+        address = ipaddress.ip_address(host)
     except ValueError:
         raise EndpointBindError(
             f"--agent-endpoint-addr host {host[:80]!r} must be an IP address to listen on (0.0.0.0 for all, "
@@ -120,12 +120,12 @@ def parse_bind(addr: str | None, public_host: str | None = None) -> EndpointBind
                 f"{MAX_PORTS} ports, low first"
             )
         ports = (low, high)
-    if ipaddress.ip_address(host).is_loopback and public_host is not None:
+    if address.is_loopback and public_host is not None:
         raise EndpointBindError(
             f"--agent-endpoint-host {public_host!r} names this box for other hosts, but --agent-endpoint-addr "
             f"{addr[:80]!r} listens on loopback only: listen on 0.0.0.0 (or an interface's address) too"
         )
-    if ipaddress.ip_address(host).is_unspecified and public_host is None:
+    if address.is_unspecified and public_host is None:
         raise EndpointBindError(
             f"--agent-endpoint-addr {addr[:80]!r} listens on every address: also set --agent-endpoint-host to the "
             "name other hosts reach this box by, which the endpoint's URL is given with"

@@ -35,18 +35,12 @@ class EndpointRefused(SubmissionRejected):
 
 def job_endpoint(daemon: "Daemon", job_id: str) -> EndpointInfo:
     """The endpoint of running external job `job_id`, as its clients reach it; refused when there is none."""
-    document = _serving_document(daemon, job_id)
-    return EndpointInfo(
-        job_id=job_id,
-        url=document["url"],
-        token=document["token"],
-        model=document["model"],
-        step=daemon.store.get(job_id).summary.step,
-    )
+    step, document = _serving_document(daemon, job_id)
+    return EndpointInfo(job_id=job_id, url=document["url"], token=document["token"], model=document["model"], step=step)
 
 
-def _serving_document(daemon: "Daemon", job_id: str) -> dict:
-    """The running worker's endpoint.json; EndpointRefused when the job has no endpoint or serves none yet."""
+def _serving_document(daemon: "Daemon", job_id: str) -> tuple[int, dict]:
+    """The job's step and its running worker's endpoint.json; EndpointRefused when it serves none (yet)."""
     row = daemon.store.get(job_id)
     environment = (row.spec.get("task") or {}).get("environment")
     if environment != EXTERNAL_ENVIRONMENT:
@@ -66,12 +60,12 @@ def _serving_document(daemon: "Daemon", job_id: str) -> dict:
             f"job '{job_id}' is starting and does not serve its endpoint yet (the model is"
             " loading); ask again in a few seconds",
         )
-    return document
+    return summary.step, document
 
 
 def forward_trajectories(daemon: "Daemon", job_id: str, groups: list[dict]) -> TrajectoriesAccepted:
     """Hand `groups` to the job's endpoint for checking and queueing; its verdict, as the API's answer."""
-    document = _serving_document(daemon, job_id)
+    _, document = _serving_document(daemon, job_id)
     # Over loopback, wherever else the endpoint listens (a worker from before local_url was written: its url).
     base = str(document.get("local_url") or document["url"]).removesuffix("/").removesuffix("/v1")
     try:
