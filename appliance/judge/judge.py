@@ -123,12 +123,18 @@ class _Request:
             return self.messages
         return retry_messages(self.messages, self.outputs[-1], self.errors[-1])
 
-    def record(self, completion: Completion, seconds: float) -> None:
+    def answered(self, completion: Completion, seconds: float) -> bool:
+        """Count the wait; False (and the outcome set) when a remote engine's request failed after its retries."""
         self.latency_seconds += seconds
-        if completion.error is not None:
-            # A remote engine's request failed after its own retries: an outcome to count, not an answer to retry.
-            self.errors.append(completion.error)
-            self.outcome = "timeout" if completion.finish_reason == "timeout" else "parse_error"
+        if completion.error is None:
+            return True
+        # An outcome to count, not an answer to retry.
+        self.errors.append(completion.error)
+        self.outcome = "timeout" if completion.finish_reason == "timeout" else "parse_error"
+        return False
+
+    def record(self, completion: Completion, seconds: float) -> None:
+        if not self.answered(completion, seconds):
             return
         answer = (
             close_group_answer(self.prefill + completion.text, len(self.members))
@@ -454,10 +460,7 @@ class Judge:
         outputs, elapsed = self._generate(prompts, sampling)
         for request, completions in zip(requests, outputs):
             completion = completions[0]
-            request.latency_seconds += elapsed
-            if completion.error is not None:  # a remote engine's request failed after its own retries
-                request.errors.append(completion.error)
-                request.outcome = "timeout" if completion.finish_reason == "timeout" else "parse_error"
+            if not request.answered(completion, elapsed):
                 continue
             request.rationale = rationale_from(completion.text)
             request.rationale_cut = completion.finish_reason == "length"
