@@ -60,11 +60,10 @@ async def test_operator_path_against_a_real_daemon(daemon):
     async with app.run_test(size=(120, 40), notifications=True, message_hook=record) as pilot:
         await until(
             pilot,
-            lambda: app.reachable is True and isinstance(app.screen, JobsScreen),
-            "the jobs screen reaching the daemon",
+            lambda: app.reachable is True and isinstance(app.screen, JobsScreen) and "no jobs yet" in screen_text(app),
+            "the jobs screen reaching the daemon and listing no jobs",
             30,
         )
-        assert "no jobs yet" in screen_text(app)
 
         # New job: validate (the daemon's dry run shows the plan), then submit.
         await pilot.press("n")
