@@ -17,6 +17,24 @@ from pathlib import Path
 import pytest
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+IMAGE_STORAGE_CONF = REPO_ROOT / "images" / "ci" / "storage.conf"
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """podman on CI's image storage (images/ci/storage.conf) unless CONTAINERS_STORAGE_CONF names another."""
+    env = {**os.environ, "CONTAINERS_STORAGE_CONF": os.environ.get("CONTAINERS_STORAGE_CONF", str(IMAGE_STORAGE_CONF))}
+    return subprocess.run(["podman", *args], env=env, check=check, capture_output=True, text=True)
+
+
+def link_or_copy(source, target) -> None:
+    """shutil.copytree's copy_function for large trees: a hard link, a copy where that is another filesystem."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 def need_tool(name: str, package: str) -> str:
     """The path of a system program; skipped where it is absent, a failure in CI (.ci/run installs it)."""
     path = shutil.which(name)

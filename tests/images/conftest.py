@@ -18,15 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from packaging_support import make_signing_key
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STORAGE_CONF = REPO_ROOT / "images" / "ci" / "storage.conf"
-
-
-def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CONTAINERS_STORAGE_CONF": os.environ.get("CONTAINERS_STORAGE_CONF", str(STORAGE_CONF))}
-    return subprocess.run(["podman", *args], env=env, check=check, capture_output=True, text=True)
+from packaging_support import make_signing_key, podman
 
 
 @dataclass
