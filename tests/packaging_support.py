@@ -18,13 +18,18 @@ import pytest
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-IMAGE_STORAGE_CONF = REPO_ROOT / "images" / "ci" / "storage.conf"
+
+
+def image_storage_env() -> dict[str, str]:
+    """The environment with CI's image storage: what images/ci-build-check chose (CONTAINERS_STORAGE_CONF), else
+    images/ci/storage.conf."""
+    default = str(REPO_ROOT / "images" / "ci" / "storage.conf")
+    return {**os.environ, "CONTAINERS_STORAGE_CONF": os.environ.get("CONTAINERS_STORAGE_CONF", default)}
 
 
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """podman on CI's image storage (images/ci/storage.conf) unless CONTAINERS_STORAGE_CONF names another."""
-    env = {**os.environ, "CONTAINERS_STORAGE_CONF": os.environ.get("CONTAINERS_STORAGE_CONF", str(IMAGE_STORAGE_CONF))}
-    return subprocess.run(["podman", *args], env=env, check=check, capture_output=True, text=True)
+    """podman on CI's image storage (image_storage_env)."""
+    return subprocess.run(["podman", *args], env=image_storage_env(), check=check, capture_output=True, text=True)
 
 
 def link_or_copy(source, target) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from appliance import __version__
 from appliance.models.provision import DEMO_MODEL_NAME
+from packaging_support import image_storage_env
 
 pytestmark = pytest.mark.image
 
@@ -34,11 +35,7 @@ def client_wheels() -> list[str]:
 @pytest.fixture(scope="module")
 def bundle(image, store_data_dir: Path, signing_key, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "appliance-bundle"
-    env = {
-        **os.environ,
-        "CONTAINERS_STORAGE_CONF": str(REPO_ROOT / "images" / "ci" / "storage.conf"),
-        "GNUPGHOME": str(signing_key.home),
-    }
+    env = {**image_storage_env(), "GNUPGHOME": str(signing_key.home)}
     made = run(
         REPO_ROOT / "images" / "bundle",
         "--out",

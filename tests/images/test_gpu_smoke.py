@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from appliance.grpo.step_record import MemoryReading, RewardStats, StepRecord
+from packaging_support import image_storage_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMOKE = REPO_ROOT / "images" / "gpu-smoke"
@@ -59,11 +60,7 @@ def smi(tmp_path: Path) -> Path:
 
 
 def smoke(*argv, smi: Path | None = None, path: str | None = None) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "FAKE_SMI": str(smi or ""),
-        "CONTAINERS_STORAGE_CONF": str(REPO_ROOT / "images/ci/storage.conf"),
-    }
+    env = {**image_storage_env(), "FAKE_SMI": str(smi or "")}
     env["PATH"] = path if path is not None else f"{smi / 'bin'}:{os.environ['PATH']}" if smi else os.environ["PATH"]
     return subprocess.run(
         [sys.executable, SMOKE, *map(str, argv)], capture_output=True, text=True, env=env, timeout=120
