@@ -41,15 +41,21 @@ class MountedImage:
         self, *argv: str, binds: dict[Path, str] | None = None, user: str = "appliance", timeout: float = 300
     ) -> subprocess.CompletedProcess:
         """argv inside the image root as `user`, with the image's environment and the given
-        read-only bind mounts (host path -> path in the image) and a fresh /tmp, as a container has, in a
-        private mount namespace so that nothing stays mounted and the image's files are never written (an
-        overlay mount of the image is read-only; a vfs one is the image's own folder)."""
+        read-only bind mounts (host path -> path in the image), and what a container has: a fresh /tmp and an
+        empty volume at each of the image's VOLUMEs, with its folder's owner and mode. All of it in a private
+        mount namespace, so that nothing stays mounted and the image's files are never written (an overlay
+        mount of the image is read-only; a vfs one is the image's own folder)."""
         ids = self.ids(user)
         mounts = [
             f"mount -t proc proc {self.root}/proc",
             f"mount --rbind /dev {self.root}/dev",
             f"mount -t tmpfs -o mode=1777 tmpfs {self.root}/tmp",
         ]
+        for volume in self.config.get("Volumes") or {}:
+            folder = self.root / volume.lstrip("/")
+            owner = folder.stat()
+            options = f"mode={owner.st_mode & 0o7777:o},uid={owner.st_uid},gid={owner.st_gid}"
+            mounts.append(f"mount -t tmpfs -o {options} tmpfs {shlex.quote(str(folder))}")
         for source, target in (binds or {}).items():
             mounts.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(str(self.root) + target)}")
             mounts.append(f"mount -o remount,bind,ro {shlex.quote(str(self.root) + target)}")
