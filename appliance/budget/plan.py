@@ -88,9 +88,11 @@ class Plan:
         lines.append(f"{'peak':<18}" + "".join(f"{gib(self.phases[name].peak_bytes):>13}" for name in names))
         lines.append("")
         c = self.choices
+        # vLLM generates from its own copy whatever the fit chose for the transformers engine.
+        weights = "vllm_copy" if self.rollout_engine == "vllm" else c.rollout_weights
         lines.append(
             f"choices: micro_batch_size {c.micro_batch_size} x grad_accumulation {c.grad_accumulation}, "
-            f"gradient_checkpointing {'on' if c.gradient_checkpointing else 'off'}, rollout_weights {c.rollout_weights}, "
+            f"gradient_checkpointing {'on' if c.gradient_checkpointing else 'off'}, rollout_weights {weights}, "
             f"time_share {'on' if c.time_share else 'off'}, rollout batch {c.rollout_batch} "
             f"(KV {gib(c.rollout_kv_bytes)})"
             + (f", judge batch {c.judge_batch} (KV {gib(c.judge_kv_bytes)})" if "judge" in self.phases else "")

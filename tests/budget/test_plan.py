@@ -197,6 +197,9 @@ def test_vllm_rollout_weights_are_the_copy_vllm_loads(job, configs):
     generate = plan.phases["generate"].resident
     assert plan.rollout_engine == "vllm"
     assert generate["rollout_weights"] == generate["student_weights"]
+    # The summary names vLLM's copy, not the transformers engine's merged copy it never builds.
+    assert "rollout_weights vllm_copy," in plan.render()
+    assert "rollout_weights merged_copy" not in plan.render()
 
 
 def test_the_transformers_merged_copy_is_the_bf16_model_and_one_target_merging_at_a_time(job, configs):
