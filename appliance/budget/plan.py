@@ -88,8 +88,9 @@ class Plan:
         lines.append(f"{'peak':<18}" + "".join(f"{gib(self.phases[name].peak_bytes):>13}" for name in names))
         lines.append("")
         c = self.choices
-        # vLLM generates from its own copy whatever the fit chose for the transformers engine.
-        weights = "vllm_copy" if self.rollout_engine == "vllm" else c.rollout_weights
+        # The fit's reason says when vLLM generates from its own copy, whatever the transformers setting.
+        weights_reason = c.reasons.get("rollout_weights")
+        weights = "vllm_copy" if weights_reason and weights_reason.kind == "vllm_copy" else c.rollout_weights
         lines.append(
             f"choices: micro_batch_size {c.micro_batch_size} x grad_accumulation {c.grad_accumulation}, "
             f"gradient_checkpointing {'on' if c.gradient_checkpointing else 'off'}, rollout_weights {weights}, "
