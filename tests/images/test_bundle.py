@@ -53,7 +53,8 @@ def bundle(image, store_data_dir: Path, signing_key, tmp_path_factory) -> Path:
         timeout=900,
     )
     assert made.returncode == 0, made.stderr[-3000:]
-    return out
+    yield out
+    shutil.rmtree(out.parent)  # about 4 GB, the image archive most of it
 
 
 @pytest.fixture(scope="module")
