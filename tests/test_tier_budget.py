@@ -23,7 +23,7 @@ def test_fast_tier():
 """
 
 
-def _run(pytester: pytest.Pytester, monkeypatch, model_budget: float) -> pytest.RunResult:
+def _run(pytester: pytest.Pytester, monkeypatch, model_budget: float, *args: str) -> pytest.RunResult:
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
     pytester.makeconftest(
         "import tier_budget\n"
@@ -33,7 +33,7 @@ def _run(pytester: pytest.Pytester, monkeypatch, model_budget: float) -> pytest.
         "    config.addinivalue_line('markers', 'model: m')\n"
     )
     pytester.makepyfile(INNER_TESTS)
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
 
 
 def test_a_tier_over_its_budget_fails_the_run_and_says_which(pytester, monkeypatch):
@@ -47,3 +47,15 @@ def test_tiers_within_budget_pass_and_print_their_time(pytester, monkeypatch):
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*time per tier*", "* model: *0 s /    60 s", "*  fast: *"])
     assert "OVER BUDGET" not in result.stdout.str()
+
+
+def test_modules_run_fast_tier_first_and_stay_whole(pytester, monkeypatch):
+    # test_a holds a model test and a fast one: the whole module goes after test_b's fast tests, in its own order.
+    pytester.makepyfile(
+        test_a="import pytest\n\n@pytest.mark.model\ndef test_heavy():\n    pass\n\ndef test_light():\n    pass\n",
+        test_b="def test_one():\n    pass\n\ndef test_two():\n    pass\n",
+    )
+    result = _run(pytester, monkeypatch, 60.0, "-v", "test_a.py", "test_b.py")
+    ran = [line.split(" ")[0] for line in result.stdout.lines if " PASSED" in line]
+    assert result.ret == pytest.ExitCode.OK
+    assert ran == ["test_b.py::test_one", "test_b.py::test_two", "test_a.py::test_heavy", "test_a.py::test_light"]
