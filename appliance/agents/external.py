@@ -46,6 +46,12 @@ _MESSAGE_FIELDS = {
 }
 
 
+def new_endpoint_token() -> str:
+    """A bearer token for a job's chat endpoint: 64 hex digits. Never a leading '-', which `--token VALUE` on an
+    agent's command line would read as an option (token_urlsafe gave one token in 64 that did)."""
+    return secrets.token_hex(32)
+
+
 class CollectStopped(StopBeforeStep):
     """The job was asked to stop while it waited for submitted trajectory groups."""
 
@@ -188,7 +194,7 @@ class ExternalSource:
     def _open_endpoint(self, job_dir: Path, bind: EndpointBind) -> None:
         """Serve the chat service (on the previous run's token and, when free, port) and write endpoint.json."""
         previous = previous_endpoint(job_dir)
-        self.token = previous.token or secrets.token_urlsafe(32)
+        self.token = previous.token or new_endpoint_token()
         self.server = _serve(build_app(self.service, self.token), bind, previous.port)
         port = urlsplit(self.server.url).port
         self.url, self.local_url = bind.client_url(port), bind.local_url(port)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -104,6 +105,8 @@ def test_an_external_agent_plays_and_its_groups_are_collected(source, tmp_path):
     }
     assert stat.S_IMODE((tmp_path / ENDPOINT_FILE).stat().st_mode) == 0o600
     assert source.url.startswith("http://127.0.0.1:")
+    # Hex, so never a leading '-' that `--token VALUE` would take for an option (a CI run drew one, 2026-11-27).
+    assert re.fullmatch(r"[0-9a-f]{64}", source.token)
 
     thread, box = collect_in_thread(source, 1, 1)
     played = run_agent(source, tmp_path / "played.json")
