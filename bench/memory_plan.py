@@ -341,6 +341,7 @@ def run_job_file(
         "ratio_to_trained_batch_plan": measured / at_trained if at_trained else None,
         "rss_after_load_bytes": loaded.get("rss_bytes"),
         "step_peak_rss_bytes": [r.memory.peak_rss_bytes for r in records],
+        "step_seconds": [{phase: round(value, 1) for phase, value in r.seconds.items()} for r in records],
         "seconds": time.monotonic() - started,
     }
 

@@ -25,6 +25,7 @@ import torch
 from appliance.config.schema import StudentSpec
 from appliance.grpo.student import Student, TokenBatch
 from appliance.models.store import resolve_model
+from workload import job_dict
 
 PROMPT, COMPLETION = 97, 24
 
@@ -50,18 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     model_dir = resolve_model("smollm2-135m-instruct", args.data_dir, verify=False)
-    spec = StudentSpec.model_validate(
-        {
-            "model": "smollm2-135m-instruct",
-            "quantization": "nf4",
-            "lora": {
-                "rank": 16,
-                "alpha": 32,
-                "dropout": 0.0,
-                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
-            },
-        }
-    )
+    spec = StudentSpec.model_validate(job_dict()["student"])  # the GRPO step benchmark's student
     torch.manual_seed(0)
     ids = torch.randint(100, 40000, (args.sequences, PROMPT + COMPLETION))
     batch = TokenBatch(

@@ -70,28 +70,44 @@ def weights_bytes(shape: ModelShape, quantization: str, dtype_bytes: int, double
     if quantization == "none":
         return shape.total_params * dtype_bytes
     if quantization in ("nf4", "fp4"):
-        packed = (shape.linear_params + 1) // 2
-        blocks = -(-shape.linear_params // QUANT_BLOCKSIZE)
-        if double_quant:
-            constants = blocks * 1 + -(-blocks // DOUBLE_QUANT_BLOCKSIZE) * FP32
-        else:
-            constants = blocks * FP32
-        return packed + constants + unquantized
+        return four_bit_bytes(shape.linear_params, double_quant) + unquantized
     if quantization == "int8":
         rows = shape.layers * sum(out for _, _, out in shape.block_linears)
-        return shape.linear_params + rows * FP32 + unquantized
+        return linear_weight_bytes(shape, quantization, dtype_bytes) + rows * FP32 + unquantized
     raise ValueError(f"unknown quantization '{quantization}' (expected nf4, fp4, int8 or none)")
+
+
+def four_bit_bytes(params: int, double_quant: bool = False) -> int:
+    """`params` weights in bitsandbytes' 4-bit storage: two a byte, plus each block's quantization constant."""
+    blocks = -(-params // QUANT_BLOCKSIZE)
+    constants = blocks * 1 + -(-blocks // DOUBLE_QUANT_BLOCKSIZE) * FP32 if double_quant else blocks * FP32
+    return (params + 1) // 2 + constants
+
+
+def untargeted_linear_params(shape: ModelShape, target_modules: list[str]) -> int:
+    """Weights of the decoder layers' linear layers that LoRA does not wrap (a Llama's MLP under q/k/v/o)."""
+    return shape.linear_params - shape.layers * sum(_target_sizes(shape, target_modules))
+
+
+def linear_weight_bytes(shape: ModelShape, quantization: str, dtype_bytes: int) -> int:
+    """The decoder layers' linear weights alone, as stored (without quantization constants)."""
+    if quantization in ("nf4", "fp4"):
+        return (shape.linear_params + 1) // 2
+    return shape.linear_params * (1 if quantization == "int8" else dtype_bytes)
 
 
 def sharded_weights_bytes(
     shape: ModelShape, quantization: str, dtype_bytes: int, double_quant: bool = False, shards: int = 1
 ) -> int:
-    """One rank's weights: all of them (shards=1), or under FSDP its shard plus one decoder layer gathered whole
-    for the forward and backward (FSDP-QLoRA stores the 4-bit weights in the compute dtype's storage, same bytes)."""
+    """One rank's weights: all of them (shards=1), or under FSDP (grpo/fsdp.py) its shard of the decoder layers'
+    linear weights plus one layer's gathered whole for the forward and backward, with the embeddings, head, norms
+    and 4-bit quantization constants whole on every rank (FSDP-QLoRA stores the 4-bit weights in the compute
+    dtype's storage: the same bytes)."""
     whole = weights_bytes(shape, quantization, dtype_bytes, double_quant)
     if shards <= 1:
         return whole
-    return -(-whole // shards) + -(-whole // shape.layers)
+    sharded = linear_weight_bytes(shape, quantization, dtype_bytes)
+    return whole - sharded + -(-sharded // shards) + -(-sharded // shape.layers)
 
 
 def lora_params(shape: ModelShape, rank: int, target_modules: list[str]) -> int:

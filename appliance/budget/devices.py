@@ -16,7 +16,7 @@ from appliance.budget.device import DeviceInfo
 from appliance.budget.plan import Plan, budget_of, plan_job
 from appliance.budget.shapes import shape_from_config
 from appliance.budget.workload import judge_prompt_tokens, resolve_compute_dtype, resolve_engine
-from appliance.config.schema import JobSpec
+from appliance.config.schema import JobSpec, ResourcesSpec
 from appliance.config.sizes import format_bytes
 
 
@@ -84,6 +84,13 @@ def rank_job(job: JobSpec) -> JobSpec:
     return job.model_copy(update=update)
 
 
+def student_sharding(resources: ResourcesSpec, whole_base_fits: bool) -> str:
+    """ddp (the whole base on every rank) or fsdp (sharded over the ranks): as set, else fsdp only when needed."""
+    if resources.sharding != "auto":
+        return resources.sharding
+    return "fsdp" if not whole_base_fits and resources.world_size > 1 else "ddp"
+
+
 def plan_devices(
     job: JobSpec,
     student_config: dict,
@@ -94,9 +101,9 @@ def plan_devices(
     """One DevicePlan per device of every node (the judge spans its devices on every node)."""
     resources = job.resources
     one_rank = rank_job(job)
-    sharding = resources.sharding
     plan = plan_job(one_rank, student_config, judge_config, device, prompt_tokens=prompt_tokens)
-    if sharding == "fsdp" or (sharding == "auto" and not plan.fits and resources.world_size > 1):
+    sharding = student_sharding(resources, plan.fits)
+    if sharding == "fsdp":
         plan = plan_job(
             one_rank,
             student_config,
@@ -105,9 +112,6 @@ def plan_devices(
             prompt_tokens=prompt_tokens,
             student_shards=resources.world_size,
         )
-        sharding = "fsdp"
-    else:
-        sharding = "ddp"
     judge = _judge_device(job, judge_config, device) if resources.judge_gpus else None
     plans = []
     for node in range(resources.nodes):

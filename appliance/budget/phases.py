@@ -87,15 +87,43 @@ class Sizing:
     judge_batch: int
 
 
+def shared_linear_params(work: Workload, rollout_weights: str) -> int:
+    """Linear weights the student holds dequantized, in the compute dtype, as the merged copy's own tensors.
+
+    A transformers merged copy dequantizes the 4-bit linear layers LoRA does not wrap once, and the student
+    trains through those same tensors instead of dequantizing its 4-bit copy at every forward and backward
+    (engines/merged_copy.py). Not under FSDP, whose shards are the student's own.
+    """
+    shares = (
+        work.rollout_engine == "hf"
+        and rollout_weights == "merged_copy"
+        and work.student_quantization in ("nf4", "fp4")
+        and work.student_shards == 1
+    )
+    return c.untargeted_linear_params(work.student, list(work.lora_targets)) if shares else 0
+
+
+def student_weights_bytes(work: Workload, rollout_weights: str) -> int:
+    """The student's base (one rank's share under FSDP), with the linear layers it shares with a merged copy
+    dequantized in place of their 4-bit storage."""
+    quantized = c.sharded_weights_bytes(
+        work.student, work.student_quantization, work.dtype_bytes, work.double_quant, work.student_shards
+    )
+    shared = shared_linear_params(work, rollout_weights)
+    return quantized - c.four_bit_bytes(shared, work.double_quant) + shared * work.dtype_bytes if shared else quantized
+
+
 def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
     """The rollout engine's own copy of the student, planned for the engine that holds it.
 
     vLLM always loads its own copy (it cannot share the trainer's tensors): bitsandbytes 4-bit on CUDA for
     a 4-bit student (engines/vllm_engine.for_student), else the compute dtype; under FSDP it is
     tensor-parallel over the devices the base is sharded on, so each holds its share. The transformers merged copy
-    holds the model in the compute dtype, and re-merges each LoRA target from the student's 4-bit base one layer
-    at a time after every step (engines/merged_copy.py): one target's fp32 weight and delta at a time. Sharing the
-    trainer's weights holds nothing more.
+    holds the LoRA targets in the compute dtype, re-merged from the student's 4-bit base one layer at a time after
+    every step (engines/merged_copy.py: one target's fp32 weight and delta at a time), and the rest of the model
+    too, but for what it shares with the student: the embeddings and head, and the dequantized linear layers LoRA
+    does not wrap (`shared_linear_params`, counted in the student's weights). Sharing the trainer's weights holds
+    nothing more.
     """
     if work.rollout_engine == "vllm":
         quantized = work.device_kind == "cuda" and work.student_quantization in ("nf4", "fp4")
@@ -104,7 +132,8 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
         return -(-whole // work.student_shards)
     if rollout_weights != "merged_copy":
         return 0
-    return work.student.total_params * work.dtype_bytes + c.merge_working_bytes(work.student, list(work.lora_targets))
+    copied = work.student.total_params - work.student.embedding_params - shared_linear_params(work, rollout_weights)
+    return copied * work.dtype_bytes + c.merge_working_bytes(work.student, list(work.lora_targets))
 
 
 def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
@@ -115,9 +144,7 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
         judge_weights = c.weights_bytes(work.judge, work.judge_quantization, dtype, work.double_quant)
     judge_shape = work.judge or work.student
     return {
-        "student_weights": c.sharded_weights_bytes(
-            work.student, work.student_quantization, dtype, work.double_quant, work.student_shards
-        ),
+        "student_weights": student_weights_bytes(work, s.rollout_weights),
         "rollout_weights": rollout_weights_bytes(work, s.rollout_weights),
         "student_lora": c.student_lora_bytes(work.trainable_params),
         "optimizer": c.optimizer_bytes(work.trainable_params, work.optimizer),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from appliance.config.schema import JobSpec
 from appliance.errors import ApplianceError
+from appliance.grpo.rank_threads import share_cores
 
 
 class LaunchError(ApplianceError):
@@ -68,10 +69,18 @@ def _int(text: str | None) -> int | None:
 
 
 def rank_command(args, data_dir: Path) -> list[str]:
-    """What each rank runs: this same command, resumed when asked (the job folder is already prepared)."""
+    """What each rank runs: this same command, resumed when asked (the job folder is already prepared).
+
+    --eval goes to every rank: each evaluates the same adapter (the weights are all-reduced) on the same
+    held-out problems, greedy, so they agree, and the ranks reach their next collective together.
+    """
     command = ["-m", "appliance", "train", str(Path(args.file).resolve()), "--data-dir", str(data_dir)]
     if args.resume:
         command.append("--resume")
+    if args.eval:
+        command.append("--eval")
+    if args.eval_limit is not None:
+        command += ["--eval-limit", str(args.eval_limit)]
     if args.verbose:
         command.append("--verbose")
     return command
@@ -103,6 +112,7 @@ def launch(args, spec: JobSpec, data_dir: Path) -> None:
     from torch.distributed.launcher.api import elastic_launch
 
     shape = topology(args, spec)
+    share_cores(os.environ, shape.nproc_per_node)  # the ranks inherit this process's environment
     try:
         elastic_launch(launch_config(spec, shape), sys.executable)(*rank_command(args, data_dir))
     except ChildFailedError as error:

@@ -6,7 +6,12 @@ was sampled from (temperature and top-p applied). Greedy when temperature is 0.
 `Sampling.stop` strings end generation (transformers' stop_strings); `regex`
 is not enforced here (no constrained decoding in this engine). A group's prompt
 is prefilled once: its KV cache is repeated for the group's n completions, so a
-batch of k prompts x n completions runs k prompt prefills, not k x n.
+batch of k prompts x n completions runs k prompt prefills, not k x n. Prompts
+that share a long token prefix (an agent's system prompt and worked episodes,
+or its conversation so far, at every turn of every rollout in the batch) run
+that prefix once: its KV is repeated over the batch and only each prompt's own
+suffix is prefilled, padded between prefix and suffix so that every row's last
+prompt token lands in the last column.
 
 `next_token_logprobs` is one forward pass over a batch of prompts with no
 sampling. Prompts are right-padded (the last real token is read, and with a
@@ -162,32 +167,57 @@ class HFEngine:
         self.counters.calls += 1
         return results
 
-    def _prefill(self, encoded, copies: int):
-        """The prompts' KV (all but the last token) computed once and repeated for each of `copies` completions.
+    def _encode_batch(self, prompts: list[str]) -> tuple[dict[str, torch.Tensor], int]:
+        """The prompts as one batch: ids and mask [rows, width], and how many leading tokens all rows share.
 
-        generate() then runs only each row's last prompt token before sampling. None when there is nothing to
-        share (one completion per prompt, or one-token prompts): generate prefills as usual.
+        Rows are laid out as shared prefix, padding, own suffix: the padding sits between the two, so the
+        prefix occupies the same columns in every row and each row's last prompt token is in the last
+        column, where generate() continues. Without a shared prefix this is plain left padding.
+        """
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        shared = shared_prefix_length(ids) if len(ids) > 1 else 0
+        if shared < MIN_SHARED_PREFIX_TOKENS:
+            shared = 0
+        width = max(len(row) for row in ids)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        input_ids = [row[:shared] + [pad] * (width - len(row)) + row[shared:] for row in ids]
+        mask = [[1] * shared + [0] * (width - len(row)) + [1] * (len(row) - shared) for row in ids]
+        encoded = {"input_ids": torch.tensor(input_ids), "attention_mask": torch.tensor(mask)}
+        return {key: value.to(self.device) for key, value in encoded.items()}, shared
+
+    def _prefill(self, encoded, shared: int, copies: int):
+        """The prompts' KV (all but the last token), each piece computed once, repeated for `copies` completions.
+
+        The shared prefix runs once for the whole batch, each row's own suffix once for its `copies`
+        completions; generate() then runs only each row's last prompt token before sampling. None when
+        there is nothing to share (one completion per prompt and no shared prefix, or one-token prompts):
+        generate prefills as usual.
         """
         ids, mask = encoded["input_ids"], encoded["attention_mask"]
-        if copies < 2 or ids.shape[1] < 2:
+        if (copies < 2 and not shared) or ids.shape[1] < 2:
             return None
         # The position ids generate() derives from the mask (_prepare_position_ids_for_generation).
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        past = self.model(
-            input_ids=ids[:, :-1],
-            attention_mask=mask[:, :-1],
-            position_ids=positions[:, :-1],
-            use_cache=True,
-            logits_to_keep=1,
-        ).past_key_values
-        past.batch_repeat_interleave(copies)
+        past = None
+        if shared:
+            past = self.model(input_ids=ids[:1, :shared], use_cache=True, logits_to_keep=1).past_key_values
+            past.batch_repeat_interleave(ids.shape[0])
+        if ids.shape[1] - 1 > shared:
+            past = self.model(
+                input_ids=ids[:, shared:-1],
+                attention_mask=mask[:, :-1],
+                position_ids=positions[:, shared:-1],
+                past_key_values=past,
+                use_cache=True,
+                logits_to_keep=1,
+            ).past_key_values
+        if copies > 1:
+            past.batch_repeat_interleave(copies)
         return past
 
     def _generate_batch(self, batch: list[tuple[int, str]], copies: int, sampling: Sampling) -> list[Completion]:
-        encoded = self.tokenizer(
-            [prompt for _, prompt in batch], return_tensors="pt", padding=True, add_special_tokens=False
-        ).to(self.device)
-        past = self._prefill(encoded, copies)
+        encoded, shared = self._encode_batch([prompt for _, prompt in batch])
+        past = self._prefill(encoded, shared, copies)
         encoded = {key: value.repeat_interleave(copies, dim=0) for key, value in encoded.items()}
         rows = [entry for entry in batch for _ in range(copies)]
         greedy = sampling.temperature <= 0

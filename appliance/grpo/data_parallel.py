@@ -6,13 +6,17 @@ them (grpo/distributed.py sums the gradients). The step's record is built
 from every rank's rollout gathered in rank order, so it reads as one rank's
 with the whole batch. Rank 0 alone writes checkpoints, best/ and records,
 after a barrier; each rank's RNG state goes into the checkpoint, and a
-checkpoint from another world size is refused.
+checkpoint from another world size is refused. The held-out evaluation is
+split the same way: each rank evaluates its part, every rank gets the merge.
+With resources.sharding fsdp the base is sharded over the ranks (grpo/fsdp.py)
+and gathered whole where generation goes through it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -20,6 +24,8 @@ import torch
 from appliance.grpo import distributed
 from appliance.grpo.checkpoint import CheckpointManager, load_tensors, restore_rng_state, rng_state
 from appliance.grpo.distributed import DistributedError, GradientReducer, RankInfo
+from appliance.grpo.evaluate import merge_evaluations
+from appliance.grpo.fsdp import generates_with, layer_elements_held, remerges_from, shard_student, whole_weights
 from appliance.grpo.records import RunRecords
 from appliance.grpo.rollout import ScoredRollout
 from appliance.grpo.sampling import concat_rollouts
@@ -61,6 +67,9 @@ class SilentRecords(RunRecords):
     def samples(self, records: list[dict]) -> None:
         pass
 
+    def evaluations(self, evaluations: dict[str, dict]) -> None:
+        pass
+
     def log(self, line: str) -> None:
         pass
 
@@ -88,7 +97,7 @@ class ReadOnlyCheckpoints(CheckpointManager):
 class RankTrainer(Trainer):
     """A Trainer that is one rank of a data-parallel job (see the module docstring)."""
 
-    def __init__(self, *args, rank: RankInfo, **kwargs):
+    def __init__(self, *args, rank: RankInfo, sharding: str = "ddp", **kwargs):
         super().__init__(*args, **kwargs)
         self.rank = rank
         if rank.world_size != self.spec.resources.world_size:
@@ -103,25 +112,46 @@ class RankTrainer(Trainer):
                 "a judge on devices of its own (resources.judge_gpus) is not shared by several ranks yet; serve it "
                 "with 'vllm serve --tensor-parallel-size N' on those devices and set judge.endpoint, or drop judge_gpus"
             )
-        if self.spec.resources.sharding == "fsdp":
-            raise DistributedError(
-                "resources.sharding: fsdp is planned (appliance plan) but not trained yet; use sharding: ddp"
-            )
         self.source.stream = RankStream(self.source.stream, rank)
-        self.updater.reducer = GradientReducer()
+        self.eval_part = (rank.rank, rank.world_size)
+        self.updater.reducer = GradientReducer(lockstep=sharding == "fsdp")
         GradientReducer.broadcast_parameters(self.student.trainable_parameters())
         if not rank.is_main:
             self.records = SilentRecords(self.job_dir)
             self.checkpoints = ReadOnlyCheckpoints(self.job_dir, self.spec.checkpoint.keep_last)
             self.judging.log_to(self.job_dir / f"judge.rank{rank.rank}.jsonl")  # judge.jsonl is rank 0's
+        if sharding == "fsdp":  # ddp: the whole base on every rank; fsdp: sharded over them (grpo/fsdp.py)
+            shard_student(self.student.model, rank)
+            held, whole = layer_elements_held(self.student.model)
+            self.records.log(
+                f"the student's base is sharded over {rank.world_size} ranks with FSDP: each holds {held:,} of the "
+                f"decoder layers' {whole:,} weights (embeddings and head whole); generation gathers them whole"
+            )
         self._local: ScoredRollout | None = None
 
     # ----- the step: local rollout and update, global record ----------------------------------------
 
     def _rollout(self, clock) -> ScoredRollout:
-        self._local = super()._rollout(clock)
+        model = self.student.model
+        with self._whole_base(generates_with(self.engine, model) or generates_with(self.judging.engine, model)):
+            self._local = super()._rollout(clock)
         # Every rank's share in rank order: the rollout one rank with the whole batch would have made.
         return concat_rollouts(distributed.gather(self._local))
+
+    def _sync_engine(self) -> None:
+        with self._whole_base(remerges_from(self.engine, self.student.model)):
+            super()._sync_engine()
+
+    def evaluate_held_out(self, adapter: bool = True, limit: int | None = None):
+        """Each rank evaluates its part of the held-out problems; every rank gets the merged evaluation."""
+        engine = self._policy_engine(adapter)  # None: the student's own weights
+        with self._whole_base(engine is None or generates_with(engine, self.student.model)):
+            local = super().evaluate_held_out(adapter, limit)
+        return merge_evaluations(distributed.gather(local))
+
+    def _whole_base(self, needed: bool):
+        """A sharded base gathered whole while `needed` (ranks generate through it); otherwise nothing."""
+        return whole_weights(self.student.model) if needed else nullcontext()
 
     def _sampling(self, step: int):
         sampling = super()._sampling(step)  # each rank draws its own completions, the same on every resume

@@ -84,9 +84,11 @@ def destroy_process_group() -> None:
 
 
 def share(items: list, rank: int, world_size: int) -> list:
-    """This rank's contiguous share of a step's items (the caller checked they split evenly)."""
-    per_rank = len(items) // world_size
-    return items[rank * per_rank : (rank + 1) * per_rank]
+    """This rank's contiguous share of items, in order; when they do not split evenly the first ranks take one more
+    (a step's groups always split evenly: the job file is checked; held-out problems need not)."""
+    base, extra = divmod(len(items), world_size)
+    start = rank * base + min(rank, extra)
+    return items[start : start + base + (rank < extra)]
 
 
 class GradientReducer:
@@ -99,14 +101,28 @@ class GradientReducer:
     last backward, and its wrapper around the peft model's forward, which the
     reference pass calls with the adapter disabled). The adapter is a few MB:
     one flat buffer, one collective.
+
+    lockstep: the base is sharded (grpo/fsdp.py), so every forward is a collective and the
+    updater runs as many passes on every rank as on the busiest (`maximum`, `anywhere`).
     """
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, lockstep: bool = False):
         self.group = group
+        self.lockstep = lockstep
 
     def counts(self, *values: int) -> tuple[int, ...]:
+        return self._reduced(values, dist.ReduceOp.SUM)
+
+    def maximum(self, value: int) -> int:
+        return self._reduced((value,), dist.ReduceOp.MAX)[0]
+
+    def anywhere(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any."""
+        return bool(self.maximum(int(flag)))
+
+    def _reduced(self, values, op) -> tuple[int, ...]:
         tensor = torch.tensor(values, dtype=torch.int64, device=self._device())
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        dist.all_reduce(tensor, op=op, group=self.group)
         return tuple(int(v) for v in tensor.tolist())
 
     def total(self, value: float) -> float:

@@ -126,6 +126,31 @@ def evaluate(
     )
 
 
+def merge_evaluations(parts: list[Evaluation], examples: int = 5) -> Evaluation:
+    """One evaluation from the parts data-parallel ranks evaluated, in rank order: shares weighted by draws."""
+    if len(parts) == 1:
+        return parts[0]
+    draws = sum(part.draws for part in parts)
+
+    def weighted(values: list[float]) -> float:
+        return sum(value * part.draws for value, part in zip(values, parts)) / max(draws, 1)
+
+    names = [name for name in parts[0].reward_means if all(name in part.reward_means for part in parts)]
+    return Evaluation(
+        problems=sum(part.problems for part in parts),
+        accuracy=weighted([part.accuracy for part in parts]),
+        format_compliance=weighted([part.format_compliance for part in parts]),
+        reward_means={name: weighted([part.reward_means[name] for part in parts]) for name in names},
+        completion_length_mean=weighted([part.completion_length_mean for part in parts]),
+        seconds=max(part.seconds for part in parts),
+        examples=[example for part in parts for example in part.examples][:examples],
+        temperature=parts[0].temperature,
+        samples=parts[0].samples,
+        draws=draws,
+        per_problem=[share for part in parts for share in part.per_problem],
+    )
+
+
 def _shares(flags: list[bool], sizes: list[int]) -> list[float]:
     """Consecutive runs of `sizes` flags -> the share of True in each."""
     shares, start = [], 0

@@ -80,11 +80,17 @@ class AdapterDisabledEngine(HFEngine):
 
 
 def decide_choices(
-    spec: JobSpec, device: str, student_dir: Path, judge_dir: Path | None, prompt_tokens: int | None = None
+    spec: JobSpec,
+    device: str,
+    student_dir: Path,
+    judge_dir: Path | None,
+    prompt_tokens: int | None = None,
+    student_shards: int = 1,
 ):
     """Micro-batch and gradient checkpointing from the job file, else from the budget plan.
 
     prompt_tokens: the longest training prompt as measured (grpo/prompt_lengths.py).
+    student_shards: the data-parallel ranks an FSDP student's base is sharded over.
     """
     reasons: dict[str, str] = {}
     plan = plan_job(
@@ -93,6 +99,7 @@ def decide_choices(
         load_config(judge_dir / "config.json") if judge_dir else None,
         probe_device("cuda" if device.startswith("cuda") else "cpu"),
         prompt_tokens=prompt_tokens,
+        student_shards=student_shards,
     )
     choices = plan.choices
     worded = choices.worded_reasons()
@@ -159,12 +166,20 @@ def build_trainer(
     else:
         environment, planned = _agent_environment(spec, data_dir)
         prompt_tokens = longest_opening_tokens(environment, tokenizer) if environment is not None else None
+    sharding = "ddp"
     if rank is not None:
         from appliance.budget.devices import rank_job
 
         planned = rank_job(planned)
     choices, plan = decide_choices(planned, device, student_dir, judge_dir, prompt_tokens)
-    student = Student(spec.student, student_dir, device, choices.gradient_checkpointing)
+    if rank is not None:
+        from appliance.budget.devices import student_sharding
+
+        sharding = student_sharding(spec.resources, plan.fits)
+        if sharding == "fsdp":  # each rank holds its shard of the base: plan that
+            shards = rank.world_size
+            choices, plan = decide_choices(planned, device, student_dir, judge_dir, prompt_tokens, shards)
+    student = Student(spec.student, student_dir, device, choices.gradient_checkpointing, sharding == "fsdp")
     engine = make_rollout_engine(spec, student, student_dir, device, choices.rollout_weights, plan)
     judge = make_judge(spec, student, judge_dir, job_dir, device, plan) if spec.judge else None
     rewards = job_rewards(spec, job_file_dir, judge)
@@ -177,7 +192,9 @@ def build_trainer(
     if rank is not None:
         from appliance.grpo.data_parallel import RankTrainer
 
-        return RankTrainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks, rank=rank)
+        return RankTrainer(
+            *parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks, rank=rank, sharding=sharding
+        )
     return Trainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks)
 
 
@@ -240,7 +257,8 @@ def measure_loaded(plan: Plan, student: Student, engine):
     ledger.measure("student_lora", 2 * _tensor_bytes(lora))  # parameters + gradients
     copy = getattr(engine, "model", None)
     if copy is not None and copy is not student.model and "rollout_weights" in plan.components:
-        ledger.measure("rollout_weights", _tensor_bytes(copy.parameters()))
+        students = {p.data_ptr() for p in student.model.parameters()}  # the embeddings a merged copy shares
+        ledger.measure("rollout_weights", _tensor_bytes(p for p in copy.parameters() if p.data_ptr() not in students))
     return ledger
 
 

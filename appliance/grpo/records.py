@@ -1,4 +1,4 @@
-"""What a run leaves behind besides checkpoints: metrics.jsonl, samples.jsonl, judge.jsonl, log.txt.
+"""What a run leaves behind besides checkpoints: metrics.jsonl, samples.jsonl, judge.jsonl, log.txt, eval.json.
 
 Each JSONL line is flushed and fsynced as it is written, so a crash loses at
 most the line being written. On resume, lines for steps after the checkpoint
@@ -86,6 +86,12 @@ class RunRecords:
             os.replace(self.samples_path, self.samples_path.with_suffix(".jsonl.1"))
         for record in records:
             append_jsonl(self.samples_path, record)
+
+    def evaluations(self, evaluations: dict[str, dict]) -> None:
+        """eval.json: the run's held-out evaluations by when they ran (before, after)."""
+        from appliance.durable import write_atomically
+
+        write_atomically(self.job_dir / "eval.json", json.dumps(evaluations, indent=2))
 
     def log(self, line: str) -> None:
         with open(self.log_path, "a", encoding="utf-8") as handle:

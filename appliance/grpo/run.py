@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import appliance.offline  # noqa: F401
 
-import json
 import time
 from pathlib import Path
 
@@ -92,11 +91,6 @@ class _HeldOut:
         self.trainer.on_event("eval", when=when, seconds=time.monotonic() - started, **result.to_dict())
         return result
 
-    def write(self, job_dir: Path) -> None:
-        from appliance.durable import write_atomically
-
-        write_atomically(job_dir / "eval.json", json.dumps(self.evaluations, indent=2))
-
 
 def _drive(
     trainer, spec: JobSpec, resume: bool, held_out: _HeldOut | None, steps: _StepSinks, stop_requested: StopCallback
@@ -123,7 +117,7 @@ def _drive(
         steps.trackers.close()
     after = held_out(adapter=True, when="after") if held_out is not None else None
     if held_out is not None and held_out.evaluations:
-        held_out.write(trainer.job_dir)
+        trainer.records.evaluations(held_out.evaluations)
     return RunResult("completed", trainer.step, None, trainer.checkpoints.best_state(), before, after)
 
 

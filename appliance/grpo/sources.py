@@ -34,7 +34,9 @@ class RolloutSource(Protocol):
 
     def has_held_out(self) -> bool: ...
 
-    def evaluate(self, student, engine: GenerationEngine | None, adapter: bool, limit: int | None, how): ...
+    def evaluate(
+        self, student, engine: GenerationEngine | None, adapter: bool, limit: int | None, how, part=(0, 1)
+    ): ...
 
     def checkpoint_state(self, step: int) -> dict: ...
 
@@ -90,10 +92,12 @@ class PromptSource:
     def has_held_out(self) -> bool:
         return bool(self.task.held_out)
 
-    def evaluate(self, student, engine: GenerationEngine | None, adapter: bool, limit: int | None, how):
+    def evaluate(self, student, engine: GenerationEngine | None, adapter: bool, limit: int | None, how, part=(0, 1)):
+        """part: (rank, world size) of a data-parallel job: this rank evaluates its contiguous part of the problems."""
         from appliance.grpo import evaluate as held_out
+        from appliance.grpo.distributed import share
 
-        problems = self.task.held_out[:limit] if limit else self.task.held_out
+        problems = share(self.task.held_out[:limit] if limit else self.task.held_out, *part)
         rewards, max_new_tokens = rule_rewards(self.rewards), self.spec.grpo.max_new_tokens
         if engine is not None:
             return held_out.evaluate(engine, self.task, problems, rewards, max_new_tokens, how=how)
@@ -151,9 +155,11 @@ class AgentSource:
     def has_held_out(self) -> bool:
         return self.agent.evaluation_environment is not None
 
-    def evaluate(self, student, engine: GenerationEngine | None, adapter: bool, limit: int | None, how):
+    def evaluate(self, student, engine: GenerationEngine | None, adapter: bool, limit: int | None, how, part=(0, 1)):
         from appliance.grpo import evaluate as held_out
 
+        if part != (0, 1):
+            raise ValueError("an agent job evaluates on one rank")  # RankTrainer refuses agent jobs
         environment, max_new_tokens = self.agent.evaluation_environment, self.spec.grpo.max_new_tokens
         scenarios = limit or held_out.AGENT_EVAL_SCENARIOS
         if engine is not None:

@@ -70,14 +70,23 @@ def plain_head(causal_lm) -> torch.nn.Linear | None:
 class Student:
     """Owns the trainable model; knows nothing of rewards, engines or the daemon."""
 
-    def __init__(self, spec: StudentSpec, model_dir: Path, device: str, gradient_checkpointing: bool = False):
+    def __init__(
+        self,
+        spec: StudentSpec,
+        model_dir: Path,
+        device: str,
+        gradient_checkpointing: bool = False,
+        shardable: bool = False,
+    ):
+        """shardable: a base FSDP can shard later (grpo/fsdp.py): 4-bit weights in compute-dtype storage."""
         from peft import LoraConfig, get_peft_model
 
         self.spec = spec
         self.device = device
+        self.shardable = shardable
         self.compute_dtype = resolve_compute_dtype(spec.compute_dtype, device)
         self.tokenizer = load_tokenizer(model_dir)
-        base = load_causal_lm(model_dir, spec.quantization, self.compute_dtype, device)
+        base = load_causal_lm(model_dir, spec.quantization, self.compute_dtype, device, shardable)
         if gradient_checkpointing:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             base.enable_input_require_grads()

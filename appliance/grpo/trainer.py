@@ -121,6 +121,7 @@ class Trainer:
         self.micro_batch_size = choices.micro_batch_size
         self.nonfinite_in_a_row = 0
         self.last_record: StepRecord | None = None
+        self.eval_part = (0, 1)  # (rank, world size): the part of the held-out set this process evaluates
 
     def on_event(self, kind: str, **data) -> None:
         self.hooks.on_event(RunEvent(kind=kind, step=self.step, data=data, time=time.time()))
@@ -298,7 +299,7 @@ class Trainer:
         from appliance.grpo import evaluate as held_out
 
         how = held_out.EvalSampling.of(self.spec.checkpoint, self.spec.grpo.seed)
-        return self.source.evaluate(self.student, self._policy_engine(adapter), adapter, limit, how)
+        return self.source.evaluate(self.student, self._policy_engine(adapter), adapter, limit, how, self.eval_part)
 
     def _policy_engine(self, adapter: bool) -> GenerationEngine | None:
         """The rollout engine when it holds exactly the policy to evaluate, else None (evaluate the student).

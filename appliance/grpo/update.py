@@ -53,6 +53,11 @@ class UpdateStats:
     nonfinite: bool = False  # a NaN/inf loss or gradient norm: the optimizer step was skipped
 
 
+def padding_sample(pad_id: int) -> TrainSample:
+    """A one-token sample with nothing to train: its loss and gradient are zero."""
+    return TrainSample([pad_id], [pad_id], advantage=0.0, train_mask=[0])
+
+
 def _chunks(items: list, size: int) -> list[list]:
     return [items[start : start + size] for start in range(0, len(items), size)]
 
@@ -106,20 +111,25 @@ class GrpoUpdater:
         self.importance_sampling_cap = importance_sampling_cap
         self.applied_steps = 0
 
-    def prepare(self, samples: list[TrainSample], micro_batch_size: int) -> tuple[list[MicroBatch], list[torch.Tensor]]:
+    def prepare(
+        self, samples: list[TrainSample], micro_batch_size: int, padding: int = 0, old_everywhere: bool = False
+    ) -> tuple[list[MicroBatch], list[torch.Tensor]]:
         """Micro-batches with old logprobs (eval mode, before any update) and truncated importance weights.
 
         As in TRL, the importance weight of an engine rollout compares the
         engine's logprobs with the policy that sampled (the old policy), once:
         later iterations' drift stays in the GRPO ratio, not in the weight.
+        `padding` appends micro-batches that train nothing and `old_everywhere` takes old logprobs of every
+        micro-batch: a sharded base needs the same passes on every rank (see `_lockstep`).
         """
         prepared, diffs = [], []
-        for chunk in _chunks(samples, micro_batch_size):
+        chunks = _chunks(samples, micro_batch_size) + [[padding_sample(self.student.pad_id)]] * padding
+        for chunk in chunks:
             batch = _batch(self.student, chunk)
             # Samples without engine logprobs (on-policy in a mixed batch) get the old logprobs: weight 1.
             has_engine = any(s.engine_logprobs is not None for s in chunk)
             old = weights = None
-            if self.spec.iterations > 1 or has_engine:
+            if self.spec.iterations > 1 or has_engine or old_everywhere:
                 with torch.no_grad():
                     old = self.student.completion_logprobs(batch, self.spec.temperature).detach()
             if has_engine:
@@ -139,23 +149,27 @@ class GrpoUpdater:
         stats = UpdateStats(sequences=len(samples), tokens=sum(s.trained_tokens for s in samples))
         if not samples and self.reducer is None:
             return stats
-        micro_batches, diffs = self.prepare(samples, micro_batch_size)
-        counts = (len(samples), stats.tokens, len(micro_batches))
+        real = len(_chunks(samples, micro_batch_size))
+        counts = (len(samples), stats.tokens, real)
         if self.reducer is not None:  # every rank divides by the whole step's counts (a rank may hold none)
             counts = self.reducer.counts(*counts)
             if counts[0] == 0:
                 return stats
+        padding, old_everywhere = self._lockstep(samples, real)
+        micro_batches, diffs = self.prepare(samples, micro_batch_size, padding, old_everywhere)
         normalizer = StepNormalizer(*counts, self.spec.max_new_tokens)
         parameters = self.student.trainable_parameters()
         iterations = 0
         for _ in range(self.spec.iterations):
             self.optimizer.zero_grad(set_to_none=True)
             loss = kl = clip = 0.0
-            for micro in micro_batches:
+            for index, micro in enumerate(micro_batches):
                 output = self._micro_step(micro, normalizer)
+                if index >= real:
+                    continue  # padding: no loss, no gradient, not in the step's figures
                 loss += float(output.loss.detach())
-                kl += output.kl_mean / len(micro_batches)
-                clip += output.clip_ratio / len(micro_batches)
+                kl += output.kl_mean / real
+                clip += output.clip_ratio / real
                 stats.micro_batches += 1
             if self.reducer is not None:
                 self.reducer.gradients(parameters)
@@ -184,6 +198,17 @@ class GrpoUpdater:
             if joined.numel():
                 stats.logprob_diff_mean, stats.logprob_diff_max = float(joined.mean()), float(joined.max())
         return stats
+
+    def _lockstep(self, samples: list[TrainSample], real: int) -> tuple[int, bool]:
+        """(padding micro-batches, old logprobs everywhere) so every rank runs the same forward passes.
+
+        Only for a base sharded with FSDP, where every forward is a collective: a rank that
+        dropped more zero-advantage groups pads up to the busiest rank's count.
+        """
+        if self.reducer is None or not self.reducer.lockstep:
+            return 0, False
+        has_engine = any(s.engine_logprobs is not None for s in samples)
+        return self.reducer.maximum(real) - real, self.reducer.anywhere(has_engine)
 
     def _micro_step(self, micro: MicroBatch, normalizer: StepNormalizer):
         logp = self.student.completion_logprobs(micro.batch, self.spec.temperature, train=True)

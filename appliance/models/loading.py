@@ -37,7 +37,8 @@ def load_tokenizer(model_dir: Path):
     return tokenizer
 
 
-def quantization_config(quantization: str, compute_dtype: torch.dtype):
+def quantization_config(quantization: str, compute_dtype: torch.dtype, shardable: bool = False):
+    """shardable: 4-bit weights packed in the compute dtype's storage, which FSDP can shard (FSDP-QLoRA)."""
     from transformers import BitsAndBytesConfig
 
     if quantization in ("nf4", "fp4"):
@@ -46,6 +47,7 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype):
             bnb_4bit_quant_type=quantization,
             bnb_4bit_compute_dtype=compute_dtype,
             bnb_4bit_use_double_quant=False,
+            bnb_4bit_quant_storage=compute_dtype if shardable else torch.uint8,
         )
     if quantization == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
@@ -53,7 +55,11 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype):
 
 
 def load_causal_lm(
-    model_dir: Path, quantization: str = "none", compute_dtype: torch.dtype = torch.float32, device: str | None = None
+    model_dir: Path,
+    quantization: str = "none",
+    compute_dtype: torch.dtype = torch.float32,
+    device: str | None = None,
+    shardable: bool = False,
 ):
     """A frozen model in eval mode on `device` (every parameter requires_grad False)."""
     from transformers import AutoModelForCausalLM
@@ -63,7 +69,7 @@ def load_causal_lm(
         str(model_dir),
         local_files_only=True,
         dtype=compute_dtype,
-        quantization_config=quantization_config(quantization, compute_dtype),
+        quantization_config=quantization_config(quantization, compute_dtype, shardable),
         device_map={"": device},
     )
     model.eval()

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from appliance.grpo.rank_threads import share_cores
+
 
 class HasIndex(Protocol):
     index: int
@@ -132,7 +134,7 @@ def rank_environment(
         MASTER_PORT=str(port),
     )
     if slots[0].kind == "cpu":
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
+        share_cores(env, ranks)
     return env
 
 

@@ -52,6 +52,15 @@ H100_MEASURED = {
     "merged_copy": (63.96 * GB, 66.69 * GB, 64391 * 2**20),
 }
 H100_ACTIVATIONS = 38.9 * GB
+# What those runs' merged copy held that today's does not (engines/merged_copy.py), so that the same run would
+# peak that much lower: an fp32 copy of every LoRA target to merge from (32 x 2 x (4096 + 1024) x 4096 weights,
+# 5.37 GB; 37e615f re-merges from the 4-bit base), its own embeddings and head (untied: 2 x 49152 x 4096 bf16,
+# 0.81 GB; now the student's), and, beside the copy's bf16 MLP, the student's 4-bit one (32 x 3 x 4096 x 14336
+# weights, 3.17 GB with constants; the student now trains through the copy's). Derived, not measured: no GPU has
+# been lent since.
+MERGED_COPY_NO_LONGER_HELD = (
+    32 * 2 * (4096 + 1024) * 4096 * 4 + 2 * 49152 * 4096 * 2 + c.four_bit_bytes(32 * 3 * 4096 * 14336)
+)
 
 
 def plan_for(shape: dict, rollout_weights: str):
@@ -76,6 +85,8 @@ def plan_for(shape: dict, rollout_weights: str):
 def test_plan_reproduces_the_h100_train_peak_within_15_percent(rollout_weights):
     plan = plan_for(H100_SHAPE, rollout_weights)
     allocated, reserved, device = H100_MEASURED[rollout_weights]
+    if rollout_weights == "merged_copy":
+        allocated, reserved, device = (m - MERGED_COPY_NO_LONGER_HELD for m in (allocated, reserved, device))
     train = plan.phases["train"]
     # The allocator's peak is everything but the runtime (CUDA context, cached-but-free blocks) ...
     assert (train.peak_bytes - train.resident["runtime"]) / allocated == pytest.approx(1, abs=TOLERANCE)
@@ -104,3 +115,4 @@ def test_16_bit_compute_keeps_an_fp32_copy_of_every_lora_input():
     assert c._lora_input_bytes(llama, attention, 2) == (4096 * 4) * 4
     # fp32 compute: q, k and v read the same tensor, o the attention output: two inputs kept.
     assert c._lora_input_bytes(llama, attention, 4) == (4096 + 4096) * 4
+

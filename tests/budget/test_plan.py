@@ -204,11 +204,15 @@ def test_vllm_rollout_weights_are_the_copy_vllm_loads(job, configs):
 
 def test_the_transformers_merged_copy_is_the_bf16_model_and_one_target_merging_at_a_time(job, configs):
     """The merged copy re-merges each LoRA target from the trainer's 4-bit base (engines/merged_copy.py): it holds
-    the bf16 model, plus one target's fp32 weight and delta while it merges, not an fp32 copy of every target."""
+    the bf16 model but for the embeddings and head (the student's own), plus one target's fp32 weight and delta
+    while it merges, not an fp32 copy of every target."""
     plan = replan(job, configs, gpu(80), "engine.rollout: hf + engine.rollout_weights: merged_copy")
     student = configs[0]
     hidden, intermediate = student["hidden_size"], student["intermediate_size"]
     assert plan.rollout_engine == "hf" and plan.choices.rollout_weights == "merged_copy"
-    bf16_model = plan.phases["generate"].resident["rollout_weights"] - 2 * 4 * hidden * intermediate
-    # Qwen2.5-7B in bf16 is about 14.2 GiB; the fp32 targets the copy used to keep were another 24 GiB.
-    assert 14.0 * GIB < bf16_model < 14.4 * GIB
+    bf16_layers = plan.phases["generate"].resident["rollout_weights"] - 2 * 4 * hidden * intermediate
+    # Qwen2.5-7B in bf16 is about 14.2 GiB, of which its untied embeddings and head (2 x 152064 x 3584) are
+    # 2.0 GiB; the fp32 targets the copy used to keep were another 24 GiB.
+    embeddings = 2 * student["vocab_size"] * hidden * 2
+    assert not student["tie_word_embeddings"] and 2.0 * GIB < embeddings < 2.1 * GIB
+    assert 14.0 * GIB < bf16_layers + embeddings < 14.4 * GIB

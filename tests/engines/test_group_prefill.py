@@ -1,12 +1,14 @@
-"""A group's completions share one prompt prefill in the transformers engine, and sample what they did before."""
+"""Prompt prefills are shared in the transformers engine (a group's prompt, a batch's common prefix), same samples."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from appliance.engines import hf
 from appliance.engines.base import Sampling
 from appliance.engines.hf import HFEngine, group_batches
+from appliance.engines.scoring import shared_prefix_length
 
 PROMPTS = ["What is 7 * 8? Answer with one number.", "Name a colour."]  # different lengths: left padding
 
@@ -74,3 +76,34 @@ def test_one_token_prompts_and_single_completions_take_the_plain_path(tiny_engin
     bos = tiny_engine.tokenizer.decode([tiny_engine.tokenizer.eos_token_id])
     groups, log = _generate(tiny_engine, [bos], Sampling(max_new_tokens=3, n=3, temperature=1.0, seed=0))
     assert [len(group) for group in groups] == [3] and log.calls[0] == (3, 1)
+
+
+# An agent's turns: one long system text (tools, worked episodes) and conversations that differ after it.
+SYSTEM = "You are a careful assistant. Call the multiply tool, then copy its result into answer tags. " * 3
+CONVERSATIONS = [SYSTEM + "What is 12 * 31?", SYSTEM + "What is 7 * 5? Show the call.", SYSTEM + "Name a colour."]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_prompts_sharing_a_long_prefix_run_it_once_and_sample_as_without_sharing(tiny_engine, monkeypatch, n):
+    sampling = Sampling(max_new_tokens=6, n=n, temperature=1.0, top_p=1.0, seed=5)
+    ids = [tiny_engine._encode(prompt) for prompt in CONVERSATIONS]
+    prefix = shared_prefix_length(ids)
+    assert prefix >= hf.MIN_SHARED_PREFIX_TOKENS
+    shared, log = _generate(tiny_engine, CONVERSATIONS, sampling)
+    # The prefix once (one row), then each prompt's own tokens once (not n times), then one token a row a step.
+    assert log.calls[0] == (1, prefix)
+    assert log.calls[1] == (len(CONVERSATIONS), max(len(row) for row in ids) - prefix - 1)
+    assert all(tokens == 1 for _, tokens in log.calls[2:])
+    prefilled_tokens = sum(rows * tokens for rows, tokens in log.calls[:2])
+
+    monkeypatch.setattr(hf, "MIN_SHARED_PREFIX_TOKENS", 10**9)  # the engine without prefix sharing
+    plain, plain_log = _generate(tiny_engine, CONVERSATIONS, sampling)
+    plain_prefilled = sum(rows * tokens for rows, tokens in plain_log.calls if tokens > 1)
+    assert prefilled_tokens < plain_prefilled / 2
+    shared_flat = [c for group in shared for c in group]
+    plain_flat = [c for group in plain for c in group]
+    assert [c.prompt_token_ids for c in shared_flat] == [c.prompt_token_ids for c in plain_flat]
+    assert [c.prompt_token_ids for c in shared_flat] == [row for row in ids for _ in range(n)]
+    assert [c.token_ids for c in shared_flat] == [c.token_ids for c in plain_flat]
+    for got, want in zip(shared_flat, plain_flat):
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), rtol=1e-4, atol=1e-4)

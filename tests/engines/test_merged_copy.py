@@ -7,7 +7,7 @@ import torch
 
 from appliance.config.schema import LoraSpec, StudentSpec
 from appliance.engines.base import Sampling
-from appliance.engines.merged_copy import MergedCopyEngine
+from appliance.engines.merged_copy import DequantizedLinear, MergedCopyEngine, _without
 from appliance.grpo.student import Student, pack_batch
 
 pytestmark = pytest.mark.model
@@ -48,3 +48,55 @@ def test_merged_copy_tracks_the_student_adapter(demo_model_dir):
     assert [c.token_ids for c in second] != [c.token_ids for c in first]  # the new adapter changed the policy
     engine_logp = torch.tensor([lp for c in second for lp in c.logprobs])
     assert float((engine_logp - _trainer_logprobs(student, second)).abs().max()) < 2e-3
+
+    # The embeddings and the (tied) head are the student's tensors, not a second copy of them, and converting
+    # the copy (as sleep() moves it to host RAM on CUDA) leaves the student's in place.
+    base = student.model.get_base_model()
+    embedding = base.get_input_embeddings().weight
+    assert engine.model.get_input_embeddings().weight is embedding
+    assert engine.model.get_output_embeddings().weight is embedding
+    with _without(engine._shared):
+        engine.model.to(torch.float64)
+    assert embedding.dtype == torch.float32 and engine.model.get_input_embeddings().weight is embedding
+    assert engine.model.model.layers[0].self_attn.q_proj.weight.dtype == torch.float64
+    assert base.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
+
+
+def _lora_gradients(student: Student, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    logp = student.completion_logprobs(batch, temperature=1.0, train=True)
+    (logp * batch.completion_mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in student.model.named_parameters() if p.requires_grad}
+    student.model.zero_grad(set_to_none=True)
+    return logp.detach(), grads
+
+
+def test_the_student_trains_through_the_copys_dequantized_mlp_with_the_same_result(demo_model_dir):
+    """The linear layers LoRA does not wrap are the copy's dequantized tensors in the student: no 4-bit form is
+    kept, and logprobs and LoRA gradients equal those of a student that dequantizes its 4-bit layers itself."""
+    spec = StudentSpec(model="demo", quantization="nf4", lora=LoraSpec(rank=8, alpha=16))
+    plain, sharing = Student(spec, demo_model_dir, "cpu"), Student(spec, demo_model_dir, "cpu")
+    _perturb_adapter(plain, seed=3)
+    adapter = {n: p for n, p in plain.model.named_parameters() if p.requires_grad}
+    for name, parameter in sharing.model.named_parameters():
+        if parameter.requires_grad:
+            parameter.data = adapter[name].data.clone()  # lora_A is drawn at random when a student is made
+    engine = MergedCopyEngine(sharing, demo_model_dir, name="copy")
+
+    layers, copied = sharing.model.get_base_model().model.layers, engine.model.model.layers
+    for index in (0, len(layers) - 1):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            mlp = getattr(layers[index].mlp, name)
+            assert isinstance(mlp, DequantizedLinear) and mlp.weight is getattr(copied[index].mlp, name).weight
+    assert not any(getattr(p, "quant_state", None) is not None for p in layers[0].mlp.parameters())
+    assert getattr(layers[0].self_attn.q_proj.base_layer.weight, "quant_state", None) is not None  # LoRA's own
+
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(100, 40000, (3, 12), generator=generator).tolist()
+    completions = torch.randint(100, 40000, (3, 9), generator=generator).tolist()
+    batch = pack_batch(prompts, completions, plain.pad_id)
+    (logp_plain, grads_plain), (logp_sharing, grads_sharing) = (_lora_gradients(s, batch) for s in (plain, sharing))
+    assert float((logp_plain - logp_sharing).abs().max()) < 1e-5
+    assert grads_plain.keys() == grads_sharing.keys() and len(grads_plain) == 4 * 30 * 2
+    for name, grad in grads_plain.items():
+        assert float(grad.abs().max()) > 0
+        assert torch.allclose(grad, grads_sharing[name], rtol=1e-4, atol=1e-6), name

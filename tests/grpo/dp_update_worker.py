@@ -4,7 +4,9 @@ Run as `python dp_update_worker.py MODEL_DIR OUT_DIR` for the single-rank
 reference, or under `python -m torch.distributed.run --nproc-per-node 2 ...`
 where each rank takes its half of the same batch. Writes the adapter after
 the update to OUT_DIR/<case>-rank<R>.pt. With a third argument `unreduced`
-the ranks step on their own half without summing (the fault the reducer fixes).
+the ranks step on their own half without summing (the fault the reducer fixes);
+with `fsdp` the base is sharded over the ranks (grpo/fsdp.py) and rank 0 takes
+six of the eight samples, so rank 1 pads its passes to rank 0's count.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from appliance.grpo.distributed import (
     launched_rank,
     share,
 )
+from appliance.grpo.fsdp import layer_elements_held, shard_student
 from appliance.grpo.optim import make_optimizer, make_scheduler
 from appliance.grpo.student import Student
 from appliance.grpo.update import GrpoUpdater, TrainSample
@@ -33,7 +36,9 @@ CASES = {
     "dapo": {"loss": "dapo"},
     "dapo-kl": {"loss": "dapo", "beta": 0.05},
     "dapo-2iter": {"loss": "dapo", "iterations": 2},
+    "dapo-kl-nf4": {"loss": "dapo", "beta": 0.05},  # a 4-bit base (FSDP-QLoRA when sharded)
 }
+QUANTIZED = {"dapo-kl-nf4"}
 
 
 def fixed_batch(vocab: int) -> list[TrainSample]:
@@ -47,10 +52,16 @@ def fixed_batch(vocab: int) -> list[TrainSample]:
     return samples
 
 
-def student(model_dir: Path, seed: int) -> Student:
+def uneven_share(samples: list[TrainSample], rank: int) -> list[TrainSample]:
+    """Six samples (three micro-batches of 2) to rank 0, two to rank 1: the chunks one rank would form."""
+    return samples[:6] if rank == 0 else samples[6:]
+
+
+def student(model_dir: Path, seed: int, quantization: str = "none") -> Student:
+    """nf4: stored in fp32 words (bnb_4bit_quant_storage) in every mode, so one rank and FSDP hold the same bits."""
     torch.manual_seed(seed)
-    spec = StudentSpec.model_validate({"model": str(model_dir), "quantization": "none", "lora": {"rank": 4}})
-    built = Student(spec, model_dir, "cpu")
+    spec = StudentSpec.model_validate({"model": str(model_dir), "quantization": quantization, "lora": {"rank": 4}})
+    built = Student(spec, model_dir, "cpu", shardable=quantization != "none")
     with torch.no_grad():  # a non-zero B, so every LoRA matrix gets a gradient
         for name, parameter in built.model.named_parameters():
             if "lora_B" in name:
@@ -58,28 +69,33 @@ def student(model_dir: Path, seed: int) -> Student:
     return built
 
 
-def main(model_dir: Path, out_dir: Path, reduce: bool = True) -> None:
+def main(model_dir: Path, out_dir: Path, mode: str = "reduced") -> None:
     info = launched_rank()
     reducer = None
     if info is not None:
         init_process_group(info)
-        reducer = GradientReducer() if reduce else None
+        reducer = GradientReducer(lockstep=mode == "fsdp") if mode != "unreduced" else None
     rank = info.rank if info else 0
-    for case, grpo in CASES.items() if reduce else [("dapo", CASES["dapo"])]:
+    for case, grpo in CASES.items() if mode != "unreduced" else [("dapo", CASES["dapo"])]:
         # Ranks start from different seeds: the broadcast must give them rank 0's adapter.
-        model = student(model_dir, seed=rank)
+        model = student(model_dir, seed=rank, quantization="nf4" if case in QUANTIZED else "none")
         samples = fixed_batch(model.model.config.vocab_size)
         if info is not None:
             GradientReducer.broadcast_parameters(model.trainable_parameters())
-            samples = share(samples, info.rank, info.world_size)
+            samples = share(samples, info.rank, info.world_size) if mode != "fsdp" else uneven_share(samples, rank)
+        if mode == "fsdp":
+            shard_student(model.model, info)
         spec = GrpoSpec.model_validate({"learning_rate": 1e-2, "max_new_tokens": 16, **grpo})
         optimizer = make_optimizer(model.trainable_parameters(), spec, "cpu")
         updater = GrpoUpdater(model, optimizer, make_scheduler(optimizer, spec), spec, reducer=reducer)
         stats = updater.step(samples, micro_batch_size=2)
         weights = [p.detach().clone() for p in model.trainable_parameters()]
-        torch.save({"weights": weights, "loss": stats.loss}, out_dir / f"{case}-rank{rank}.pt")
+        torch.save(
+            {"weights": weights, "loss": stats.loss, "base_elements_held": layer_elements_held(model.model)},
+            out_dir / f"{case}-rank{rank}.pt",
+        )
     destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), reduce=sys.argv[3:] != ["unreduced"])
+    main(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:])

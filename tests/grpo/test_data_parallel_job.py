@@ -1,5 +1,6 @@
 """A 2-rank job (resources: {gpus: 2} as 2 gloo CPU processes) through `appliance train`: trains, checkpoints,
-survives kill -9 of one rank and resumes to an uninterrupted run's records; 2 "nodes" on loopback complete."""
+survives kill -9 of one rank and resumes to an uninterrupted run's records (the base sharded with FSDP in one,
+whole on each rank in the other); 2 "nodes" on loopback complete."""
 
 from __future__ import annotations
 
@@ -73,6 +74,22 @@ def _descends(pid: int, ancestor: int) -> bool:
     return False
 
 
+def _kill_rank_1_after_checkpoint(job_file: Path, data_dir: Path, step: int) -> None:
+    """Start the job, kill -9 its rank 1 once step `step`'s checkpoint is complete; the launcher ends the rest."""
+    victim = _train(job_file, data_dir)
+    marker = data_dir / "jobs" / "tiny" / "checkpoints" / f"step-{step:06d}" / "state.json"
+    deadline = time.monotonic() + 240
+    while not marker.exists() and victim.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), f"no step-{step} checkpoint appeared"
+    ranks = _rank_pids(victim.pid)
+    assert sorted(ranks) == [0, 1]
+    os.kill(ranks[1], signal.SIGKILL)
+    output, _ = victim.communicate(timeout=120)
+    assert victim.returncode != 0 and "--resume" in output
+    assert _rank_pids(victim.pid) == {}  # the launcher ended the other rank too
+
+
 @pytest.fixture
 def job_file(tiny_model_dir, tmp_path) -> Path:
     folder = tmp_path / "job"
@@ -86,6 +103,15 @@ def job_file(tiny_model_dir, tmp_path) -> Path:
 
 
 def test_two_ranks_train_checkpoint_and_resume_after_kill_9_of_one_rank(job_file, tmp_path):
+    """The uninterrupted run holds the whole base on each rank (DDP). The interrupted run shards it over the
+    ranks (FSDP), loses rank 1 to kill -9 after step 2's checkpoint and resumes: same seeds, so the same
+    records, samples and held-out eval as the uninterrupted DDP run; only where the base's weights live differs."""
+    spec = yaml.safe_load(job_file.read_text())
+    spec["checkpoint"]["eval_every"] = STEPS  # the eval generates on the gathered weights under FSDP
+    spec["student"]["gradient_checkpointing"] = True  # recomputed layers gather their shard again
+    job_file.write_text(yaml.safe_dump(spec))
+    sharded_file = job_file.with_name("sharded.yaml")
+    sharded_file.write_text(yaml.safe_dump({**spec, "resources": {"gpus": 2, "sharding": "fsdp"}}))
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     output = _finish(_train(job_file, straight))
     assert "starting 2 rank(s)" in output and output.count(f"step    {STEPS}/{STEPS}") == 1
@@ -97,26 +123,19 @@ def test_two_ranks_train_checkpoint_and_resume_after_kill_9_of_one_rank(job_file
     assert sorted(records) == list(range(1, STEPS + 1)) and all(len(rows) == 1 for rows in records.values())
     assert records[1][0]["completions"] == 8  # both ranks' groups in one record (4 per rank)
 
-    victim = _train(job_file, interrupted)
-    marker = interrupted / "jobs" / "tiny" / "checkpoints" / "step-000002" / "state.json"
-    deadline = time.monotonic() + 240
-    while not marker.exists() and victim.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), "no step-2 checkpoint appeared"
-    ranks = _rank_pids(victim.pid)
-    assert sorted(ranks) == [0, 1]
-    os.kill(ranks[1], signal.SIGKILL)
-    output, _ = victim.communicate(timeout=120)
-    assert victim.returncode != 0 and "--resume" in output
-    assert _rank_pids(victim.pid) == {}  # the launcher ended the other rank too
-
-    _finish(_train(job_file, interrupted, "--resume"))
+    _kill_rank_1_after_checkpoint(sharded_file, interrupted, step=2)
+    _finish(_train(sharded_file, interrupted, "--resume"))
+    log = (interrupted / "jobs" / "tiny" / "log.txt").read_text()
+    assert "sharded over 2 ranks with FSDP" in log and "resumed 'tiny' at step 2" in log
+    assert "FSDP" not in (job_dir / "log.txt").read_text()
     got = _by_step(interrupted / "jobs" / "tiny" / "metrics.jsonl")
     assert sorted(got) == list(range(1, STEPS + 1)) and all(len(rows) == 1 for rows in got.values())
     for step in range(1, STEPS + 1):
         for key in ("reward_mean", "reward_std", "completions", "trained_tokens", "completion_length_mean"):
             assert got[step][0][key] == records[step][0][key], (step, key)
         assert got[step][0]["loss"] == pytest.approx(records[step][0]["loss"], abs=1e-6)
+    assert got[STEPS][0]["eval"] == records[STEPS][0]["eval"]
+    assert records[STEPS][0]["eval"]["problems"] == 8  # each rank evaluated 4 of the 8 held-out problems, merged
     samples = _by_step(interrupted / "jobs" / "tiny" / "samples.jsonl")
     expected = _by_step(job_dir / "samples.jsonl")
     assert [r["completion"] for r in samples[STEPS]] == [r["completion"] for r in expected[STEPS]]

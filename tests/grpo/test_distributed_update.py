@@ -1,4 +1,5 @@
-"""Done-when of data-parallel GRPO: 2 gloo ranks with half a batch each update the adapter as 1 rank with all of it."""
+"""Done-when of data-parallel GRPO: 2 gloo ranks with half a batch each update the adapter as 1 rank with all of it
+(the base whole on each rank, or sharded over them with FSDP)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 pytestmark = pytest.mark.model
 
 WORKER = Path(__file__).with_name("dp_update_worker.py")
-CASES = ("grpo", "bnpo", "dr_grpo", "dapo", "dapo-kl", "dapo-2iter")
+CASES = ("grpo", "bnpo", "dr_grpo", "dapo", "dapo-kl", "dapo-2iter", "dapo-kl-nf4")
 
 
 def _run(args: list[str], out: Path) -> None:
@@ -42,6 +43,29 @@ def test_two_ranks_with_half_each_match_one_rank_with_the_whole_batch(updates, c
     for result in ranks:
         diff = max(float((a - b).abs().max()) for a, b in zip(result["weights"], reference["weights"]))
         assert diff < 1e-5, f"{case}: rank weights differ from the single-rank update by {diff}"
+        assert result["loss"] == pytest.approx(reference["loss"], abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def fsdp_updates(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp-ranks")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
+    _run(launcher + [str(WORKER), str(tiny_model_dir), str(out), "fsdp"], out)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_two_ranks_with_a_sharded_base_match_one_rank_with_the_whole_batch(updates, fsdp_updates, case):
+    """FSDP: each rank holds half of every decoder layer (dapo-kl-nf4: of its 4-bit words, FSDP-QLoRA); rank 1
+    (2 of 8 samples) pads its passes to rank 0's 3."""
+    one, _ = updates
+    reference = torch.load(one / f"{case}-rank0.pt")
+    for rank in (0, 1):
+        result = torch.load(fsdp_updates / f"{case}-rank{rank}.pt")
+        held, whole = result["base_elements_held"]
+        assert held == whole // 2, f"rank {rank} holds {held} of {whole} layer weights: the base was not sharded"
+        diff = max(float((a - b).abs().max()) for a, b in zip(result["weights"], reference["weights"]))
+        assert diff < 1e-5, f"{case}: rank {rank}'s adapter differs from the single-rank update by {diff}"
         assert result["loss"] == pytest.approx(reference["loss"], abs=1e-5)
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from appliance.agents.loading import load_environment
 from appliance.config.schema import TaskSpec
-from appliance.grpo.evaluate import GREEDY, EvalSampling, evaluate, evaluate_environment
+from appliance.grpo.distributed import share
+from appliance.grpo.evaluate import GREEDY, EvalSampling, Evaluation, evaluate, evaluate_environment, merge_evaluations
 from appliance.tasks.load import load_task
 
 
@@ -62,3 +63,38 @@ def test_greedy_leaves_the_process_generator_alone_and_sampling_is_seeded():
     assert GREEDY.engine_sampling(16).seed is None and GREEDY.engine_sampling(16).temperature == 0.0
     sampling = EvalSampling(0.8, 4, seed=3).engine_sampling(16)
     assert (sampling.n, sampling.temperature, sampling.seed, sampling.max_new_tokens) == (4, 0.8, 3, 16)
+
+
+def _evaluation(per_problem: list[float], samples: int, lengths: float, examples: list[str]) -> Evaluation:
+    draws = len(per_problem) * samples
+    return Evaluation(
+        problems=len(per_problem),
+        accuracy=sum(per_problem) / len(per_problem),
+        format_compliance=0.5,
+        reward_means={"correctness": sum(per_problem) / len(per_problem), "total": 1.0},
+        completion_length_mean=lengths,
+        seconds=float(len(per_problem)),
+        examples=[{"completion": text} for text in examples],
+        temperature=1.0,
+        samples=samples,
+        draws=draws,
+        per_problem=per_problem,
+    )
+
+
+def test_the_parts_data_parallel_ranks_evaluate_merge_into_one_evaluation_of_every_problem():
+    problems = list(range(7))
+    parts = [share(problems, rank, 3) for rank in range(3)]
+    assert parts == [[0, 1, 2], [3, 4], [5, 6]]  # every problem once, in order, however uneven
+    assert [share(problems[:2], rank, 3) for rank in range(3)] == [[0], [1], []]
+
+    first = _evaluation([1.0, 1.0, 0.5], samples=2, lengths=10.0, examples=["a", "b", "c"])
+    second = _evaluation([0.0, 0.0], samples=2, lengths=20.0, examples=["d", "e"])
+    merged = merge_evaluations([first, second], examples=4)
+    assert (merged.problems, merged.draws, merged.samples) == (5, 10, 2)
+    assert merged.per_problem == [1.0, 1.0, 0.5, 0.0, 0.0]
+    assert merged.accuracy == pytest.approx(2.5 / 5)  # over all draws, not the parts' mean ((0.83 + 0) / 2)
+    assert merged.completion_length_mean == pytest.approx((6 * 10.0 + 4 * 20.0) / 10)
+    assert merged.reward_means == pytest.approx({"correctness": 0.5, "total": 1.0})
+    assert [e["completion"] for e in merged.examples] == ["a", "b", "c", "d"] and merged.seconds == 3.0
+    assert merge_evaluations([first]) is first

@@ -107,10 +107,15 @@ async def test_operator_path_against_a_real_daemon(daemon):
         )
         assert app.screen.query_one("#chart-tps", LineChart).point_count >= 1
         await pilot.click("#--content-tab-samples")
-        samples = (await in_thread(client.samples, job.id)).records
+        screen = app.screen
+        seconds["samples loaded"] = await until(
+            pilot, lambda: screen.sample_step is not None, "the samples tab choosing a step", 30
+        )
+        # The step the tab shows (the newest when it loaded; later steps may have finished since) as the daemon has it.
+        samples = [r for r in (await in_thread(client.samples, job.id, 400)).records if r["step"] == screen.sample_step]
         line = next(line.strip() for record in samples for line in record["completion"].splitlines() if line.strip())
         seconds["sample shown"] = await until(
-            pilot, lambda: line[:12] in screen_text(app), f"the completion {line[:12]!r} on screen", 30
+            pilot, lambda: line[:12] in screen_text(app), f"step {screen.sample_step}'s completion {line[:12]!r}", 30
         )
         # Logs: the tail of log.txt, as the daemon serves it.
         await pilot.press("4")
