@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 LOG_TAIL_LINES = 12
+# After rank 0 ends cleanly the other ranks still leave the process group and exit on their own; killing the
+# group at once cut that short (a rank reaped as SIGKILL after a clean pause). A rank still there after this
+# long is stuck, and the group is killed as before.
+RANK_EXIT_GRACE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class Worker:
     reader: threading.Thread | None = None
     stop_reason: str | None = None  # what the daemon asked: "pause" | "shutdown"
     stop_deadline: float | None = None
+    ranks_deadline: float | None = None  # rank 0 ended cleanly: the other ranks have until then to exit
     cancel_reason: str | None = None
     outcome: dict | None = None  # the worker's last result / disk_full / error message
     fault: str | None = None  # the daemon's own failure that ended the worker (its reports could not be kept)
@@ -109,8 +114,12 @@ class Worker:
         return several.label(self.slots or (self.slot,))
 
     @property
+    def processes(self) -> tuple[subprocess.Popen, ...]:
+        return (self.proc, *self.ranks)
+
+    @property
     def pids(self) -> set[int]:
-        return {self.proc.pid, *(rank.pid for rank in self.ranks)}
+        return {proc.pid for proc in self.processes}
 
 
 class Supervisor:
@@ -200,7 +209,8 @@ class Supervisor:
         with self._lock:
             for worker in list(self.workers.values()):
                 if worker.proc.poll() is not None:
-                    self._reaped(worker)
+                    if not self._ranks_still_leaving(worker):
+                        self._reaped(worker)
                 elif worker.stop_deadline is not None and time.time() > worker.stop_deadline:
                     kill_group(worker.proc.pid)  # it did not stop in time: the last checkpoint stands
                 elif several.failed_rank(worker.ranks):
@@ -210,6 +220,15 @@ class Supervisor:
             reap_orphans({pid for worker in self.workers.values() for pid in worker.pids})
             self._schedule()
         self.metrics.observe_disk(self.data_dir)
+
+    @staticmethod
+    def _ranks_still_leaving(worker: Worker) -> bool:
+        """Rank 0 ended cleanly and another rank is still exiting, within RANK_EXIT_GRACE_SECONDS."""
+        if worker.proc.returncode != 0 or all(rank.poll() is not None for rank in worker.ranks):
+            return False
+        if worker.ranks_deadline is None:
+            worker.ranks_deadline = time.time() + RANK_EXIT_GRACE_SECONDS
+        return time.time() < worker.ranks_deadline
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Ask every worker to checkpoint and stop; kill those still running after `timeout`; mark them interrupted."""
@@ -221,7 +240,7 @@ class Supervisor:
         deadline = time.time() + timeout
         while time.time() < deadline:
             with self._lock:
-                if all(worker.proc.poll() is not None for worker in self.workers.values()):
+                if all(proc.poll() is not None for worker in self.workers.values() for proc in worker.processes):
                     break
             time.sleep(0.1)
         with self._lock:

@@ -154,3 +154,38 @@ def test_the_daemon_plans_what_each_rank_holds_its_share_of_the_step(store_data_
     whole, rank = planned(1), planned(2)
     assert rank.components["rollout_kv"] * 2 == whole.components["rollout_kv"]
     assert rank.components["student_weights"] == whole.components["student_weights"]  # DDP: a whole base each
+
+
+def test_ranks_still_exiting_after_a_clean_rank_0_get_time_and_a_stuck_one_does_not(monkeypatch):
+    """Rank 0 ended cleanly (a pause): rank 1, still leaving the process group, is not killed at once (it was,
+    as SIGKILL, 1 run in 3 on CI); one still there after the grace is stuck and the group is reaped."""
+    import subprocess
+    import sys
+    import time
+
+    from appliance.service import supervisor as supervising
+    from appliance.service.supervisor import Supervisor, Worker
+
+    monkeypatch.setattr(supervising, "RANK_EXIT_GRACE_SECONDS", 1.0)
+    leader = subprocess.Popen([sys.executable, "-c", "pass"])
+    leader.wait()
+    leaving = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        worker = Worker("job", GPUS[0], leader, channel=None, started=time.time(), ranks=[leaving])
+        assert Supervisor._ranks_still_leaving(worker)
+        assert leaving.wait(timeout=10) == 0  # it exits on its own, with its own code
+        assert not Supervisor._ranks_still_leaving(worker)
+
+        worker = Worker("job", GPUS[0], leader, channel=None, started=time.time(), ranks=[stuck])
+        assert Supervisor._ranks_still_leaving(worker)
+        time.sleep(1.2)
+        assert not Supervisor._ranks_still_leaving(worker)  # past the grace: reaped, the group killed
+
+        failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        failed.wait()
+        worker = Worker("job", GPUS[0], failed, channel=None, started=time.time(), ranks=[stuck])
+        assert not Supervisor._ranks_still_leaving(worker)  # rank 0 failed: nothing to wait for
+    finally:
+        stuck.kill()
+        stuck.wait()
