@@ -110,7 +110,7 @@ def test_kv_cache_for_a_rollout_batch():
 
 
 def test_runtime_counts_one_cuda_context_per_process_and_allocator_slack():
-    assert c.runtime_bytes("cuda", 3, 10 * GIB) == 3 * c.CUDA_CONTEXT_BYTES + int(0.05 * 10 * GIB)
+    assert c.runtime_bytes("cuda", 3, 10 * GIB) == 3 * 800 * 2**20 + int(0.12 * 10 * GIB)
     assert c.runtime_bytes("cpu", 1, 10 * GIB) == c.CPU_RUNTIME_BYTES
 
 

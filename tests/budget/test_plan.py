@@ -104,11 +104,13 @@ def test_suggestions_combine_changes_when_no_single_one_is_enough(configs):
             "student: {model: /models/Qwen2.5-7B-Instruct}\n", "", 1
         )
     )
-    plan = plan_job(job, *configs, gpu(16))
+    # 18 GiB: the judge's bf16 weights overflow, and quantizing them alone is not enough (below 18 GiB, with the
+    # allocator slack measured on an H200, nothing fits).
+    plan = plan_job(job, *configs, gpu(18))
     assert not plan.fits
     assert len(plan.suggestions) == 1 and " + " in plan.suggestions[0]
     assert "judge.quantization: nf4" in plan.suggestions[0]
-    assert replan(job, configs, gpu(16), plan.suggestions[0]).fits
+    assert replan(job, configs, gpu(18), plan.suggestions[0]).fits
 
 
 def test_judge_sharing_the_student_base_holds_no_judge_weights(configs):
