@@ -79,9 +79,18 @@ def sampled_note(temperature: float, samples: int) -> str:
 
 def _train(args) -> int:
     # The training stack (torch, transformers) loads only when a job runs, not for `appliance --help`.
-    from appliance.grpo.distributed import launched_rank
+    from appliance.grpo.distributed import end_rank_process, launched_rank
 
-    data_dir, rank = data_dir_of(args), launched_rank()
+    rank = launched_rank()
+    code = _train_here(args, rank)
+    if rank is not None:
+        end_rank_process(code)
+    return code
+
+
+def _train_here(args, rank) -> int:
+    """The job in the foreground, or this rank of it (`rank`), or the launcher of its ranks."""
+    data_dir = data_dir_of(args)
     try:
         metrics_address = parse_metrics_addr(args.metrics_addr) if args.metrics_addr else None
         spec = load_checked_job(args.file, data_dir)

@@ -145,14 +145,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fd is required")
     channel = Channel(socket.socket(fileno=args.fd)) if args.fd is not None else None
     try:
-        if several:
-            from appliance.service.rank_worker import run_rank
+        if not several:
+            return run(channel, args.data_dir, args.job_dir, args.resume)
+        from appliance.service.rank_worker import run_rank
 
-            return run_rank(channel, args.data_dir, args.job_dir, args.resume)
-        return run(channel, args.data_dir, args.job_dir, args.resume)
+        code = run_rank(channel, args.data_dir, args.job_dir, args.resume)
     finally:
         if channel is not None:
             channel.close()
+    from appliance.grpo.distributed import end_rank_process
+
+    end_rank_process(code)
 
 
 if __name__ == "__main__":
