@@ -183,7 +183,7 @@ def summary_lines(summary: dict, baseline: str, rounds: list[dict]) -> str:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="P,V", help="comma-separated subset of P, V (bench/workload.py)")
+    parser.add_argument("--workloads", default="P,V", help="comma-separated subset of P, V, F (bench/workload.py)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--measured", type=int, default=3)
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {', '.join(SIDES)}")

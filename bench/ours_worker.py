@@ -1,7 +1,7 @@
 """One side of the GRPO step benchmark: a workload (P or V) through our trainer, in this process.
 
     python bench/ours_worker.py --out RESULT.json [--rollout-weights auto|shared|merged_copy]
-        [--workload P|V] [--warmup 1] [--measured 3] [--store DATA_DIR]
+        [--workload P|V|F] [--warmup 1] [--measured 3] [--store DATA_DIR]
 
 Builds the trainer the way `appliance train` does (`build_trainer`) in a
 throw-away data dir whose model store links to `--store`'s, calls

@@ -1,6 +1,6 @@
-"""The TRL side of the GRPO step benchmark: a workload (P or V) through TRL's GRPOTrainer, in this process.
+"""The TRL side of the GRPO step benchmark: a workload (P, V or F) through TRL's GRPOTrainer, in this process.
 
-    /work/.venv-trl/bin/python bench/trl_worker.py --out RESULT.json [--workload P|V] [--warmup 1] [--measured 3]
+    /work/.venv-trl/bin/python bench/trl_worker.py --out RESULT.json [--workload P|V|F] [--warmup 1] [--measured 3]
         [--model DIR]
 
 Runs in its own venv (bench/requirements-trl.txt: TRL needs a newer
@@ -68,7 +68,7 @@ def run(warmup: int, measured: int, model_dir: Path, workload: str = "P") -> dic
 
     torch.set_num_threads(TORCH_THREADS)
     total = warmup + measured
-    rows = prompts_in_step_order(total)
+    rows = prompts_in_step_order(total, workload)
 
     class StepClock(TrainerCallback):
         def __init__(self):

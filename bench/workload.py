@@ -9,6 +9,12 @@ differ only in their rewards:
        score all 0, so our trainer skips them and TRL does not.
     V  P's rewards + `length` (0.5, target 12 tokens): completion lengths differ
        within a group, so every group has a reward spread and both sides train it.
+    F  V with 8 worked examples as few-shot chat turns before each question
+       (prompts of about 300 tokens instead of 37-39): where prompts dominate
+       the sequence, a rollout copy's fixed cost weighs less against activations.
+
+F differs from V in its task only (TASK_EXTRAS); both sides build their prompts
+from the same task, so they get the same few-shot turns.
 
 This module imports only the job schema and the task loader, so it runs in the
 TRL venv as well as in ours.
@@ -32,6 +38,13 @@ WORKLOADS = {
     "P": {"correctness": (1.0, {}), "answer_format": (0.5, {})},
     "V": {"correctness": (1.0, {}), "answer_format": (0.5, {}), "length": (0.5, {"target": 12})},
 }
+WORKLOADS["F"] = WORKLOADS["V"]
+FEW_SHOT = [
+    {"question": f"What is {a} * {b}?", "answer": f"{a} * {b} = {a * b}, so <answer>{a * b}</answer>"}
+    for a, b in ((7, 5), (3, 4), (12, 11), (6, 9), (15, 3), (8, 8), (4, 13), (9, 7))
+]
+# workload -> task keys beside the dataset and the system prompt
+TASK_EXTRAS = {"P": {}, "V": {}, "F": {"few_shot": FEW_SHOT}}
 
 
 def job_dict(rollout_weights: str = "auto", steps: int = 4, workload: str = "P") -> dict:
@@ -49,7 +62,7 @@ def job_dict(rollout_weights: str = "auto", steps: int = 4, workload: str = "P")
                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
             },
         },
-        "task": {"dataset": "builtin:multiply", "system_prompt": SYSTEM_PROMPT},
+        "task": {"dataset": "builtin:multiply", "system_prompt": SYSTEM_PROMPT, **TASK_EXTRAS[workload]},
         "rewards": [
             {"name": name, "weight": weight, "params": params} for name, (weight, params) in WORKLOADS[workload].items()
         ],
@@ -73,13 +86,13 @@ def job_spec(rollout_weights: str = "auto", steps: int = 4, workload: str = "P")
     return JobSpec.model_validate(job_dict(rollout_weights, steps, workload))
 
 
-def prompts_in_step_order(steps: int) -> list[dict]:
+def prompts_in_step_order(steps: int, workload: str = "P") -> list[dict]:
     """The problems our trainer draws in its first `steps` steps, in order, as TRL dataset rows.
 
     Each row has chat `prompt` messages and the reference `answer`; fed to TRL
     unshuffled, its step k gets the same two prompts as our step k.
     """
-    spec = job_spec(steps=steps)
+    spec = job_spec(steps=steps, workload=workload)
     task = load_task(spec.task, Path.cwd())
     stream = ProblemStream(task.train, seed=spec.task.seed)
     problems = stream.next_batch(steps * spec.grpo.prompts_per_step)
