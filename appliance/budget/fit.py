@@ -23,12 +23,7 @@ from appliance.budget.reasons import FitReason
 from appliance.budget.workload import Workload
 
 CHECKPOINTING_COMPUTE_COST = 0.75  # throughput kept with gradient checkpointing (one extra forward)
-# Micro-batch tokens past which an update runs little faster per token: about 16k on a GPU; on the CPU's two
-# threads 560 tokens ran at 0.94x the speed of 1,120 and 280 at 0.75x (bench/micro_batch_speed.py, 2026-11-27).
-SATURATING_MICRO_BATCH_TOKENS = {"cuda": 16384, "cpu": 512}
-# Where a micro-batch past saturation is never chosen, as it would only hold more activations. Not yet on a GPU,
-# where no such curve has been measured.
-CAPPED_AT_SATURATION = ("cpu",)
+SATURATING_MICRO_BATCH_TOKENS = 16384
 REASON_KEYS = (
     "micro_batch_size",
     "grad_accumulation",
@@ -54,23 +49,9 @@ def peak_of(phases: dict[str, PhasePlan]) -> int:
     return max(p.peak_bytes for p in phases.values())
 
 
-def saturating_tokens(work: Workload) -> int:
-    return SATURATING_MICRO_BATCH_TOKENS.get(work.device_kind, SATURATING_MICRO_BATCH_TOKENS["cuda"])
-
-
-def useful_micro_batches(work: Workload) -> list[int]:
-    """The micro-batch sizes worth trying, largest first: halvings of the step's sequences, on the CPU from the
-    smallest that saturates it down (all of them where none does)."""
-    sizes = halvings(work.sequences)
-    if work.device_kind not in CAPPED_AT_SATURATION:
-        return sizes
-    enough = next((v for v in reversed(sizes) if v * work.sequence_tokens >= saturating_tokens(work)), sizes[0])
-    return [v for v in sizes if v <= enough]
-
-
-def _rank(s: Sizing, work: Workload) -> tuple:
-    # A micro-batch past saturation would not train faster; a merged copy still speeds generation.
-    tokens = min(s.micro_batch_size * work.sequence_tokens, saturating_tokens(work))
+def _rank(s: Sizing, sequence_tokens: int) -> tuple:
+    # Past ~16k tokens a micro-batch no longer speeds training up; a merged copy still speeds generation.
+    tokens = min(s.micro_batch_size * sequence_tokens, SATURATING_MICRO_BATCH_TOKENS)
     train = tokens * (CHECKPOINTING_COMPUTE_COST if s.gradient_checkpointing else 1.0)
     return (s.rollout_batch, s.judge_batch, train, not s.time_share, s.rollout_weights == "merged_copy")
 
@@ -114,7 +95,7 @@ def candidates(
     other batches at their smallest), then the judge batch, then the micro-batch
     finds the same best plan as trying every combination.
     """
-    micro_batches = [micro_batch] if micro_batch else useful_micro_batches(work)
+    micro_batches = [micro_batch] if micro_batch else halvings(work.sequences)
     checkpointings = [checkpointing] if checkpointing is not None else [False, True]
     weights = [rollout_weights] if rollout_weights != "auto" else ["merged_copy", "shared"]
     if work.rollout_engine == "vllm":  # vLLM holds its own copy whatever the setting: one candidate
@@ -149,7 +130,7 @@ def auto_fit(
     planned = [(s, peaks.phases(s)) for s in found]
     fitting = [(s, p) for s, p in planned if peak_of(p) <= budget_bytes]
     if fitting:
-        sizing, phases = max(fitting, key=lambda item: _rank(item[0], work))
+        sizing, phases = max(fitting, key=lambda item: _rank(item[0], work.sequence_tokens))
     else:
         # Nothing fits: show the configuration that needs least, in its worst phase and then overall.
         sizing, phases = min(planned, key=lambda item: (peak_of(item[1]), sum(p.peak_bytes for p in item[1].values())))
@@ -195,15 +176,10 @@ def _reasons(
         larger = min(v for v in halvings(limit) if v > value)
         return FitReason("larger_needs", budget, larger=larger, needs_bytes=peaks(s, **{field: larger}))
 
-    def micro_batch_reason() -> FitReason:
-        if asked.micro_batch:
-            return FitReason("set_in_job", note="grpo.micro_batch_size")
-        if s.micro_batch_size == useful_micro_batches(work)[0] < work.sequences:
-            return FitReason("saturates", budget, size=s.micro_batch_size * work.sequence_tokens, note=work.device_kind)
-        return next_size_up("micro_batch_size", s.micro_batch_size, work.sequences)
-
     reasons = {
-        "micro_batch_size": micro_batch_reason(),
+        "micro_batch_size": FitReason("set_in_job", note="grpo.micro_batch_size")
+        if asked.micro_batch
+        else next_size_up("micro_batch_size", s.micro_batch_size, work.sequences),
         "grad_accumulation": FitReason("rounded_up", budget, size=work.sequences, larger=s.micro_batch_size),
         "gradient_checkpointing": _checkpointing_reason(s, budget, asked, peaks),
         "rollout_weights": _weights_reason(work, s, phases, budget, asked, peaks),

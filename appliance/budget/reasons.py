@@ -12,7 +12,6 @@ ReasonKind = Literal[
     "nothing_fits",
     "all_fit",  # size: how many there are
     "larger_needs",  # larger: the next larger size, needs_bytes: its peak
-    "saturates",  # size: the micro-batch's tokens, note: the device kind
     "rounded_up",  # size: sequences per step, larger: the micro-batch
     "checkpointing_needed",  # size: micro-batch, needs_bytes: its peak without checkpointing
     "checkpointing_faster",  # the same, when it would fit but a larger checkpointed micro-batch is faster
@@ -57,8 +56,6 @@ def describe(choice: str, reason: FitReason) -> str:
             return f"{count}: all {reason.size} at once fit"
         case "larger_needs":
             return f"{count}: {reason.larger} would need {needs} > {budget}"
-        case "saturates":
-            return f"{count}: {reason.size} tokens keep the {reason.note} busy; a larger one would only hold more activations"
         case "rounded_up":
             return f"{reason.size} sequences per step / micro-batch {reason.larger}, rounded up"
         case "checkpointing_needed":
