@@ -121,6 +121,14 @@ class Worker:
     def pids(self) -> set[int]:
         return {proc.pid for proc in self.processes}
 
+    def ranks_still_leaving(self) -> bool:
+        """Rank 0 ended cleanly and another rank is still exiting, within RANK_EXIT_GRACE_SECONDS."""
+        if self.proc.returncode != 0 or all(rank.poll() is not None for rank in self.ranks):
+            return False
+        if self.ranks_deadline is None:
+            self.ranks_deadline = time.time() + RANK_EXIT_GRACE_SECONDS
+        return time.time() < self.ranks_deadline
+
 
 class Supervisor:
     def __init__(
@@ -209,7 +217,7 @@ class Supervisor:
         with self._lock:
             for worker in list(self.workers.values()):
                 if worker.proc.poll() is not None:
-                    if not self._ranks_still_leaving(worker):
+                    if not worker.ranks_still_leaving():
                         self._reaped(worker)
                 elif worker.stop_deadline is not None and time.time() > worker.stop_deadline:
                     kill_group(worker.proc.pid)  # it did not stop in time: the last checkpoint stands
@@ -220,15 +228,6 @@ class Supervisor:
             reap_orphans({pid for worker in self.workers.values() for pid in worker.pids})
             self._schedule()
         self.metrics.observe_disk(self.data_dir)
-
-    @staticmethod
-    def _ranks_still_leaving(worker: Worker) -> bool:
-        """Rank 0 ended cleanly and another rank is still exiting, within RANK_EXIT_GRACE_SECONDS."""
-        if worker.proc.returncode != 0 or all(rank.poll() is not None for rank in worker.ranks):
-            return False
-        if worker.ranks_deadline is None:
-            worker.ranks_deadline = time.time() + RANK_EXIT_GRACE_SECONDS
-        return time.time() < worker.ranks_deadline
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Ask every worker to checkpoint and stop; kill those still running after `timeout`; mark them interrupted."""

@@ -164,7 +164,7 @@ def test_ranks_still_exiting_after_a_clean_rank_0_get_time_and_a_stuck_one_does_
     import time
 
     from appliance.service import supervisor as supervising
-    from appliance.service.supervisor import Supervisor, Worker
+    from appliance.service.supervisor import Worker
 
     monkeypatch.setattr(supervising, "RANK_EXIT_GRACE_SECONDS", 1.0)
     leader = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -173,19 +173,19 @@ def test_ranks_still_exiting_after_a_clean_rank_0_get_time_and_a_stuck_one_does_
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         worker = Worker("job", GPUS[0], leader, channel=None, started=time.time(), ranks=[leaving])
-        assert Supervisor._ranks_still_leaving(worker)
+        assert worker.ranks_still_leaving()
         assert leaving.wait(timeout=10) == 0  # it exits on its own, with its own code
-        assert not Supervisor._ranks_still_leaving(worker)
+        assert not worker.ranks_still_leaving()
 
         worker = Worker("job", GPUS[0], leader, channel=None, started=time.time(), ranks=[stuck])
-        assert Supervisor._ranks_still_leaving(worker)
+        assert worker.ranks_still_leaving()
         time.sleep(1.2)
-        assert not Supervisor._ranks_still_leaving(worker)  # past the grace: reaped, the group killed
+        assert not worker.ranks_still_leaving()  # past the grace: reaped, the group killed
 
         failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
         failed.wait()
         worker = Worker("job", GPUS[0], failed, channel=None, started=time.time(), ranks=[stuck])
-        assert not Supervisor._ranks_still_leaving(worker)  # rank 0 failed: nothing to wait for
+        assert not worker.ranks_still_leaving()  # rank 0 failed: nothing to wait for
     finally:
         stuck.kill()
         stuck.wait()
