@@ -107,7 +107,7 @@ def _train_here(args, rank) -> int:
     except Exception as error:  # the last complete checkpoint stays; say how to continue
         return _crashed(error, args.file, job_dir, progress.terminal.last_step)
     finally:
-        progress.close(rank)
+        progress.close()  # a rank's process group goes in end_rank_process
     if rank is None:  # a rank's launcher reports the job's end
         print(f"done: checkpoints in {job_dir / 'checkpoints'}, best adapter in {job_dir / 'best'}")
     return EXIT_OK
@@ -197,13 +197,9 @@ class Progress:
         if self.exporter and self.main_rank:
             self.exporter.on_event(event)
 
-    def close(self, rank) -> None:
+    def close(self) -> None:
         if self.exporter:
             self.exporter.close()
-        if rank is not None:
-            from appliance.grpo.distributed import destroy_process_group
-
-            destroy_process_group()
 
 
 def _rank_job_dir(data_dir: Path, spec, rank) -> Path:
