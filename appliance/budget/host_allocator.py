@@ -7,6 +7,11 @@ heap and stay resident when freed. Pinning it lowers the CPU peak and makes it
 predictable, which the plan's CPU constants (budget/components.py) are fitted
 with; the measurements are in bench/README.md ("Where the CPU peak RSS above
 the plan goes"). No-op where the C library is not glibc.
+
+What falls under the threshold stays in glibc's heap when freed, where the next
+allocations reuse it; `release_freed_heap` hands the free pages back (malloc_trim)
+once loading and each rollout are done, so that a phase starts from the memory its
+predecessor still holds, not from that phase's peak.
 """
 
 from __future__ import annotations
@@ -18,13 +23,25 @@ M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 MMAP_THRESHOLD_BYTES = 4 * 2**20
 
 
-def pin_mmap_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Pin glibc's mmap threshold for this process; True when glibc took it."""
+def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:
-        return False
+        return None
     libc = ctypes.CDLL(name)
+    return libc if hasattr(libc, "gnu_get_libc_version") else None
+
+
+def pin_mmap_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Pin glibc's mmap threshold for this process; True when glibc took it."""
+    libc = _glibc()
     mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None or not hasattr(libc, "gnu_get_libc_version"):
+    if mallopt is None:
         return False
     return mallopt(M_MMAP_THRESHOLD, threshold_bytes) == 1
+
+
+def release_freed_heap() -> bool:
+    """Return the free pages of glibc's heap to the OS; True when some were returned."""
+    libc = _glibc()
+    trim = getattr(libc, "malloc_trim", None)
+    return bool(trim(0)) if trim is not None else False

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from appliance.budget.device import probe_device
-from appliance.budget.host_allocator import pin_mmap_threshold
+from appliance.budget.host_allocator import pin_mmap_threshold, release_freed_heap
 from appliance.budget.plan import Plan, plan_job
 from appliance.budget.shapes import load_config
 from appliance.config.schema import JobSpec
@@ -195,7 +195,9 @@ def build_trainer(
         return RankTrainer(
             *parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks, rank=rank, sharding=sharding
         )
-    return Trainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks)
+    trainer = Trainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks)
+    release_freed_heap()  # what loading and merging freed: the first step starts from what the models hold
+    return trainer
 
 
 def _agent_job(spec: JobSpec, engine, data_dir: Path, job_dir: Path, stop_requested, bound: int, environment):

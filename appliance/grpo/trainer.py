@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from appliance.budget.host_allocator import release_freed_heap
 from appliance.config import best as best_rule
 from appliance.config.schema import JobSpec
 from appliance.engines.base import GenerationEngine, Sampling
@@ -188,6 +189,7 @@ class Trainer:
         self.judging.set_step(self.step + 1)
         before = self._token_totals()
         scored = self._rollout(clock)
+        release_freed_heap()  # the rollout's freed KV cache and temporaries: the update starts from what is live
         with clock.phase("train"):
             stats = self._update(scored)
         self.step += 1

@@ -45,3 +45,39 @@ def test_pinned_threshold_returns_freed_6_mib_blocks_and_the_default_keeps_them(
     assert pinned and not default_pinned
     assert peak - after >= 300  # the 384 MiB went back to the OS
     assert default_peak - default_after < 100  # the default kept them in the heap
+
+
+RELEASE_PROBE = textwrap.dedent("""
+    import sys
+    from appliance.budget.host_allocator import pin_mmap_threshold, release_freed_heap
+    def rss_mib():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+    pin_mmap_threshold()
+    # 256 MiB in 2 MiB blocks (under the threshold: glibc's heap serves them), each followed by a small block
+    # that stays alive, so that freeing them leaves holes the heap cannot give back from its top.
+    blocks, kept = [], []
+    for _ in range(128):
+        blocks.append(bytearray(2 * 2**20))
+        kept.append(bytearray(64 * 2**10))
+    del blocks
+    freed = rss_mib()
+    released = release_freed_heap() if sys.argv[1] == "release" else False
+    print(released, round(freed), round(rss_mib()))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc")
+def test_releasing_the_freed_heap_returns_blocks_under_the_threshold_that_free_alone_keeps():
+    def run(mode: str) -> tuple[bool, float, float]:
+        out = subprocess.run(
+            [sys.executable, "-c", RELEASE_PROBE, mode], capture_output=True, text=True, check=True
+        ).stdout
+        released, freed, after = out.split()
+        return released == "True", float(freed), float(after)
+
+    released, freed, after = run("release")
+    kept_released, kept_freed, kept_after = run("keep")
+    assert released and not kept_released
+    assert freed - after >= 200  # most of the 256 MiB of holes went back to the OS
+    assert kept_freed - kept_after < 20  # without it the heap kept them
+    assert after < kept_after - 200
