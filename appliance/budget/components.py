@@ -48,8 +48,11 @@ VLLM_MAX_BATCHED_TOKENS = 8192
 OPTIMIZER_BYTES_PER_PARAM = {"adamw_32bit": 2 * 4, "paged_adamw_8bit": 2 * 1}
 
 # The trainer computes the sampled tokens' logprobs a chunk of tokens at a time (grpo/token_logprobs.py):
-# at most this many bytes of fp32 logits per chunk ...
-LOGIT_CHUNK_BYTES = 256 * 2**20
+# at most this many bytes of fp32 logits per chunk, by device kind. On a GPU 256 MiB keeps each chunk's
+# matmul large (441 tokens of Qwen's 152k vocabulary); on the CPU 32 MiB (170 tokens of a 49k vocabulary)
+# took the same time for 512 and 2,048 tokens (forward + backward, 2 threads) and keeps 0.27 GiB less of
+# workload V's update resident ...
+LOGIT_CHUNK_BYTES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
 # ... of which this many chunk-sized tensors are alive at once (backward: the recomputed logits, under a
 # 16-bit head also their fp32 cast, the softmax and the logits' gradient).
 LOGIT_CHUNK_COPIES = 4
@@ -65,8 +68,21 @@ LOGITS_COPIES_IN_TRAINING = 4
 # without checkpointing: RSS = 1.10 x the tensor arithmetic + 200 MiB. Raised to 1.13 when the whole demo job
 # (bench/memory_plan.py --job examples/multiply.yaml --steps 2, three runs on 2026-11-28: 6.55, 6.39 and
 # 6.54 GiB) peaked up to 1.02x its plan: the plan holds the upper bound of those runs.
-CPU_ACTIVATION_OVERHEAD = 1.13
+CPU_ACTIVATION_OVERHEAD = 1.25
 CPU_STEP_WORKING_BYTES = 200 * 2**20
+# Saved tensors of the hidden size (the residual stream: norm inputs, q, the attention output, LoRA inputs)
+# under glibc's mmap threshold come from its heap, and at the update's peak they cost this much more than their
+# bytes: workload V-shaped jobs of 1,080-1,136 tokens a micro-batch (hidden-size tensors of 2.4-2.5 MiB, the
+# SwiGLU ones above the threshold) peaked 0.54-0.57 GiB above the plan without this term; 568 tokens (all
+# under it) 0.08 GiB, 2,160-4,320 tokens (only the k/v ones under it) within the plan (bench/README.md,
+# "memory_plan.py", 2026-11-28 06:30). The factor holds the largest of them.
+CPU_HEAP_HIDDEN_EXTRA = 1.4
+MMAP_THRESHOLD_BYTES = 4 * 2**20  # budget/host_allocator.py pins glibc's threshold here
+# A checkpointed update on the CPU needs this much more, whatever its size: workload V with checkpointing
+# (1,136 tokens a micro-batch, 0.61 GiB of activations planned without it) grew the RSS by 0.84-1.11 GiB in
+# seven steps of five runs, 32 x 135 tokens (0.85 GiB planned) by 0.85 GiB. The recomputation's temporaries
+# (each layer's 4-bit weights dequantized again, its forward rebuilt) come and go per layer from the heap.
+CPU_CHECKPOINTING_WORKING_BYTES = 330 * 2**20
 
 
 def weights_bytes(shape: ModelShape, quantization: str, dtype_bytes: int, double_quant: bool = False) -> int:
@@ -184,19 +200,47 @@ def _saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str], dtype
     return norms + attention + mlp + _lora_input_bytes(shape, lora_targets, dtype_bytes)
 
 
-def logit_chunk_tokens(vocab: int, chunk_bytes: int = LOGIT_CHUNK_BYTES) -> int:
+def _hidden_size_saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str], dtype_bytes: int) -> int:
+    """The part of _saved_per_token_per_layer in [tokens, hidden]-wide tensors: the norm inputs, q and the
+    attention output (q's width), and the LoRA inputs but down_proj's (the intermediate size)."""
+    lora = _lora_input_bytes(shape, lora_targets, dtype_bytes)
+    if "down_proj" in lora_targets or "all-linear" in lora_targets:
+        lora -= _lora_input_bytes(shape, ["down_proj"], dtype_bytes)
+    return 2 * shape.hidden * FP32 + 2 * shape.heads * shape.head_dim * dtype_bytes + lora
+
+
+def cpu_heap_extra_bytes(
+    shape: ModelShape, tokens: int, dtype_bytes: int, gradient_checkpointing: bool, lora_targets: list[str]
+) -> int:
+    """What the hidden-size saved tensors of a `tokens`-token micro-batch cost on the CPU when glibc's heap,
+    not its mmap, serves them (CPU_HEAP_HIDDEN_EXTRA); 0 once each is past the threshold."""
+    if tokens * shape.hidden * dtype_bytes >= MMAP_THRESHOLD_BYTES:
+        return 0
+    layers_kept = 1 if gradient_checkpointing else shape.layers
+    per_layer = _hidden_size_saved_per_token_per_layer(shape, lora_targets, dtype_bytes) * tokens
+    inputs = shape.layers * shape.hidden * dtype_bytes * tokens if gradient_checkpointing else 0
+    return int(CPU_HEAP_HIDDEN_EXTRA * (layers_kept * per_layer + inputs))
+
+
+def logit_chunk_bytes(device_kind: str) -> int:
+    """fp32 logits per logprob chunk on this kind of device (a device other than the CPU: the GPU's size)."""
+    return LOGIT_CHUNK_BYTES.get(device_kind, LOGIT_CHUNK_BYTES["cuda"])
+
+
+def logit_chunk_tokens(vocab: int, chunk_bytes: int = LOGIT_CHUNK_BYTES["cuda"]) -> int:
     """Tokens per logprob chunk: one chunk's fp32 logits within `chunk_bytes`."""
     return max(1, chunk_bytes // (vocab * FP32))
 
 
-def logprob_bytes(shape: ModelShape, tokens: int, dtype_bytes: int) -> int:
+def logprob_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, device_kind: str = "cuda") -> int:
     """The loss's working memory for `tokens` logprobs: chunks of logits, or the whole logits where it must.
 
     Besides the chunk the head keeps its input and gets that input's gradient ([tokens, hidden] each).
     """
     if shape.scaled_logits:
         return LOGITS_COPIES_IN_TRAINING * tokens * shape.vocab * FP32
-    chunk = LOGIT_CHUNK_COPIES * min(tokens, logit_chunk_tokens(shape.vocab)) * shape.vocab * FP32
+    chunk_tokens = logit_chunk_tokens(shape.vocab, logit_chunk_bytes(device_kind))
+    chunk = LOGIT_CHUNK_COPIES * min(tokens, chunk_tokens) * shape.vocab * FP32
     return chunk + 2 * tokens * shape.hidden * dtype_bytes
 
 
@@ -223,10 +267,12 @@ def activation_bytes(
         layers = shape.layers * shape.hidden * dtype_bytes * tokens + per_layer
     else:
         layers = shape.layers * per_layer
-    logits = logprob_bytes(shape, micro_batch * logit_tokens, dtype_bytes)
+    logits = logprob_bytes(shape, micro_batch * logit_tokens, dtype_bytes, device_kind)
     if device_kind != "cpu":
         return layers + logits
-    return int((layers + logits) * CPU_ACTIVATION_OVERHEAD) + CPU_STEP_WORKING_BYTES
+    heap = cpu_heap_extra_bytes(shape, tokens, dtype_bytes, gradient_checkpointing, lora_targets)
+    working = CPU_STEP_WORKING_BYTES + (CPU_CHECKPOINTING_WORKING_BYTES if gradient_checkpointing else 0)
+    return int((layers + logits) * CPU_ACTIVATION_OVERHEAD) + heap + working
 
 
 def generation_working_bytes(

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from appliance.budget.components import LOGIT_CHUNK_BYTES, logit_chunk_tokens
+from appliance.budget.components import logit_chunk_bytes, logit_chunk_tokens
 
-# fp32 logits per chunk (the planner counts the chunk: budget/components.py logprob_bytes): 256 MiB,
-# 1,365 tokens of a 49k vocabulary, 441 of Qwen's 152k.
-CHUNK_LOGIT_BYTES = LOGIT_CHUNK_BYTES
+# fp32 logits per chunk; None: the size for the hidden states' device, which the planner counts
+# (budget/components.py logprob_bytes). Tests pin a small one.
+CHUNK_LOGIT_BYTES: int | None = None
 
 
-def chunk_tokens(vocab: int, chunk_bytes: int | None = None) -> int:
+def chunk_tokens(vocab: int, chunk_bytes: int) -> int:
     """Tokens per chunk so that one chunk's fp32 logits stay within `chunk_bytes`."""
-    return logit_chunk_tokens(vocab, chunk_bytes or CHUNK_LOGIT_BYTES)
+    return logit_chunk_tokens(vocab, chunk_bytes)
 
 
 def _upcast(dtype: torch.dtype) -> torch.dtype:
@@ -83,11 +83,11 @@ def chunked_token_logprobs(
 ) -> torch.Tensor:
     """log softmax(head(hidden) / temperature)[targets] for hidden [N, C, H], targets [N, C]: [N, C] (fp32 or wider).
 
-    chunk_bytes: fp32 logits per chunk (default CHUNK_LOGIT_BYTES).
+    chunk_bytes: fp32 logits per chunk (default: CHUNK_LOGIT_BYTES, else the size for hidden's device).
     """
     batch, width, size = hidden.shape
     flat = hidden.reshape(batch * width, size)
-    rows = chunk_tokens(head.out_features, chunk_bytes or CHUNK_LOGIT_BYTES)
+    rows = chunk_tokens(head.out_features, chunk_bytes or CHUNK_LOGIT_BYTES or logit_chunk_bytes(hidden.device.type))
     logp = _ChunkedTokenLogprobs.apply(flat, head.weight, head.bias, targets.reshape(-1), float(temperature), rows)
     return logp.view(batch, width)
 

@@ -80,6 +80,40 @@ def test_logprobs_cost_one_chunk_of_logits_not_batch_x_completion_x_vocab():
     assert c.logprob_bytes(qwen, 10, 2) == c.LOGIT_CHUNK_COPIES * 10 * 152064 * 4 + 2 * 10 * 3584 * 2
 
 
+def test_on_the_cpu_a_logit_chunk_is_32_mib():
+    qwen = shape("Qwen2.5-7B")
+    assert c.logit_chunk_tokens(152064, c.logit_chunk_bytes("cpu")) == 55
+    assert c.logit_chunk_bytes("mps") == c.logit_chunk_bytes("cuda")  # any accelerator: the GPU's size
+    tokens = 4096
+    assert c.logprob_bytes(qwen, tokens, 4, "cpu") == c.LOGIT_CHUNK_COPIES * 55 * 152064 * 4 + 2 * tokens * 3584 * 4
+
+
+def test_on_the_cpu_hidden_size_tensors_under_the_mmap_threshold_are_planned_with_the_heap_extra():
+    llama = shape("Llama-3.1-8B")  # hidden 4096: a [tokens, hidden] fp32 tensor reaches glibc's 4 MiB at 256 tokens
+    # Per token and layer in [tokens, hidden] tensors: two norm inputs, q, the attention output, and the LoRA
+    # inputs of q/k/v (one shared fp32 tensor) and of o.
+    hidden_size_bytes = 6 * 4096 * 4
+    assert c.cpu_heap_extra_bytes(llama, 255, 4, False, ATTENTION) == int(
+        c.CPU_HEAP_HIDDEN_EXTRA * 32 * 255 * hidden_size_bytes
+    )
+    assert c.cpu_heap_extra_bytes(llama, 256, 4, False, ATTENTION) == 0
+    # With checkpointing one layer keeps its tensors, and every layer its input.
+    assert c.cpu_heap_extra_bytes(llama, 255, 4, True, ATTENTION) == int(
+        c.CPU_HEAP_HIDDEN_EXTRA * (255 * hidden_size_bytes + 32 * 4096 * 4 * 255)
+    )
+    # down_proj's LoRA input is [tokens, intermediate]: not counted.
+    mlp = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
+    assert c.cpu_heap_extra_bytes(llama, 255, 4, False, mlp) == int(
+        c.CPU_HEAP_HIDDEN_EXTRA * 32 * 255 * (hidden_size_bytes + 4096 * 4)
+    )
+    # The CPU plan carries it (8 logit tokens: one chunk on either device); a GPU's does not.
+    for tokens in (255, 256):
+        on_gpu = c.activation_bytes(llama, 1, tokens, 8, 4, False, ATTENTION, "cuda")
+        on_cpu = c.activation_bytes(llama, 1, tokens, 8, 4, False, ATTENTION, "cpu")
+        expected = int(on_gpu * c.CPU_ACTIVATION_OVERHEAD) + c.CPU_STEP_WORKING_BYTES
+        assert on_cpu == expected + c.cpu_heap_extra_bytes(llama, tokens, 4, False, ATTENTION)
+
+
 def test_soft_capped_logits_are_planned_whole():
     # Gemma 2 caps its logits after the head, so the trainer takes the plain path: every row of logits at once.
     gemma = shape("Gemma-2-9B")

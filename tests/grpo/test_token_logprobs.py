@@ -65,6 +65,19 @@ def test_a_frozen_head_gets_no_gradient_and_the_chunk_is_never_the_whole_vocabul
     assert hidden.grad is not None and head.weight.grad is None
 
 
+def test_on_the_cpu_the_default_chunk_is_the_one_the_planner_counts(monkeypatch):
+    # 65,536 x 4 bytes of logits per token: a 32 MiB CPU chunk (budget/components.py) holds 128 tokens.
+    head = torch.nn.Linear(8, 65536, bias=False).requires_grad_(False)
+    hidden = torch.randn(1, 300, 8, requires_grad=True)
+    seen = []
+    original = token_logprobs._chunk_logits
+    monkeypatch.setattr(
+        token_logprobs, "_chunk_logits", lambda *args: seen.append(original(*args).shape[0]) or original(*args)
+    )
+    chunked_token_logprobs(hidden, head, torch.randint(0, 65536, (1, 300))).sum().backward()
+    assert seen == [128, 128, 44] * 2  # forward, then backward
+
+
 @pytest.fixture(scope="module")
 def student(demo_model_dir) -> Student:
     """The bundled model as the trainer loads it: nf4, fp32 compute, LoRA."""
