@@ -3,9 +3,9 @@
 The open choices are searched with cheap arithmetic (see `candidates`) and the
 best plan that fits is kept. "Best" ranks what costs the most
 time first: a bigger rollout batch (generation dominates a GRPO step), then a
-bigger judge batch, then training throughput (micro-batch tokens up to about
-16k, past which a GPU is saturated; checkpointing costs about a third more
-compute), then keeping every engine awake (sleep and wake cost seconds per
+bigger judge batch, then training throughput (micro-batch tokens up to where
+the device is saturated: about 16k on a GPU, 512 on the CPU; checkpointing
+costs about a third more compute), then keeping every engine awake (sleep and wake cost seconds per
 step, less than a starved trainer), and last a merged rollout copy of the
 weights (faster generation, worth the memory once nothing more important
 needs it). Values the
@@ -23,7 +23,10 @@ from appliance.budget.reasons import FitReason
 from appliance.budget.workload import Workload
 
 CHECKPOINTING_COMPUTE_COST = 0.75  # throughput kept with gradient checkpointing (one extra forward)
-SATURATING_MICRO_BATCH_TOKENS = 16384
+# Micro-batch tokens past which a forward + backward runs no faster per token, by device kind. On the CPU
+# (bench/micro_batch_speed.py, 16 x 70 tokens of workload V, 2 threads): 560 tokens ran at 0.94x the speed of
+# 1,120, 280 at 0.75x; so a micro-batch of 512+ tokens without checkpointing ranks above any with it.
+SATURATING_MICRO_BATCH_TOKENS = {"cpu": 512, "cuda": 16384}
 REASON_KEYS = (
     "micro_batch_size",
     "grad_accumulation",
@@ -49,9 +52,10 @@ def peak_of(phases: dict[str, PhasePlan]) -> int:
     return max(p.peak_bytes for p in phases.values())
 
 
-def _rank(s: Sizing, sequence_tokens: int) -> tuple:
-    # Past ~16k tokens a micro-batch no longer speeds training up; a merged copy still speeds generation.
-    tokens = min(s.micro_batch_size * sequence_tokens, SATURATING_MICRO_BATCH_TOKENS)
+def _rank(s: Sizing, work: Workload) -> tuple:
+    # Past saturation a micro-batch no longer speeds training up; a merged copy still speeds generation.
+    saturating = SATURATING_MICRO_BATCH_TOKENS.get(work.device_kind, SATURATING_MICRO_BATCH_TOKENS["cuda"])
+    tokens = min(s.micro_batch_size * work.sequence_tokens, saturating)
     train = tokens * (CHECKPOINTING_COMPUTE_COST if s.gradient_checkpointing else 1.0)
     return (s.rollout_batch, s.judge_batch, train, not s.time_share, s.rollout_weights == "merged_copy")
 
@@ -130,7 +134,7 @@ def auto_fit(
     planned = [(s, peaks.phases(s)) for s in found]
     fitting = [(s, p) for s, p in planned if peak_of(p) <= budget_bytes]
     if fitting:
-        sizing, phases = max(fitting, key=lambda item: _rank(item[0], work.sequence_tokens))
+        sizing, phases = max(fitting, key=lambda item: _rank(item[0], work))
     else:
         # Nothing fits: show the configuration that needs least, in its worst phase and then overall.
         sizing, phases = min(planned, key=lambda item: (peak_of(item[1]), sum(p.peak_bytes for p in item[1].values())))

@@ -218,3 +218,29 @@ def test_the_transformers_merged_copy_is_the_bf16_model_and_one_target_merging_a
     embeddings = 2 * student["vocab_size"] * hidden * 2
     assert not student["tie_word_embeddings"] and 2.0 * GIB < embeddings < 2.1 * GIB
     assert 14.0 * GIB < bf16_layers + embeddings < 14.4 * GIB
+
+
+def test_on_the_cpu_a_micro_batch_past_512_tokens_without_checkpointing_ranks_above_a_larger_one_with_it(configs):
+    """CPU throughput saturates near 512 tokens a micro-batch (fit.py), a GPU's near 16k: the same budget,
+    where micro-batch 8 fits without checkpointing and 16 only with it, picks differently on each."""
+    text = (
+        "name: t\nstudent: {{model: /models/Qwen2.5-7B-Instruct{fixed}}}\nrewards: [{{name: correctness}}]\n"
+        "grpo: {{group_size: 8, prompts_per_step: 2, max_new_tokens: 64, max_prompt_tokens: 64{micro}}}\n"
+        "engine: {{rollout_weights: merged_copy}}\n{budget}"
+    )
+
+    def plan(device: DeviceInfo, micro: int | None = None, checkpointing: bool | None = None, budget: int = 0):
+        job = parse_job_text(
+            text.format(
+                fixed="" if checkpointing is None else f", gradient_checkpointing: {str(checkpointing).lower()}",
+                micro="" if micro is None else f", micro_batch_size: {micro}",
+                budget=f"device: {{memory_budget: {budget}}}\n" if budget else "",
+            )
+        )
+        return plan_job(job, configs[0], None, device)
+
+    for device, expected in ((DeviceInfo("cpu", 512 * GIB, 0, "fake"), (8, False)), (gpu(512), (16, True))):
+        budget = plan(device, 8, False).peak_bytes
+        assert plan(device, 16, False).peak_bytes > budget >= plan(device, 16, True).peak_bytes
+        chosen = plan(device, budget=budget).choices
+        assert (chosen.micro_batch_size, chosen.gradient_checkpointing) == expected, device.kind
