@@ -275,8 +275,23 @@ def activation_bytes(
     return int((layers + logits) * CPU_ACTIVATION_OVERHEAD) + heap + working
 
 
+# transformers' generate on CUDA reserves more than the tensors above: on an H200 (2026-11-28, an 8B-shaped
+# model, merged rollout copy, bench/cuda/run.sh) the generate phase reserved 0.48, 0.67, 0.83 and 3.04 GB
+# above them over 64, 128, 256 and 512 decode steps (64, 32, 16 and 16 sequences): freed blocks of a step's
+# grown KV cache and scores that the caching allocator cannot hand to the next, larger ones. A fixed part and
+# a part per decode step hold all four (the longest one exactly); past 512 steps it is not measured.
+HF_CUDA_GENERATE_RESERVE_BYTES = 450 * 10**6
+HF_CUDA_GENERATE_STEP_BYTES = int(5.1 * 10**6)
+
+
 def generation_working_bytes(
-    shape: ModelShape, batch: int, prompt_tokens: int, dtype_bytes: int, engine: str = "hf", new_tokens: int = 0
+    shape: ModelShape,
+    batch: int,
+    prompt_tokens: int,
+    dtype_bytes: int,
+    engine: str = "hf",
+    new_tokens: int = 0,
+    device_kind: str = "cuda",
 ) -> int:
     """Transient memory of generation besides the KV cache.
 
@@ -295,7 +310,10 @@ def generation_working_bytes(
         tokens = min(tokens, VLLM_MAX_BATCHED_TOKENS)
     prefill = tokens * (3 * shape.hidden + 3 * shape.intermediate) * dtype_bytes
     kept_scores = new_tokens * batch * shape.vocab * FP32 if engine == "hf" else 0
-    return sampling + prefill + kept_scores
+    reserve = 0
+    if engine == "hf" and device_kind == "cuda":
+        reserve = HF_CUDA_GENERATE_RESERVE_BYTES + new_tokens * HF_CUDA_GENERATE_STEP_BYTES
+    return sampling + prefill + kept_scores + reserve
 
 
 def kv_cache_bytes(shape: ModelShape, sequences: int, tokens_per_sequence: int, dtype_bytes: int) -> int:

@@ -144,7 +144,7 @@ def _judge_device(job: JobSpec, judge_config: dict | None, device: DeviceInfo) -
         parts = {
             "judge_weights": weights,
             "judge_kv": -(-c.kv_cache_bytes(shape, batch, tokens, dtype) // tp),
-            "activations": -(-c.generation_working_bytes(shape, batch, prompt, dtype, engine) // tp),
+            "activations": -(-c.generation_working_bytes(shape, batch, prompt, dtype, engine, 0, device.kind) // tp),
         }
         parts["runtime"] = c.runtime_bytes(device.kind, 1, sum(parts.values()))
         return parts

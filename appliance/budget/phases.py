@@ -171,7 +171,13 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
     judge_persistent = work.judge_engine == "vllm" and not s.time_share
     working = {
         "generate": c.generation_working_bytes(
-            work.student, s.rollout_batch, work.prompt_tokens, work.dtype_bytes, work.rollout_engine, work.new_tokens
+            work.student,
+            s.rollout_batch,
+            work.prompt_tokens,
+            work.dtype_bytes,
+            work.rollout_engine,
+            work.new_tokens,
+            work.device_kind,
         ),
         "judge": c.generation_working_bytes(
             work.judge or work.student,
@@ -180,6 +186,7 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
             work.dtype_bytes,
             work.judge_engine,
             work.judge_new_tokens,
+            work.device_kind,
         ),
         "train": sizes["activations"],
     }

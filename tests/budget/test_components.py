@@ -179,9 +179,23 @@ def test_nf4_weights_match_what_bitsandbytes_allocates_for_the_bundled_model(dem
 
 def test_transformers_generation_keeps_every_steps_scores_and_vllm_does_not():
     llama = shape("Llama-3.1-8B")
-    without = c.generation_working_bytes(llama, 32, 100, 4, "hf")
-    kept = c.generation_working_bytes(llama, 32, 100, 4, "hf", new_tokens=128)
+    without = c.generation_working_bytes(llama, 32, 100, 4, "hf", device_kind="cpu")
+    kept = c.generation_working_bytes(llama, 32, 100, 4, "hf", new_tokens=128, device_kind="cpu")
     assert kept - without == 128 * 32 * llama.vocab * 4
     assert c.generation_working_bytes(llama, 32, 100, 4, "vllm", new_tokens=128) == c.generation_working_bytes(
         llama, 32, 100, 4, "vllm"
+    )
+
+
+def test_transformers_generation_on_cuda_reserves_a_fixed_part_and_a_part_per_decode_step():
+    llama = shape("Llama-3.1-8B")
+    on_cpu = c.generation_working_bytes(llama, 16, 64, 2, "hf", new_tokens=256, device_kind="cpu")
+    on_cuda = c.generation_working_bytes(llama, 16, 64, 2, "hf", new_tokens=256, device_kind="cuda")
+    assert on_cuda - on_cpu == c.HF_CUDA_GENERATE_RESERVE_BYTES + 256 * c.HF_CUDA_GENERATE_STEP_BYTES
+    # What an H200 reserved above the tensors (components.py): 64, 128, 256 and 512 decode steps.
+    for steps, measured_extra in ((64, 0.48e9), (128, 0.67e9), (256, 0.83e9), (512, 3.04e9)):
+        assert c.HF_CUDA_GENERATE_RESERVE_BYTES + steps * c.HF_CUDA_GENERATE_STEP_BYTES >= measured_extra
+    # vLLM reserves its own pool (its KV is planned from gpu_memory_utilization): no such term.
+    assert c.generation_working_bytes(llama, 16, 64, 2, "vllm", 256, "cuda") == c.generation_working_bytes(
+        llama, 16, 64, 2, "vllm", 256, "cpu"
     )
