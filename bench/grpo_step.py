@@ -17,6 +17,8 @@ second, so that a drift in the machine's load does not favour one side. Sides:
 
     ours         our trainer, rollout weights chosen by the memory budget
     ours-shared  our trainer, `engine.rollout_weights: shared` (generate through the 4-bit weights)
+    ours-lean    our trainer under a memory budget of 0.8x TRL's measured peak (workload.LEAN_MEMORY_BUDGETS):
+                 the budget manager picks checkpointing, rollout weights and batches to fit it
     trl          TRL GRPOTrainer in /work/.venv-trl (bench/requirements-trl.txt)
 
 With --rounds N every workload runs N rounds, the sides' order alternating
@@ -42,10 +44,10 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
-from workload import WORKLOADS  # noqa: E402
+from workload import LEAN_MEMORY_BUDGETS, WORKLOADS  # noqa: E402
 
 DEFAULT_TRL_PYTHON = Path("/work/.venv-trl/bin/python")
-SIDES = ("ours", "ours-shared", "trl")
+SIDES = ("ours", "ours-shared", "ours-lean", "trl")
 
 
 LOAD_SAMPLE_SECONDS = 10
@@ -56,6 +58,8 @@ def worker_command(side: str, trl_python: Path, out: Path, warmup: int, measured
     if side == "trl":
         return [str(trl_python), str(BENCH_DIR / "trl_worker.py"), *steps]
     weights = "shared" if side == "ours-shared" else "auto"
+    if side == "ours-lean":
+        steps += ["--memory-budget", LEAN_MEMORY_BUDGETS[workload]]
     return [sys.executable, str(BENCH_DIR / "ours_worker.py"), "--rollout-weights", weights, *steps]
 
 

@@ -1,7 +1,7 @@
 """One side of the GRPO step benchmark: a workload (P or V) through our trainer, in this process.
 
     python bench/ours_worker.py --out RESULT.json [--rollout-weights auto|shared|merged_copy]
-        [--workload P|V|F] [--warmup 1] [--measured 3] [--store DATA_DIR]
+        [--workload P|V|F] [--warmup 1] [--measured 3] [--store DATA_DIR] [--memory-budget SIZE]
 
 Builds the trainer the way `appliance train` does (`build_trainer`) in a
 throw-away data dir whose model store links to `--store`'s, calls
@@ -32,11 +32,13 @@ DEFAULT_STORE = Path(
 )
 
 
-def run(rollout_weights: str, warmup: int, measured: int, store: Path, workload: str = "P") -> dict:
+def run(
+    rollout_weights: str, warmup: int, measured: int, store: Path, workload: str = "P", memory_budget: str | None = None
+) -> dict:
     from appliance.grpo.job import build_trainer, prepare_job_dir
 
     torch.set_num_threads(TORCH_THREADS)
-    spec = job_spec(rollout_weights, steps=warmup + measured, workload=workload)
+    spec = job_spec(rollout_weights, steps=warmup + measured, workload=workload, memory_budget=memory_budget)
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as scratch:
         data_dir = Path(scratch)
         link_model_store(store, data_dir)
@@ -76,10 +78,12 @@ def run(rollout_weights: str, warmup: int, measured: int, store: Path, workload:
         "side": f"ours ({rollout_weights})",
         "workload": workload,
         "requested_rollout_weights": rollout_weights,
+        "memory_budget": memory_budget,
         "choices": {
             "rollout_weights": choices.rollout_weights,
             "micro_batch_size": choices.micro_batch_size,
             "gradient_checkpointing": choices.gradient_checkpointing,
+            "planned_peak_bytes": trainer.plan.peak_bytes if trainer.plan is not None else None,
             "reasons": choices.reasons,
         },
         "load_seconds": load_seconds,
@@ -96,9 +100,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--measured", type=int, default=3)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="P")
+    parser.add_argument("--memory-budget", default=None, help="device.memory_budget of the job (default: 90%%)")
     parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help="data dir whose models/ holds the model")
     args = parser.parse_args()
-    result = run(args.rollout_weights, args.warmup, args.measured, args.store, args.workload)
+    result = run(args.rollout_weights, args.warmup, args.measured, args.store, args.workload, args.memory_budget)
     args.out.write_text(json.dumps(result, indent=2))
 
 

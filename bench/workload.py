@@ -45,11 +45,17 @@ FEW_SHOT = [
 ]
 # workload -> task keys beside the dataset and the system prompt
 TASK_EXTRAS = {"P": {}, "V": {}, "F": {"few_shot": FEW_SHOT}}
+# workload -> the memory budget of our `ours-lean` side: 0.8x TRL's measured peak RSS (V: 2.61-2.90 GiB over
+# 2026-11-25/27's ten rounds; F: 9.20 GiB on 2026-11-28), so that the budget manager, not a hand-picked
+# setting, decides how our step fits in that much memory.
+LEAN_MEMORY_BUDGETS = {"P": "2.2GiB", "V": "2.2GiB", "F": "7.3GiB"}
 
 
-def job_dict(rollout_weights: str = "auto", steps: int = 4, workload: str = "P") -> dict:
-    """Our job file for a workload; `rollout_weights` is the only knob the bench varies on our side."""
-    return {
+def job_dict(
+    rollout_weights: str = "auto", steps: int = 4, workload: str = "P", memory_budget: str | None = None
+) -> dict:
+    """Our job file for a workload; the bench varies `rollout_weights` and the memory budget on our side."""
+    job = {
         "name": "bench-grpo-step",
         "student": {
             "model": MODEL_NAME,
@@ -80,10 +86,15 @@ def job_dict(rollout_weights: str = "auto", steps: int = 4, workload: str = "P")
         "engine": {"rollout": "hf", "rollout_weights": rollout_weights},
         "checkpoint": {"every": 100000},
     }
+    if memory_budget is not None:
+        job["device"] = {"memory_budget": memory_budget}
+    return job
 
 
-def job_spec(rollout_weights: str = "auto", steps: int = 4, workload: str = "P") -> JobSpec:
-    return JobSpec.model_validate(job_dict(rollout_weights, steps, workload))
+def job_spec(
+    rollout_weights: str = "auto", steps: int = 4, workload: str = "P", memory_budget: str | None = None
+) -> JobSpec:
+    return JobSpec.model_validate(job_dict(rollout_weights, steps, workload, memory_budget))
 
 
 def prompts_in_step_order(steps: int, workload: str = "P") -> list[dict]:
