@@ -45,10 +45,10 @@ FEW_SHOT = [
 ]
 # workload -> task keys beside the dataset and the system prompt
 TASK_EXTRAS = {"P": {}, "V": {}, "F": {"few_shot": FEW_SHOT}}
-# workload -> the memory budget of our `ours-lean` side: 0.8x TRL's measured peak RSS (V: 2.61-2.90 GiB over
-# 2026-11-25/27's ten rounds; F: 9.20 GiB on 2026-11-28), so that the budget manager, not a hand-picked
+# workload -> the memory budget of our `ours-lean` side: 0.8x TRL's measured peak RSS (V: a median of 2.82 GiB
+# over five rounds on 2026-11-28; F: 8.82-8.96 GiB over three), so that the budget manager, not a hand-picked
 # setting, decides how our step fits in that much memory.
-LEAN_MEMORY_BUDGETS = {"P": "2.2GiB", "V": "2.2GiB", "F": "7.3GiB"}
+LEAN_MEMORY_BUDGETS = {"P": "2.25GiB", "V": "2.25GiB", "F": "7.1GiB"}
 
 
 def job_dict(

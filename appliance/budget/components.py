@@ -71,12 +71,13 @@ LOGITS_COPIES_IN_TRAINING = 4
 CPU_ACTIVATION_OVERHEAD = 1.25
 CPU_STEP_WORKING_BYTES = 200 * 2**20
 # Saved tensors of the hidden size (the residual stream: norm inputs, q, the attention output, LoRA inputs)
-# under glibc's mmap threshold come from its heap, and at the update's peak they cost this much more than their
-# bytes: workload V-shaped jobs of 1,080-1,136 tokens a micro-batch (hidden-size tensors of 2.4-2.5 MiB, the
-# SwiGLU ones above the threshold) peaked 0.54-0.57 GiB above the plan without this term; 568 tokens (all
-# under it) 0.08 GiB, 2,160-4,320 tokens (only the k/v ones under it) within the plan (bench/README.md,
-# "memory_plan.py", 2026-11-28 06:30). The factor holds the largest of them.
-CPU_HEAP_HIDDEN_EXTRA = 1.4
+# and of the k/v size under glibc's mmap threshold come from its heap, and at the update's peak they cost this
+# much more than their bytes: workload V-shaped jobs of 1,080-1,136 tokens a micro-batch (hidden-size tensors
+# of 2.4-2.5 MiB, the SwiGLU ones above the threshold) peaked 0.54-0.57 GiB above the plan without this term,
+# and workload F in two micro-batches of 3,000 tokens (k/v tensors of 2.2 MiB) 0.15 GiB; 568 tokens (the
+# SwiGLU ones under it too) 0.08 GiB (bench/README.md, "memory_plan.py", 2026-11-28). The factor holds the
+# largest of them; the SwiGLU tensors showed no such excess and are not counted.
+CPU_HEAP_EXTRA = 1.4
 MMAP_THRESHOLD_BYTES = 4 * 2**20  # budget/host_allocator.py pins glibc's threshold here
 # A checkpointed update on the CPU needs this much more, whatever its size: workload V with checkpointing
 # (1,136 tokens a micro-batch, 0.61 GiB of activations planned without it) grew the RSS by 0.84-1.11 GiB in
@@ -201,26 +202,33 @@ def _saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str], dtype
     return norms + attention + mlp + _lora_input_bytes(shape, lora_targets, dtype_bytes)
 
 
-def _hidden_size_saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str], dtype_bytes: int) -> int:
-    """The part of _saved_per_token_per_layer in [tokens, hidden]-wide tensors: the norm inputs, q and the
-    attention output (q's width), and the LoRA inputs but down_proj's (the intermediate size)."""
+def _heap_served_per_token_per_layer(shape: ModelShape, tokens: int, lora_targets: list[str], dtype_bytes: int) -> int:
+    """Bytes per token of one layer's saved tensors that glibc's heap serves in a `tokens`-token micro-batch:
+    the [tokens, hidden]-wide ones (the norm inputs, q and the attention output, the LoRA inputs but
+    down_proj's) and k and v, each group when one of its tensors is under the mmap threshold."""
     lora = _lora_input_bytes(shape, lora_targets, dtype_bytes)
     if "down_proj" in lora_targets or "all-linear" in lora_targets:
         lora -= _lora_input_bytes(shape, ["down_proj"], dtype_bytes)
-    return 2 * shape.hidden * FP32 + 2 * shape.heads * shape.head_dim * dtype_bytes + lora
+    kv_width = shape.kv_heads * shape.head_dim
+    served = 0
+    if tokens * shape.hidden * dtype_bytes < MMAP_THRESHOLD_BYTES:
+        served += 2 * shape.hidden * FP32 + 2 * shape.heads * shape.head_dim * dtype_bytes + lora
+    if tokens * kv_width * dtype_bytes < MMAP_THRESHOLD_BYTES:
+        served += 2 * kv_width * dtype_bytes
+    return served
 
 
 def cpu_heap_extra_bytes(
     shape: ModelShape, tokens: int, dtype_bytes: int, gradient_checkpointing: bool, lora_targets: list[str]
 ) -> int:
-    """What the hidden-size saved tensors of a `tokens`-token micro-batch cost on the CPU when glibc's heap,
-    not its mmap, serves them (CPU_HEAP_HIDDEN_EXTRA); 0 once each is past the threshold."""
-    if tokens * shape.hidden * dtype_bytes >= MMAP_THRESHOLD_BYTES:
-        return 0
+    """What the heap-served saved tensors of a `tokens`-token micro-batch cost on the CPU beyond their bytes
+    (CPU_HEAP_EXTRA); 0 once each is past glibc's mmap threshold."""
     layers_kept = 1 if gradient_checkpointing else shape.layers
-    per_layer = _hidden_size_saved_per_token_per_layer(shape, lora_targets, dtype_bytes) * tokens
-    inputs = shape.layers * shape.hidden * dtype_bytes * tokens if gradient_checkpointing else 0
-    return int(CPU_HEAP_HIDDEN_EXTRA * (layers_kept * per_layer + inputs))
+    per_layer = _heap_served_per_token_per_layer(shape, tokens, lora_targets, dtype_bytes) * tokens
+    inputs = 0
+    if gradient_checkpointing and tokens * shape.hidden * dtype_bytes < MMAP_THRESHOLD_BYTES:
+        inputs = shape.layers * shape.hidden * dtype_bytes * tokens
+    return int(CPU_HEAP_EXTRA * (layers_kept * per_layer + inputs))
 
 
 def logit_chunk_bytes(device_kind: str) -> int:

@@ -88,26 +88,28 @@ def test_on_the_cpu_a_logit_chunk_is_32_mib():
     assert c.logprob_bytes(qwen, tokens, 4, "cpu") == c.LOGIT_CHUNK_COPIES * 55 * 152064 * 4 + 2 * tokens * 3584 * 4
 
 
-def test_on_the_cpu_hidden_size_tensors_under_the_mmap_threshold_are_planned_with_the_heap_extra():
-    llama = shape("Llama-3.1-8B")  # hidden 4096: a [tokens, hidden] fp32 tensor reaches glibc's 4 MiB at 256 tokens
-    # Per token and layer in [tokens, hidden] tensors: two norm inputs, q, the attention output, and the LoRA
-    # inputs of q/k/v (one shared fp32 tensor) and of o.
-    hidden_size_bytes = 6 * 4096 * 4
+def test_on_the_cpu_saved_tensors_under_the_mmap_threshold_are_planned_with_the_heap_extra():
+    llama = shape("Llama-3.1-8B")
+    # fp32 [tokens, width] tensors reach glibc's 4 MiB at 256 tokens for the hidden size (4096), at 1,024 for
+    # k and v (8 kv heads x 128). Per token and layer: two norm inputs, q, the attention output, and the LoRA
+    # inputs of q/k/v (one shared fp32 tensor) and of o; then k and v.
+    hidden_size_bytes, kv_bytes = 6 * 4096 * 4, 2 * 1024 * 4
     assert c.cpu_heap_extra_bytes(llama, 255, 4, False, ATTENTION) == int(
-        c.CPU_HEAP_HIDDEN_EXTRA * 32 * 255 * hidden_size_bytes
+        c.CPU_HEAP_EXTRA * 32 * 255 * (hidden_size_bytes + kv_bytes)
     )
-    assert c.cpu_heap_extra_bytes(llama, 256, 4, False, ATTENTION) == 0
+    assert c.cpu_heap_extra_bytes(llama, 256, 4, False, ATTENTION) == int(c.CPU_HEAP_EXTRA * 32 * 256 * kv_bytes)
+    assert c.cpu_heap_extra_bytes(llama, 1024, 4, False, ATTENTION) == 0
     # With checkpointing one layer keeps its tensors, and every layer its input.
     assert c.cpu_heap_extra_bytes(llama, 255, 4, True, ATTENTION) == int(
-        c.CPU_HEAP_HIDDEN_EXTRA * (255 * hidden_size_bytes + 32 * 4096 * 4 * 255)
+        c.CPU_HEAP_EXTRA * (255 * (hidden_size_bytes + kv_bytes) + 32 * 4096 * 4 * 255)
     )
-    # down_proj's LoRA input is [tokens, intermediate]: not counted.
+    # gate/up's LoRA input is the hidden size, down_proj's the intermediate size: only the first is counted.
     mlp = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
     assert c.cpu_heap_extra_bytes(llama, 255, 4, False, mlp) == int(
-        c.CPU_HEAP_HIDDEN_EXTRA * 32 * 255 * (hidden_size_bytes + 4096 * 4)
+        c.CPU_HEAP_EXTRA * 32 * 255 * (hidden_size_bytes + 4096 * 4 + kv_bytes)
     )
     # The CPU plan carries it (8 logit tokens: one chunk on either device); a GPU's does not.
-    for tokens in (255, 256):
+    for tokens in (255, 256, 1024):
         on_gpu = c.activation_bytes(llama, 1, tokens, 8, 4, False, ATTENTION, "cuda")
         on_cpu = c.activation_bytes(llama, 1, tokens, 8, 4, False, ATTENTION, "cpu")
         expected = int(on_gpu * c.CPU_ACTIVATION_OVERHEAD) + c.CPU_STEP_WORKING_BYTES
