@@ -192,10 +192,11 @@ def build_trainer(
     if rank is not None:
         from appliance.grpo.data_parallel import RankTrainer
 
-        return RankTrainer(
+        trainer = RankTrainer(
             *parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks, rank=rank, sharding=sharding
         )
-    trainer = Trainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks)
+    else:
+        trainer = Trainer(*parts, judge=judge, ledger=ledger, plan=plan, agent=agent, hooks=hooks)
     release_freed_heap()  # what loading and merging freed: the first step starts from what the models hold
     return trainer
 
