@@ -15,6 +15,7 @@ script for the workload.
 
 from __future__ import annotations
 
+from appliance.budget.host_allocator import MMAP_THRESHOLD_BYTES  # the threshold the trainer pins
 from appliance.budget.shapes import ModelShape, ShapeError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -78,7 +79,6 @@ CPU_STEP_WORKING_BYTES = 200 * 2**20
 # SwiGLU ones under it too) 0.08 GiB (bench/README.md, "memory_plan.py", 2026-11-28). The factor holds the
 # largest of them; the SwiGLU tensors showed no such excess and are not counted.
 CPU_HEAP_EXTRA = 1.4
-MMAP_THRESHOLD_BYTES = 4 * 2**20  # budget/host_allocator.py pins glibc's threshold here
 # A checkpointed update on the CPU needs this much more, whatever its size: workload V with checkpointing
 # (1,136 tokens a micro-batch, 0.61 GiB of activations planned without it) grew the RSS by 0.84-1.11 GiB in
 # seven steps of five runs, 32 x 135 tokens (0.85 GiB planned) by 0.85 GiB, and V under a 2.2 GiB budget

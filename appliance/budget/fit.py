@@ -5,8 +5,9 @@ best plan that fits is kept. "Best" ranks what costs the most
 time first: a bigger rollout batch (generation dominates a GRPO step), then a
 bigger judge batch, then training throughput (micro-batch tokens up to where
 the device is saturated: about 16k on a GPU, 512 on the CPU; checkpointing
-costs about a third more compute), then keeping every engine awake (sleep and wake cost seconds per
-step, less than a starved trainer), and last a merged rollout copy of the
+costs about a third more compute), then keeping every engine awake (sleep and
+wake cost seconds per step, less than a starved trainer), and last a merged
+rollout copy of the
 weights (faster generation, worth the memory once nothing more important
 needs it). Values the
 job file sets are taken as given. Each choice records why it was made.

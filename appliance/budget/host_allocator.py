@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 MMAP_THRESHOLD_BYTES = 4 * 2**20
 
 
+@functools.cache  # looked up once: release_freed_heap runs every step
 def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:

@@ -17,11 +17,6 @@ from appliance.budget.components import logit_chunk_bytes, logit_chunk_tokens
 CHUNK_LOGIT_BYTES: int | None = None
 
 
-def chunk_tokens(vocab: int, chunk_bytes: int) -> int:
-    """Tokens per chunk so that one chunk's fp32 logits stay within `chunk_bytes`."""
-    return logit_chunk_tokens(vocab, chunk_bytes)
-
-
 def _upcast(dtype: torch.dtype) -> torch.dtype:
     """fp32 for 16-bit tensors (as the trainer's .float()), float64 kept."""
     return torch.promote_types(dtype, torch.float32)
@@ -87,7 +82,9 @@ def chunked_token_logprobs(
     """
     batch, width, size = hidden.shape
     flat = hidden.reshape(batch * width, size)
-    rows = chunk_tokens(head.out_features, chunk_bytes or CHUNK_LOGIT_BYTES or logit_chunk_bytes(hidden.device.type))
+    rows = logit_chunk_tokens(
+        head.out_features, chunk_bytes or CHUNK_LOGIT_BYTES or logit_chunk_bytes(hidden.device.type)
+    )
     logp = _ChunkedTokenLogprobs.apply(flat, head.weight, head.bias, targets.reshape(-1), float(temperature), rows)
     return logp.view(batch, width)
 

@@ -12,7 +12,8 @@ from appliance.config.schema import StudentSpec
 from appliance.grpo import token_logprobs
 from appliance.grpo.loss import LOSS_TYPES, StepNormalizer, policy_loss
 from appliance.grpo.student import Student, TokenBatch, plain_head
-from appliance.grpo.token_logprobs import chunk_tokens, chunked_token_logprobs
+from appliance.budget.components import logit_chunk_tokens
+from appliance.grpo.token_logprobs import chunked_token_logprobs
 
 
 def _textbook(hidden, head, targets, temperature):
@@ -30,7 +31,7 @@ def test_chunks_equal_the_full_log_softmax_in_values_and_gradients(bias):
     targets = torch.randint(0, 50, (3, 7))
     upstream = torch.randn(3, 7, dtype=torch.float64)
     # 50 x 4 bytes per token: 5 tokens per chunk, so 21 tokens make 5 chunks, the last one short.
-    assert chunk_tokens(50, 5 * 50 * 4) == 5
+    assert logit_chunk_tokens(50, 5 * 50 * 4) == 5
     results = []
     for compute in (
         lambda: _textbook(hidden, head, targets, 0.7),
