@@ -194,12 +194,24 @@ def _saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str], dtype
     SwiGLU gate, up and activated gate; the LoRA inputs (_lora_input_bytes). A frozen
     4-bit linear keeps no input (bitsandbytes keeps only its packed weight).
     """
-    h, kv, i = shape.hidden, shape.kv_heads * shape.head_dim, shape.intermediate
+    return _saved_per_query_per_layer(shape, lora_targets, dtype_bytes) + _saved_per_key_per_layer(shape, dtype_bytes)
+
+
+def _saved_per_query_per_layer(shape: ModelShape, lora_targets: list[str], dtype_bytes: int) -> int:
+    """The part of `_saved_per_token_per_layer` a token keeps for the position it computes: all but k and v."""
+    h, i = shape.hidden, shape.intermediate
     q = shape.heads * shape.head_dim
-    norms = 2 * h * FP32
-    attention = (2 * q + 2 * kv) * dtype_bytes
-    mlp = 3 * i * dtype_bytes
-    return norms + attention + mlp + _lora_input_bytes(shape, lora_targets, dtype_bytes)
+    return (
+        2 * h * FP32 + 2 * q * dtype_bytes + 3 * i * dtype_bytes + _lora_input_bytes(shape, lora_targets, dtype_bytes)
+    )
+
+
+def _saved_per_key_per_layer(shape: ModelShape, dtype_bytes: int, masked: bool = False) -> int:
+    """The part a token keeps as a key: k after RoPE and v, as attention's inputs. `masked`: attention with a
+    mask, where transformers repeats k and v to every query head before SDPA (grouped-query attention only
+    reaches SDPA without a mask); completions running on a cache always have one."""
+    heads = shape.heads if masked else shape.kv_heads
+    return 2 * heads * shape.head_dim * dtype_bytes
 
 
 def _heap_served_per_token_per_layer(shape: ModelShape, tokens: int, lora_targets: list[str], dtype_bytes: int) -> int:
@@ -253,6 +265,35 @@ def logprob_bytes(shape: ModelShape, tokens: int, dtype_bytes: int, device_kind:
     return chunk + 2 * tokens * shape.hidden * dtype_bytes
 
 
+def saved_per_layer_bytes(
+    shape: ModelShape,
+    micro_batch: int,
+    sequence_tokens: int,
+    lora_targets: list[str],
+    dtype_bytes: int,
+    shared_rows: tuple[int, int] | None = None,
+) -> int:
+    """What one decoder layer saves for backward over a micro-batch of whole sequences, or, with `shared_rows`
+    (the distinct prompts' tokens, the completions' tokens), one whose rows share prompts: each position is
+    kept once, and the completions' attention keeps every row's whole keys and values, repeated to every
+    head, besides the prompts' (counted the same way: a padded prompt batch has a mask too)."""
+    tokens = micro_batch * sequence_tokens
+    if shared_rows is None:
+        return _saved_per_token_per_layer(shape, lora_targets, dtype_bytes) * tokens
+    queries, keys = sum(shared_rows), tokens + shared_rows[0]
+    return (
+        _saved_per_query_per_layer(shape, lora_targets, dtype_bytes) * queries
+        + _saved_per_key_per_layer(shape, dtype_bytes, masked=True) * keys
+    )
+
+
+def prompt_rows_per_micro_batch(micro_batch: int, group_size: int) -> int:
+    """Distinct prompts a micro-batch of `micro_batch` consecutive samples can hold, groups of `group_size` sharing
+    one: a micro-batch that starts inside a group reaches one group further. The update runs each once
+    (grpo/student.py); `micro_batch` of them means nothing is shared."""
+    return min(micro_batch, -(-(micro_batch - 1) // max(1, group_size)) + 1)
+
+
 def activation_bytes(
     shape: ModelShape,
     micro_batch: int,
@@ -262,6 +303,8 @@ def activation_bytes(
     gradient_checkpointing: bool,
     lora_targets: list[str],
     device_kind: str = "cuda",
+    prompt_rows: int | None = None,
+    prompt_tokens: int = 0,
 ) -> int:
     """Peak training activations for one micro-batch, the loss's logits included.
 
@@ -269,9 +312,15 @@ def activation_bytes(
     keeps only its input and one layer's tensors are rebuilt during backward.
     Logprobs are computed for `logit_tokens` positions per sequence (the
     completion), a chunk of them at a time (`logprob_bytes`).
+    `prompt_rows`: distinct prompts of `prompt_tokens` in the micro-batch when its rows share them
+    (grpo/student.py runs each prompt once and its completions on its keys and values, never under
+    checkpointing): the prompt's positions are kept once per distinct prompt, while every row's attention
+    keeps the whole sequence's keys and values, and the prompts' own attention theirs.
     """
     tokens = micro_batch * sequence_tokens
-    per_layer = _saved_per_token_per_layer(shape, lora_targets, dtype_bytes) * tokens
+    shared = prompt_rows is not None and prompt_rows < micro_batch and prompt_tokens and not gradient_checkpointing
+    rows = (prompt_rows * prompt_tokens, micro_batch * (sequence_tokens - prompt_tokens)) if shared else None
+    per_layer = saved_per_layer_bytes(shape, micro_batch, sequence_tokens, lora_targets, dtype_bytes, rows)
     if gradient_checkpointing:
         layers = shape.layers * shape.hidden * dtype_bytes * tokens + per_layer
     else:
@@ -279,7 +328,10 @@ def activation_bytes(
     logits = logprob_bytes(shape, micro_batch * logit_tokens, dtype_bytes, device_kind)
     if device_kind != "cpu":
         return layers + logits
-    heap = cpu_heap_extra_bytes(shape, tokens, dtype_bytes, gradient_checkpointing, lora_targets)
+    if shared:  # the prompts' forward and the completions' allocate apart, each at its own size
+        heap = sum(cpu_heap_extra_bytes(shape, part, dtype_bytes, False, lora_targets) for part in rows)
+    else:
+        heap = cpu_heap_extra_bytes(shape, tokens, dtype_bytes, gradient_checkpointing, lora_targets)
     working = CPU_STEP_WORKING_BYTES + (CPU_CHECKPOINTING_WORKING_BYTES if gradient_checkpointing else 0)
     return int((layers + logits) * CPU_ACTIVATION_OVERHEAD) + heap + working
 

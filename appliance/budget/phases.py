@@ -136,6 +136,13 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
     return copied * work.dtype_bytes + c.merge_working_bytes(work.student, list(work.lora_targets))
 
 
+def shared_prompt_rows(work: Workload, micro_batch: int) -> int | None:
+    """Distinct prompts the update runs once in a micro-batch (grpo/student.py); None for a sharded base."""
+    if work.student_shards > 1:
+        return None
+    return c.prompt_rows_per_micro_batch(micro_batch, work.group_size)
+
+
 def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
     """Bytes of each component when it is resident (activations: the train phase's)."""
     dtype = work.dtype_bytes
@@ -157,6 +164,8 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
             s.gradient_checkpointing,
             list(work.lora_targets),
             work.device_kind,
+            prompt_rows=shared_prompt_rows(work, s.micro_batch_size),
+            prompt_tokens=work.prompt_tokens,
         ),
         "rollout_kv": c.kv_cache_bytes(work.student, s.rollout_batch, work.sequence_tokens, dtype),
         "judge_weights": judge_weights,

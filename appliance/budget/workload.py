@@ -73,6 +73,8 @@ class Workload:
     double_quant: bool = False
     # FSDP-QLoRA: the student's base sharded over this many ranks (1: a whole copy per device, DDP).
     student_shards: int = 1
+    # Completions per prompt: the update runs a group's shared prompt once.
+    group_size: int = 1
 
     @property
     def dtype_bytes(self) -> int:
@@ -172,4 +174,5 @@ def workload_of(
         judge_engine=judge_engine,
         optimizer=optimizer,
         double_quant=double_quant,
+        group_size=grpo.group_size,
     )

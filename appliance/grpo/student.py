@@ -67,6 +67,36 @@ def plain_head(causal_lm) -> torch.nn.Linear | None:
     return head if type(head) is torch.nn.Linear and not scaled else None
 
 
+def _shared_prompt_hidden(decoder, inputs: dict, width: int, first_row: torch.Tensor, row_prompt: torch.Tensor):
+    """The last hidden states before each of `width` completion tokens, each distinct prompt run once.
+
+    The prompt rows run first (with grad where the caller has it); their KV cache is then indexed out to every
+    row sharing the prompt, and the completions run on it. Autograd sums each row's gradient back into its
+    prompt's keys and values, so values and gradients equal the whole batch's, with the prompt tokens' work
+    done once per group instead of once per completion.
+    """
+    prompt_width = inputs["input_ids"].shape[1] - width
+    prompt_rows = first_row.to(inputs["input_ids"].device)
+    prompt_out = decoder(
+        input_ids=inputs["input_ids"][prompt_rows, :prompt_width],
+        attention_mask=inputs["attention_mask"][prompt_rows, :prompt_width],
+        position_ids=inputs["position_ids"][prompt_rows, :prompt_width],
+        use_cache=True,
+    )
+    cache = prompt_out.past_key_values
+    row_prompt = row_prompt.to(prompt_rows.device)
+    cache.batch_select_indices(row_prompt)
+    completion_out = decoder(
+        input_ids=inputs["input_ids"][:, prompt_width:],
+        attention_mask=inputs["attention_mask"],
+        position_ids=inputs["position_ids"][:, prompt_width:],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    before_first = prompt_out.last_hidden_state[row_prompt, -1:, :]
+    return torch.cat([before_first, completion_out.last_hidden_state[:, :-1, :]], dim=1)
+
+
 class Student:
     """Owns the trainable model; knows nothing of rewards, engines or the daemon."""
 
@@ -146,8 +176,31 @@ class Student:
             if head is None:
                 logits = self.model(**inputs, logits_to_keep=width + 1).logits[:, :-1, :]
                 return plain_token_logprobs(logits, targets, temperature)
-            hidden = causal_lm.get_decoder()(**inputs).last_hidden_state
-            return chunked_token_logprobs(hidden[:, -(width + 1) : -1, :], head, targets, temperature)
+            groups = self._prompt_groups(batch)
+            if groups is None:
+                hidden = causal_lm.get_decoder()(**inputs).last_hidden_state[:, -(width + 1) : -1, :]
+            else:
+                hidden = _shared_prompt_hidden(causal_lm.get_decoder(), inputs, width, *groups)
+            return chunked_token_logprobs(hidden, head, targets, temperature)
+
+    def _prompt_groups(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(a row holding each distinct prompt, each row's prompt among those), or None: the batch runs whole.
+
+        Whole: when no two rows share a prompt; under gradient checkpointing in training mode (transformers
+        drops a cache there); and for a base FSDP shards, whose ranks must run the same forward calls.
+        """
+        if self.shardable or (self.gradient_checkpointing and self.model.training):
+            return None
+        prompt_width = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
+        if prompt_width == 0:
+            return None
+        keys = torch.cat([batch.input_ids[:, :prompt_width], batch.attention_mask[:, :prompt_width]], dim=1)
+        distinct, row_prompt = torch.unique(keys, dim=0, return_inverse=True)
+        if len(distinct) == len(keys):
+            return None
+        rows = torch.arange(len(keys))
+        first_row = torch.full((len(distinct),), len(keys)).scatter_reduce(0, row_prompt, rows, reduce="amin")
+        return first_row, row_prompt
 
     def save_adapter(self, folder: Path) -> None:
         self.model.save_pretrained(str(folder))

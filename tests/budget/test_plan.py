@@ -226,7 +226,8 @@ def test_on_the_cpu_a_micro_batch_past_512_tokens_without_checkpointing_ranks_ab
     text = (
         "name: t\nstudent: {{model: /models/Qwen2.5-7B-Instruct{fixed}}}\nrewards: [{{name: correctness}}]\n"
         "grpo: {{group_size: 8, prompts_per_step: 2, max_new_tokens: 64, max_prompt_tokens: 64{micro}}}\n"
-        "engine: {{rollout_weights: merged_copy}}\n{budget}"
+        # The trainer's own weights: no engine to put to sleep, so a time-shared plan cannot win instead.
+        "engine: {{rollout: hf, rollout_weights: shared}}\n{budget}"
     )
 
     def plan(device: DeviceInfo, micro: int | None = None, checkpointing: bool | None = None, budget: int = 0):

@@ -46,8 +46,10 @@ def tiny_llama(source, target):
     return config.to_dict()
 
 
-def saved_bytes_per_layer(student: Student) -> dict[int, int]:
-    """Bytes of the distinct tensors each decoder layer saves for backward (parameters and buffers excluded)."""
+def saved_bytes_per_layer(student: Student, rows: int = BATCH, group_size: int = 1) -> dict[int, int]:
+    """Bytes of the distinct tensors each decoder layer saves for backward (parameters and buffers excluded),
+    over `rows` sequences whose groups of `group_size` share a prompt (its forward and the completions' both
+    count to the layer)."""
     layers = student.model.base_model.model.model.layers
     current, saved = {"layer": None}, {}
     own = {t.untyped_storage().data_ptr() for t in list(student.model.parameters()) + list(student.model.buffers())}
@@ -61,15 +63,15 @@ def saved_bytes_per_layer(student: Student) -> dict[int, int]:
             saved.setdefault(current["layer"], {})[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    ids = torch.randint(10, 1000, (BATCH, PROMPT + COMPLETION))
-    batch = TokenBatch(ids, torch.ones_like(ids), ids[:, PROMPT:], torch.ones(BATCH, COMPLETION, dtype=torch.long))
+    ids = torch.randint(10, 1000, (rows, PROMPT + COMPLETION))
+    ids[:, :PROMPT] = ids[torch.arange(rows) // group_size, :PROMPT]  # groups of `group_size` share a prompt
+    batch = TokenBatch(ids, torch.ones_like(ids), ids[:, PROMPT:], torch.ones(rows, COMPLETION, dtype=torch.long))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         student.completion_logprobs(batch, 1.0, train=True).sum().backward()
     return {index: sum(storages.values()) for index, storages in saved.items()}
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_saved_tensors_match_the_activation_model(dtype, demo_model_dir, tmp_path):
+def tiny_student(dtype: str, demo_model_dir, tmp_path) -> tuple[Student, dict]:
     config = tiny_llama(demo_model_dir, tmp_path)
     spec = StudentSpec.model_validate(
         {
@@ -79,10 +81,34 @@ def test_saved_tensors_match_the_activation_model(dtype, demo_model_dir, tmp_pat
             "lora": {"rank": 16, "alpha": 32, "target_modules": TARGETS},
         }
     )
-    per_layer = saved_bytes_per_layer(Student(spec, tmp_path, "cpu"))
+    return Student(spec, tmp_path, "cpu"), config
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_saved_tensors_match_the_activation_model(dtype, demo_model_dir, tmp_path):
+    student, config = tiny_student(dtype, demo_model_dir, tmp_path)
+    per_layer = saved_bytes_per_layer(student)
     tokens = BATCH * (PROMPT + COMPLETION)
     planned = c._saved_per_token_per_layer(shape_from_config(config), TARGETS, 4 if dtype == "float32" else 2)
     # Layer 0's input is the frozen embedding (nothing needs its gradient), so it keeps less: compare the others.
     for index in range(1, LAYERS):
         # The model leaves out only small tensors: the softmax log-sum-exp, rank-16 LoRA activations, RoPE tables.
         assert per_layer[index] / tokens == pytest.approx(planned, rel=0.05), (index, per_layer)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_saved_tensors_of_shared_prompts_match_the_activation_model(dtype, demo_model_dir, tmp_path):
+    """8 rows in 2 groups: each prompt runs once, so its positions are saved twice, not 8 times."""
+    student, config = tiny_student(dtype, demo_model_dir, tmp_path)
+    rows, group_size = 8, 4
+    per_layer = saved_bytes_per_layer(student, rows, group_size)
+    shape, dtype_bytes = shape_from_config(config), 4 if dtype == "float32" else 2
+    prompts = c.prompt_rows_per_micro_batch(rows, group_size)
+    assert prompts == 3  # planned as if the micro-batch began inside a group; this one holds 2
+    shared = c.saved_per_layer_bytes(
+        shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes, (2 * PROMPT, rows * COMPLETION)
+    )
+    whole = c.saved_per_layer_bytes(shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes)
+    assert shared < 0.6 * whole
+    for index in range(1, LAYERS):
+        assert per_layer[index] == pytest.approx(shared, rel=0.05), (index, per_layer, shared)

@@ -159,8 +159,9 @@ def test_every_aggregation_gets_the_loss_and_head_input_gradients_of_the_full_lo
 
 def _loss(logprobs, old, reference, batch: TokenBatch, loss_type: str):
     mask = batch.completion_mask.float()
-    normalizer = StepNormalizer(sequences=4, tokens=int(mask.sum()), micro_batches=1, max_new_tokens=9)
-    advantages = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=logprobs.dtype)
+    rows = mask.shape[0]
+    normalizer = StepNormalizer(sequences=rows, tokens=int(mask.sum()), micro_batches=1, max_new_tokens=9)
+    advantages = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5, -0.75][:rows], dtype=logprobs.dtype)
     # beta > 0: the reference logprobs are in the loss; old shifted by 0.1 so that the ratios are not all 1
     old, reference = old.to(logprobs.dtype), reference.to(logprobs.dtype)
     return policy_loss(logprobs, old - 0.1, advantages, mask, loss_type, normalizer, 0.2, 0.28, 0.04, reference).loss
@@ -188,3 +189,50 @@ def test_old_reference_and_current_logprobs_of_the_student_match_the_full_logits
     # Through 30 fp32 layers the head's rounding (both paths are ~2e-5 from the float64 logprobs) grows to a
     # relative 2e-4 of the LoRA gradient (measured); a wrong gradient would be off by order 1.
     assert float((chunked - plain).norm() / plain.norm()) < 1e-3
+
+
+def _grouped_batch() -> TokenBatch:
+    """Two prompts of 12 and 9 tokens (left-padded), three completions each, of 9, 6, 9, 2, 9 and 4 tokens."""
+    torch.manual_seed(2)
+    prompts = torch.randint(100, 20000, (2, 12)).repeat_interleave(3, 0)
+    completion = torch.randint(100, 20000, (6, 9))
+    mask = torch.ones(6, 9, dtype=torch.long)
+    mask[1, 6:], mask[3, 2:], mask[5, 4:] = 0, 0, 0
+    attention = torch.cat([torch.ones(6, 12, dtype=torch.long), mask], 1)
+    attention[3:, :3] = 0  # the second prompt is 9 tokens, left-padded
+    return TokenBatch(torch.cat([prompts, completion], 1), attention, completion, mask)
+
+
+@pytest.mark.model
+def test_a_group_shares_one_prompt_pass_with_the_values_and_gradients_of_whole_sequences(student, monkeypatch):
+    """The update runs each distinct prompt once and the completions on its keys and values
+    (grpo/student.py): the same logprobs (old, reference, current) and LoRA gradients as the whole sequences."""
+    batch = _grouped_batch()
+    monkeypatch.setattr(token_logprobs, "CHUNK_LOGIT_BYTES", 7 * student.model.config.vocab_size * 4)
+    rows_seen = []
+    layer = student.model.get_base_model().model.layers[0]
+    handle = layer.register_forward_pre_hook(
+        lambda module, args, kwargs: rows_seen.append(tuple((args[0] if args else kwargs["hidden_states"]).shape[:2])),
+        with_kwargs=True,
+    )
+    try:
+        with torch.no_grad():
+            old, reference = _plain_logprobs(student, batch, 0.8), _plain_logprobs(student, batch, 0.8, reference=True)
+            rows_seen.clear()
+            torch.testing.assert_close(student.completion_logprobs(batch, 0.8), old, rtol=1e-5, atol=1e-5)
+            # The model boundary: the 2 prompts once (12 columns), then the 6 completions (9 columns).
+            assert rows_seen == [(2, 12), (6, 9)]
+            torch.testing.assert_close(
+                student.completion_logprobs(batch, 0.8, reference=True), reference, rtol=1e-5, atol=1e-5
+            )
+        plain = _lora_grads(student, lambda: _plain_logprobs(student, batch, 0.8), old, reference, batch)
+        rows_seen.clear()
+        shared = _lora_grads(
+            student, lambda: student.completion_logprobs(batch, 0.8, train=True), old, reference, batch
+        )
+        assert rows_seen == [(2, 12), (6, 9)]
+    finally:
+        handle.remove()
+    # As in the test above: fp32 rounding through 30 layers; a prompt gradient summed wrongly is off by order 1.
+    assert float(plain.norm()) > 0
+    assert float((shared - plain).norm() / plain.norm()) < 1e-3
