@@ -15,6 +15,8 @@ script for the workload.
 
 from __future__ import annotations
 
+import math
+
 from appliance.budget.host_allocator import MMAP_THRESHOLD_BYTES  # the threshold the trainer pins
 from appliance.budget.shapes import ModelShape, ShapeError
 
@@ -288,10 +290,14 @@ def saved_per_layer_bytes(
 
 
 def prompt_rows_per_micro_batch(micro_batch: int, group_size: int) -> int:
-    """Distinct prompts a micro-batch of `micro_batch` consecutive samples can hold, groups of `group_size` sharing
-    one: a micro-batch that starts inside a group reaches one group further. The update runs each once
-    (grpo/student.py); `micro_batch` of them means nothing is shared."""
-    return min(micro_batch, -(-(micro_batch - 1) // max(1, group_size)) + 1)
+    """Distinct prompts a micro-batch of `micro_batch` consecutive samples can hold, in whole groups of
+    `group_size` sharing one (the update trains every sample of an informative group). Micro-batches start at
+    multiples of `micro_batch`, so one starts at most `group_size - gcd` samples into a group. The update runs
+    each prompt once (grpo/student.py) when that is at most half the rows (`micro_batch`: nothing shared)."""
+    group_size = max(1, group_size)
+    furthest_start = group_size - math.gcd(micro_batch, group_size)
+    rows = -(-(furthest_start + micro_batch) // group_size)
+    return rows if 2 * rows <= micro_batch else micro_batch
 
 
 def activation_bytes(

@@ -186,8 +186,10 @@ class Student:
     def _prompt_groups(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(a row holding each distinct prompt, each row's prompt among those), or None: the batch runs whole.
 
-        Whole: when no two rows share a prompt; under gradient checkpointing in training mode (transformers
-        drops a cache there); and for a base FSDP shards, whose ranks must run the same forward calls.
+        Whole: when more than half the rows have a prompt of their own (then the completions' keys and values,
+        repeated to every head, could outweigh what sharing saves: each prompt saves its positions' tensors
+        but adds its keys to every row); under gradient checkpointing in training mode (transformers drops a
+        cache there); and for a base FSDP shards, whose ranks must run the same forward calls.
         """
         if self.shardable or (self.gradient_checkpointing and self.model.training):
             return None
@@ -196,7 +198,7 @@ class Student:
             return None
         keys = torch.cat([batch.input_ids[:, :prompt_width], batch.attention_mask[:, :prompt_width]], dim=1)
         distinct, row_prompt = torch.unique(keys, dim=0, return_inverse=True)
-        if len(distinct) == len(keys):
+        if 2 * len(distinct) > len(keys):
             return None
         rows = torch.arange(len(keys))
         first_row = torch.full((len(distinct),), len(keys)).scatter_reduce(0, row_prompt, rows, reduce="amin")

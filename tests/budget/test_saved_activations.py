@@ -104,11 +104,25 @@ def test_saved_tensors_of_shared_prompts_match_the_activation_model(dtype, demo_
     per_layer = saved_bytes_per_layer(student, rows, group_size)
     shape, dtype_bytes = shape_from_config(config), 4 if dtype == "float32" else 2
     prompts = c.prompt_rows_per_micro_batch(rows, group_size)
-    assert prompts == 3  # planned as if the micro-batch began inside a group; this one holds 2
+    assert prompts == 2
     shared = c.saved_per_layer_bytes(
-        shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes, (2 * PROMPT, rows * COMPLETION)
+        shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes, (prompts * PROMPT, rows * COMPLETION)
     )
     whole = c.saved_per_layer_bytes(shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes)
     assert shared < 0.6 * whole
     for index in range(1, LAYERS):
         assert per_layer[index] == pytest.approx(shared, rel=0.05), (index, per_layer, shared)
+
+
+@pytest.mark.parametrize(
+    ("micro_batch", "group_size", "rows"),
+    [(16, 8, 2), (8, 4, 2), (12, 8, 2), (4, 8, 1), (5, 8, 2), (32, 8, 4), (3, 2, 3), (8, 1, 8), (6, 4, 2), (7, 4, 3)],
+)
+def test_the_prompts_a_micro_batch_of_whole_groups_can_hold(micro_batch, group_size, rows):
+    """Every start at a multiple of the micro-batch, over samples in whole groups: the most distinct prompts
+    any micro-batch holds, or the micro-batch itself where the update runs them whole (over half the rows)."""
+    most = 0
+    for start in range(0, micro_batch * group_size * 4, micro_batch):
+        most = max(most, len({index // group_size for index in range(start, start + micro_batch)}))
+    assert c.prompt_rows_per_micro_batch(micro_batch, group_size) == (most if 2 * most <= micro_batch else micro_batch)
+    assert c.prompt_rows_per_micro_batch(micro_batch, group_size) == rows
