@@ -83,6 +83,8 @@ class MicroBatch:
     batch: TokenBatch
     old_logprobs: torch.Tensor | None  # None: the ratio is taken against the detached current logprobs
     importance_weights: torch.Tensor | None  # min(exp(old - engine), cap); None without engine logprobs
+    # The engine's logprobs (the old ones where a row has none) when the weights come from the gradient pass.
+    engine_logprobs: torch.Tensor | None = None
 
 
 class GrpoUpdater:
@@ -119,6 +121,9 @@ class GrpoUpdater:
         As in TRL, the importance weight of an engine rollout compares the
         engine's logprobs with the policy that sampled (the old policy), once:
         later iterations' drift stays in the GRPO ratio, not in the weight.
+        With one iteration the policy before the update is the one the gradient pass computes, so the weights
+        come from that pass (`_micro_step`) and no separate forward runs (LoRA dropout, off by default, makes
+        them a noisy estimate of the same): TRL runs one.
         `padding` appends micro-batches that train nothing and `old_everywhere` takes old logprobs of every
         micro-batch: a sharded base needs the same passes on every rank (see `_lockstep`).
         """
@@ -126,23 +131,38 @@ class GrpoUpdater:
         chunks = _chunks(samples, micro_batch_size) + [[padding_sample(self.student.pad_id)]] * padding
         for chunk in chunks:
             batch = _batch(self.student, chunk)
-            # Samples without engine logprobs (on-policy in a mixed batch) get the old logprobs: weight 1.
             has_engine = any(s.engine_logprobs is not None for s in chunk)
-            old = weights = None
-            if self.spec.iterations > 1 or has_engine or old_everywhere:
+            old = weights = engine_logp = None
+            if self.spec.iterations > 1 or old_everywhere:
                 with torch.no_grad():
                     old = self.student.completion_logprobs(batch, self.spec.temperature).detach()
             if has_engine:
-                from appliance.engines.importance import truncated_importance_weights
-
-                mask = batch.completion_mask.to(old.device).float()
-                engine_logp = _padded([s.engine_logprobs or [] for s in chunk], old.shape[1]).to(old.device)
-                given = torch.tensor([s.engine_logprobs is not None for s in chunk], device=old.device)
-                engine_logp = torch.where(given.unsqueeze(1), engine_logp, old)
-                weights, _ = truncated_importance_weights(old, engine_logp, mask, self.importance_sampling_cap)
-                diffs.append((old - engine_logp).abs()[mask.bool()])
-            prepared.append(MicroBatch(chunk, batch, old if self.spec.iterations > 1 else None, weights))
+                engine_logp = self._engine_logprobs(chunk, batch.completion_ids.shape[1])
+                if old is not None:
+                    weights, diff = self._importance(old, engine_logp, batch)
+                    diffs.append(diff)
+                    engine_logp = None
+            prepared.append(MicroBatch(chunk, batch, old if self.spec.iterations > 1 else None, weights, engine_logp))
         return prepared, diffs
+
+    @staticmethod
+    def _engine_logprobs(chunk: list[TrainSample], width: int) -> torch.Tensor:
+        """[rows, width] engine logprobs; NaN on the rows without (on-policy rows of a mixed batch)."""
+        rows = [s.engine_logprobs if s.engine_logprobs is not None else [math.nan] * width for s in chunk]
+        return _padded(rows, width)
+
+    def _importance(self, old: torch.Tensor, engine_logp: torch.Tensor, batch: TokenBatch):
+        """(truncated importance weights, |old - engine| on trained tokens) for one micro-batch.
+
+        Rows without engine logprobs take the old ones: weight 1.
+        """
+        from appliance.engines.importance import truncated_importance_weights
+
+        engine_logp = engine_logp.to(old.device)
+        engine_logp = torch.where(torch.isnan(engine_logp), old, engine_logp)
+        mask = batch.completion_mask.to(old.device).float()
+        weights, _ = truncated_importance_weights(old, engine_logp, mask, self.importance_sampling_cap)
+        return weights, (old - engine_logp).abs()[mask.bool()]
 
     def step(self, samples: list[TrainSample], micro_batch_size: int) -> UpdateStats:
         self.applied_steps = 0
@@ -164,7 +184,7 @@ class GrpoUpdater:
             self.optimizer.zero_grad(set_to_none=True)
             loss = kl = clip = 0.0
             for index, micro in enumerate(micro_batches):
-                output = self._micro_step(micro, normalizer)
+                output = self._micro_step(micro, normalizer, diffs)
                 if index >= real:
                     continue  # padding: no loss, no gradient, not in the step's figures
                 loss += float(output.loss.detach())
@@ -210,8 +230,12 @@ class GrpoUpdater:
         has_engine = any(s.engine_logprobs is not None for s in samples)
         return self.reducer.maximum(real) - real, self.reducer.anywhere(has_engine)
 
-    def _micro_step(self, micro: MicroBatch, normalizer: StepNormalizer):
+    def _micro_step(self, micro: MicroBatch, normalizer: StepNormalizer, diffs: list[torch.Tensor]):
         logp = self.student.completion_logprobs(micro.batch, self.spec.temperature, train=True)
+        if micro.engine_logprobs is not None:  # one iteration: this pass's logprobs are the old policy's
+            micro.importance_weights, diff = self._importance(logp.detach(), micro.engine_logprobs, micro.batch)
+            micro.engine_logprobs = None
+            diffs.append(diff)
         mask = micro.batch.completion_mask.to(logp.device).float()
         advantages = torch.tensor([s.advantage for s in micro.samples], dtype=torch.float32, device=logp.device)
         ref_logp = None

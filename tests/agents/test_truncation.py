@@ -171,7 +171,8 @@ def test_an_off_policy_group_gets_importance_weights_from_the_served_logprobs(ti
     assert [s.engine_logprobs is not None for s in samples] == [True, True, False, False]
     trained = [p for p, m in zip(samples[0].engine_logprobs, samples[0].train_mask) if m]
     assert trained == list(served[0].logprobs)
-    grpo = GrpoSpec.model_validate({"learning_rate": 1e-2})
+    # Two iterations: the weights are fixed before the first update (with one, the gradient pass takes them).
+    grpo = GrpoSpec.model_validate({"learning_rate": 1e-2, "iterations": 2})
     optimizer = make_optimizer(student.trainable_parameters(), grpo, "cpu")
     updater = GrpoUpdater(student, optimizer, make_scheduler(optimizer, grpo), grpo, importance_sampling_cap=2.0)
     (micro,), _ = updater.prepare(samples, micro_batch_size=4)

@@ -95,18 +95,38 @@ def test_importance_weights_and_the_logged_gap_come_from_the_old_policy(tiny_mod
         for sample in samples:
             sample.engine_logprobs = [value - 0.05 for value in sample.engine_logprobs]
         updater = _updater(student, iterations=iterations, learning_rate=5e-2)
-        prepared, _ = updater.prepare(samples, 8)
         with torch.no_grad():
             old = student.completion_logprobs(_batch(student, samples), 1.0)
-        mask = prepared[0].batch.completion_mask.bool()
-        expected = torch.clamp(torch.exp(old - (old - 0.05).detach()), max=2.0)  # engine = old - 0.05 here
-        assert torch.allclose(prepared[0].importance_weights[mask], expected[mask], atol=1e-3)
+        # Each micro-batch's weights, whether prepared before the update or taken in the gradient pass.
+        taken = []
+        importance = updater._importance
+        updater._importance = lambda *args: taken.append(importance(*args)) or taken[-1]
         stats = updater.step(samples, 8)
+        mask = _batch(student, samples).completion_mask.bool()
+        expected = torch.clamp(torch.exp(old - (old - 0.05).detach()), max=2.0)  # engine = old - 0.05 here
+        assert len(taken) == 1
+        assert torch.allclose(taken[0][0][mask], expected[mask], atol=1e-3)
         assert updater.applied_steps == iterations and not stats.nonfinite
         gaps[iterations] = stats.logprob_diff_mean
     # The policy moves over 4 iterations, but the gap is measured once against the sampling policy.
     assert gaps[4] == pytest.approx(gaps[1], abs=1e-4)
     assert gaps[1] == pytest.approx(0.05, abs=5e-3)
+
+
+def test_with_one_iteration_engine_logprobs_add_no_forward_pass(tiny_model_dir):
+    """The importance weights of a single-iteration update come from its gradient pass (TRL runs another)."""
+    forwards = {}
+    for with_engine in (False, True):
+        student = _student(tiny_model_dir)
+        samples = _samples(student, with_engine=with_engine)
+        layer = student.model.get_base_model().model.layers[0]
+        count = [0]
+        handle = layer.register_forward_pre_hook(lambda *args: count.__setitem__(0, count[0] + 1))
+        stats = _updater(student, iterations=1).step(samples, 4)
+        handle.remove()
+        assert not stats.nonfinite
+        forwards[with_engine] = count[0]
+    assert forwards[True] == forwards[False] > 0
 
 
 def test_a_nan_loss_skips_the_optimizer_step_and_leaves_the_adapter_unchanged(tiny_model_dir):
