@@ -217,5 +217,5 @@ def _weights_reason(
     if asked.rollout_weights != "auto":
         return FitReason("set_in_job", note="engine.rollout_weights")
     if s.rollout_weights == "merged_copy":
-        return FitReason("merged_copy_fits", budget, needs_bytes=copy, note=work.compute_dtype)
+        return FitReason("merged_copy_fits", budget, needs_bytes=copy, note=work.copy_dtype)
     return FitReason("merged_copy_too_big", budget, needs_bytes=peaks(s, rollout_weights="merged_copy"))

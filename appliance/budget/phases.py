@@ -99,6 +99,7 @@ def shared_linear_params(work: Workload, rollout_weights: str) -> int:
         and rollout_weights == "merged_copy"
         and work.student_quantization in ("nf4", "fp4")
         and work.student_shards == 1
+        and work.copy_dtype == work.compute_dtype  # a bf16 copy of an fp32 student: the student keeps its own
     )
     return c.untargeted_linear_params(work.student, list(work.lora_targets)) if shares else 0
 
@@ -119,11 +120,11 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
     vLLM always loads its own copy (it cannot share the trainer's tensors): bitsandbytes 4-bit on CUDA for
     a 4-bit student (engines/vllm_engine.for_student), else the compute dtype; under FSDP it is
     tensor-parallel over the devices the base is sharded on, so each holds its share. The transformers merged copy
-    holds the LoRA targets in the compute dtype, re-merged from the student's 4-bit base one layer at a time after
+    holds the LoRA targets in its dtype (engine.rollout_dtype), re-merged from the student's 4-bit base one layer at a time after
     every step (engines/merged_copy.py: one target's fp32 weight and delta at a time), and the rest of the model
-    too, but for what it shares with the student: the embeddings and head, and the dequantized linear layers LoRA
-    does not wrap (`shared_linear_params`, counted in the student's weights). Sharing the trainer's weights holds
-    nothing more.
+    too, but for what it shares with the student when both compute in one dtype: the embeddings and head, and the
+    dequantized linear layers LoRA does not wrap (`shared_linear_params`, counted in the student's weights).
+    Sharing the trainer's weights holds nothing more.
     """
     if work.rollout_engine == "vllm":
         quantized = work.device_kind == "cuda" and work.student_quantization in ("nf4", "fp4")
@@ -132,8 +133,19 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
         return -(-whole // work.student_shards)
     if rollout_weights != "merged_copy":
         return 0
-    copied = work.student.total_params - work.student.embedding_params - shared_linear_params(work, rollout_weights)
-    return copied * work.dtype_bytes + c.merge_working_bytes(work.student, list(work.lora_targets))
+    copied = work.student.total_params - shared_linear_params(work, rollout_weights)
+    if work.copy_dtype == work.compute_dtype:  # else its embeddings and head are its own, in its dtype
+        copied -= work.student.embedding_params
+    return copied * rollout_dtype_bytes(work, rollout_weights) + c.merge_working_bytes(
+        work.student, list(work.lora_targets)
+    )
+
+
+def rollout_dtype_bytes(work: Workload, rollout_weights: str) -> int:
+    """Bytes per element of what the rollout engine computes in: a transformers merged copy's own dtype."""
+    if work.rollout_engine == "hf" and rollout_weights == "merged_copy":
+        return c.DTYPE_BYTES[work.copy_dtype]
+    return work.dtype_bytes
 
 
 def shared_prompt_rows(work: Workload, micro_batch: int) -> int | None:
@@ -167,7 +179,9 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
             prompt_rows=shared_prompt_rows(work, s.micro_batch_size),
             prompt_tokens=work.prompt_tokens,
         ),
-        "rollout_kv": c.kv_cache_bytes(work.student, s.rollout_batch, work.sequence_tokens, dtype),
+        "rollout_kv": c.kv_cache_bytes(
+            work.student, s.rollout_batch, work.sequence_tokens, rollout_dtype_bytes(work, s.rollout_weights)
+        ),
         "judge_weights": judge_weights,
         "judge_kv": c.kv_cache_bytes(judge_shape, s.judge_batch, work.judge_tokens, dtype) if work.judge else 0,
     }
@@ -183,7 +197,7 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
             work.student,
             s.rollout_batch,
             work.prompt_tokens,
-            work.dtype_bytes,
+            rollout_dtype_bytes(work, s.rollout_weights),
             work.rollout_engine,
             work.new_tokens,
             work.device_kind,

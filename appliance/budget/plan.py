@@ -37,12 +37,14 @@ class Plan:
     judge_engine: str = ""
     # Longest sequence (prompt + generated tokens) per role: vLLM's max_model_len.
     sequence_tokens: dict = field(default_factory=dict)
+    rollout_dtype: str = ""  # a transformers merged copy's (workload.resolve_rollout_dtype)
 
     def to_dict(self) -> dict:
         return {
             "device": self.device.to_dict(),
             "budget_bytes": self.budget_bytes,
             "compute_dtype": self.compute_dtype,
+            "rollout_dtype": self.rollout_dtype,
             "engines": {"rollout": self.rollout_engine, "judge": self.judge_engine},
             "components": dict(self.components),
             "phases": {name: phase.to_dict() for name, phase in self.phases.items()},
@@ -91,6 +93,8 @@ class Plan:
         # The fit's reason says when vLLM generates from its own copy, whatever the transformers setting.
         weights_reason = c.reasons.get("rollout_weights")
         weights = "vllm_copy" if weights_reason and weights_reason.kind == "vllm_copy" else c.rollout_weights
+        if weights == "merged_copy" and self.rollout_dtype:
+            weights += f" ({self.rollout_dtype})"
         lines.append(
             f"choices: micro_batch_size {c.micro_batch_size} x grad_accumulation {c.grad_accumulation}, "
             f"gradient_checkpointing {'on' if c.gradient_checkpointing else 'off'}, rollout_weights {weights}, "
@@ -149,7 +153,9 @@ def plan_job(
     student_shards: FSDP-QLoRA ranks the student's base is sharded over (budget/devices.py).
     """
     budget = budget_of(job, device)
-    work = workload_of(job, student_config, judge_config, device.kind, optimizer, double_quant, prompt_tokens)
+    work = workload_of(
+        job, student_config, judge_config, device.kind, optimizer, double_quant, prompt_tokens, device.bf16_matmul
+    )
     work = replace(work, student_shards=student_shards)
     choices, phases = _fit(job, work, budget)
     if assumptions(job):
@@ -177,6 +183,7 @@ def plan_job(
         work.rollout_engine,
         ("remote" if job.judge.endpoint else work.judge_engine) if job.judge else "",
         {"student": work.sequence_tokens, **({"judge": work.judge_tokens} if job.judge else {})},
+        work.copy_dtype,
     )
 
 
@@ -256,7 +263,9 @@ def suggest_changes(
     def peak_with(candidate: JobSpec) -> int:
         # A smaller grpo.max_prompt_tokens than the measured prompts means truncating them.
         measured = min(prompt_tokens, candidate.grpo.max_prompt_tokens) if prompt_tokens else None
-        work = workload_of(candidate, student_config, judge_config, device.kind, optimizer, double_quant, measured)
+        work = workload_of(
+            candidate, student_config, judge_config, device.kind, optimizer, double_quant, measured, device.bf16_matmul
+        )
         work = replace(work, student_shards=student_shards)
         return _peak(_fit(candidate, work, budget)[1])
 

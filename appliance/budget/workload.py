@@ -75,10 +75,16 @@ class Workload:
     student_shards: int = 1
     # Completions per prompt: the update runs a group's shared prompt once.
     group_size: int = 1
+    # A transformers merged rollout copy's dtype (resolve_rollout_dtype); "" for the compute dtype.
+    rollout_copy_dtype: str = ""
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.compute_dtype]
+
+    @property
+    def copy_dtype(self) -> str:
+        return self.rollout_copy_dtype or self.compute_dtype
 
     @property
     def sequence_tokens(self) -> int:
@@ -102,6 +108,16 @@ def resolve_compute_dtype(setting: str, device_kind: str) -> str:
     if setting != "auto":
         return setting
     return "bfloat16" if device_kind == "cuda" else "float32"
+
+
+def resolve_rollout_dtype(setting: str, compute_dtype: str, device_kind: str, bf16_matmul: bool) -> str:
+    """A merged copy's dtype: auto is bf16 for an fp32 student on a CPU with bf16 instructions (twice the
+    decode speed at half the bytes; the trainer corrects the sampler's rounding by importance sampling)."""
+    if setting == "bfloat16" or (
+        setting == "auto" and device_kind == "cpu" and compute_dtype == "float32" and bf16_matmul
+    ):
+        return "bfloat16"
+    return compute_dtype
 
 
 def resolve_engine(setting: str, device_kind: str) -> str:
@@ -131,8 +147,10 @@ def workload_of(
     optimizer: str = "adamw_32bit",
     double_quant: bool = False,
     prompt_tokens: int | None = None,
+    bf16_matmul: bool = False,
 ) -> Workload:
-    """prompt_tokens: the longest training prompt as measured (job.prompt_lengths); else grpo.max_prompt_tokens."""
+    """prompt_tokens: the longest training prompt as measured (job.prompt_lengths); else grpo.max_prompt_tokens.
+    bf16_matmul: the device multiplies bf16 in hardware (DeviceInfo), for engine.rollout_dtype auto."""
     student = shape_from_config(student_config, job.student.model)
     prompt_tokens = prompt_tokens or job.grpo.max_prompt_tokens
     targets = tuple(job.student.lora.target_modules)
@@ -153,9 +171,10 @@ def workload_of(
         judge_new = job.judge.max_new_tokens
         calls = grpo.prompts_per_step if job.judge.mode == "group" else sequences  # group: one call per group
         judge_prompt = judge_prompt_tokens(job, prompt_tokens)
+    compute_dtype = resolve_compute_dtype(job.student.compute_dtype, device_kind)
     return Workload(
         device_kind=device_kind,
-        compute_dtype=resolve_compute_dtype(job.student.compute_dtype, device_kind),
+        compute_dtype=compute_dtype,
         student=student,
         student_quantization=job.student.quantization,
         lora_rank=job.student.lora.rank,
@@ -175,4 +194,5 @@ def workload_of(
         optimizer=optimizer,
         double_quant=double_quant,
         group_size=grpo.group_size,
+        rollout_copy_dtype=resolve_rollout_dtype(job.engine.rollout_dtype, compute_dtype, device_kind, bf16_matmul),
     )

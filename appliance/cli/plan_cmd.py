@@ -86,14 +86,16 @@ def resolve_config(key: str, reference: str, data_dir: Path, overrides: dict[str
 
 
 def _device(args):
-    from appliance.budget.device import DeviceInfo, probe_device
+    from appliance.budget.device import DeviceInfo, cpu_bf16_matmul, probe_device
     from appliance.cli.main import size_option
 
     if args.device_memory:
         total = size_option("--device-memory", args.device_memory)
         if total <= 0:
             raise UsageError("--device-memory: the device size must be above zero")
-        return DeviceInfo(args.device or "cuda", total, 0, "(--device-memory)")
+        kind = args.device or "cuda"
+        bf16 = kind == "cuda" or cpu_bf16_matmul()  # a CPU of that size: this one's instructions
+        return DeviceInfo(kind, total, 0, "(--device-memory)", bf16)
     try:
         return probe_device(args.device)
     except RuntimeError as exc:

@@ -76,6 +76,9 @@ class GenerationEngine(Protocol):
 
     counters: EngineCounters
     kind: str  # "hf" | "vllm" | "remote"
+    # Samples from exactly the trainer's distribution (its own weights, or a copy in its dtype); otherwise the
+    # trainer corrects the gap with truncated importance sampling against the engine's logprobs.
+    samples_like_trainer: bool
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Apply the model's chat template with the generation prompt appended."""

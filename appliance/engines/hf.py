@@ -101,6 +101,7 @@ class HFEngine:
     """Generates with any transformers causal LM (plain, bitsandbytes-quantized or peft-wrapped)."""
 
     kind = "hf"
+    samples_like_trainer = True
 
     def __init__(self, model, tokenizer, name: str, max_batch_size: int = 64, owns_weights: bool = False):
         self.model = model

@@ -4,7 +4,9 @@ Generating through bitsandbytes 4-bit layers dequantizes every weight at every
 token; a plain copy in the compute dtype skips that at the cost of holding the
 weights again (the budget manager decides: `rollout_weights: merged_copy`).
 The copy's base weights are the *dequantized 4-bit* weights, not the original
-checkpoint, so it samples from exactly the policy the trainer optimizes.
+checkpoint, so it samples from exactly the policy the trainer optimizes; a bf16 copy of an fp32 student
+(`engine.rollout_dtype`) samples from that policy rounded to bf16, and the trainer corrects the gap with
+truncated importance sampling, as for vLLM.
 After each optimizer step `update_adapter` rewrites the LoRA target weights
 as W = dequant(W4) + scale * B @ A from the trainer's in-memory adapter, one
 layer at a time from the student's own 4-bit base: no fp32 copy of the targets
@@ -106,12 +108,16 @@ def _without(slots: list[Slot]) -> Iterator[None]:
 class MergedCopyEngine(HFEngine):
     """Owns a separate model; keeps it in step with the student's adapter."""
 
-    def __init__(self, student, model_dir: Path, name: str, max_batch_size: int = 64):
+    def __init__(self, student, model_dir: Path, name: str, max_batch_size: int = 64, dtype: torch.dtype | None = None):
+        """dtype: the copy's (engine.rollout_dtype); the student's compute dtype by default. In another dtype
+        the copy shares nothing with the student, which keeps training in its own."""
         from peft.tuners.lora import LoraLayer
         from transformers import AutoModelForCausalLM
 
+        dtype = dtype or student.compute_dtype
+        self.samples_like_trainer = dtype == student.compute_dtype
         copy = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), local_files_only=True, dtype=student.compute_dtype, device_map={"": student.device}
+            str(model_dir), local_files_only=True, dtype=dtype, device_map={"": student.device}
         )
         copy.eval()
         copy.requires_grad_(False)
@@ -128,7 +134,9 @@ class MergedCopyEngine(HFEngine):
             elif name in copy_modules and getattr(getattr(module, "weight", None), "quant_state", None) is not None:
                 copy_modules[name].weight.data.copy_(_dequantized(module).to(copy_modules[name].weight.dtype))
                 frozen.append(name)
-        if not student.shardable:  # FSDP shards the student's own 4-bit layers (grpo/fsdp.py)
+        # FSDP shards the student's own 4-bit layers (grpo/fsdp.py); a copy in another dtype would change the
+        # precision the student trains in.
+        if not student.shardable and self.samples_like_trainer:
             self._shared += _share_linears(student_root, copy, frozen)
         self._copy_modules = copy_modules
         super().__init__(copy, student.tokenizer, name, max_batch_size, owns_weights=True)

@@ -80,6 +80,7 @@ class OpenAIRemoteEngine:
     """GenerationEngine over an OpenAI-compatible /v1/chat/completions endpoint."""
 
     kind = "remote"
+    samples_like_trainer = False
 
     def __init__(
         self,

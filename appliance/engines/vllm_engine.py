@@ -41,6 +41,7 @@ class VLLMEngine:
     """A GenerationEngine on one `vllm.LLM`."""
 
     kind = "vllm"
+    samples_like_trainer = False
 
     def __init__(self, settings: VllmSettings, *, vllm_api: Any = None) -> None:
         """Start the engine with `settings` (see vllm_args.py).

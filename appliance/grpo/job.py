@@ -283,7 +283,9 @@ def make_rollout_engine(
     if rollout_weights == "merged_copy":
         from appliance.engines.merged_copy import MergedCopyEngine
 
-        return MergedCopyEngine(student, student_dir, name=spec.student.model)
+        from appliance.models.loading import DTYPES
+
+        return MergedCopyEngine(student, student_dir, name=spec.student.model, dtype=DTYPES.get(plan.rollout_dtype))
     return HFEngine(student.model, student.tokenizer, name=spec.student.model)
 
 

@@ -231,7 +231,7 @@ class Trainer:
         """
         from appliance.budget.ledger import run_with_oom_backoff
 
-        samples = scored.train_samples(use_engine_logprobs=self.engine.kind != "hf")
+        samples = scored.train_samples(use_engine_logprobs=not self.engine.samples_like_trainer)
         snapshot = UpdateSnapshot(self.student, self.optimizer) if self.spec.grpo.iterations > 1 and samples else None
 
         def attempt(micro_batch_size: int) -> UpdateStats:

@@ -82,7 +82,7 @@ def slot_device(slot: Slot):
     index = [s.strip() for s in os.environ.get("CUDA_VISIBLE_DEVICES", slot.env["CUDA_VISIBLE_DEVICES"]).split(",")]
     ordinal = index.index(slot.env["CUDA_VISIBLE_DEVICES"]) if slot.env["CUDA_VISIBLE_DEVICES"] in index else 0
     free, total = torch.cuda.mem_get_info(ordinal)
-    return DeviceInfo("cuda", int(total), int(total - free), torch.cuda.get_device_name(ordinal))
+    return DeviceInfo("cuda", int(total), int(total - free), torch.cuda.get_device_name(ordinal), bf16_matmul=True)
 
 
 @dataclass

@@ -245,3 +245,41 @@ def test_on_the_cpu_a_micro_batch_past_512_tokens_without_checkpointing_ranks_ab
         assert plan(device, 16, False).peak_bytes > budget >= plan(device, 16, True).peak_bytes
         chosen = plan(device, budget=budget).choices
         assert (chosen.micro_batch_size, chosen.gradient_checkpointing) == expected, device.kind
+
+
+@pytest.mark.parametrize(
+    ("setting", "bf16_matmul", "expected"),
+    [
+        ("auto", True, "bfloat16"),
+        ("auto", False, "float32"),
+        ("compute", True, "float32"),
+        ("bfloat16", False, "bfloat16"),
+    ],
+)
+def test_a_merged_copy_of_an_fp32_student_is_bf16_where_the_cpu_multiplies_it(configs, setting, bf16_matmul, expected):
+    """engine.rollout_dtype: the copy in bf16 holds 2 bytes a weight and shares nothing with the fp32 student,
+    whose 4-bit layers stay 4-bit; in the compute dtype it shares the embeddings and the dequantized MLP."""
+    from appliance.budget import components as c
+    from appliance.budget.shapes import shape_from_config
+
+    text = (
+        "name: t\nstudent: {model: /models/Qwen2.5-7B-Instruct, compute_dtype: float32}\n"
+        "rewards: [{name: correctness}]\ngrpo: {group_size: 4, prompts_per_step: 1, max_new_tokens: 32}\n"
+        f"engine: {{rollout: hf, rollout_weights: merged_copy, rollout_dtype: {setting}}}\n"
+    )
+    cpu = DeviceInfo("cpu", 512 * GIB, 0, "fake", bf16_matmul=bf16_matmul)
+    plan = plan_job(parse_job_text(text), configs[0], None, cpu)
+    assert plan.rollout_dtype == expected and plan.to_dict()["rollout_dtype"] == expected
+    on_its_own = plan_job(parse_job_text(text.replace("merged_copy", "shared")), configs[0], None, cpu)
+    shape = shape_from_config(configs[0], "Qwen2.5-7B")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    untargeted = c.untargeted_linear_params(shape, targets)
+    merging = c.merge_working_bytes(shape, targets)
+    student = plan.components["student_weights"] - on_its_own.components["student_weights"]
+    if expected == "bfloat16":
+        assert student == 0  # all of its 4-bit layers, none dequantized
+        assert plan.components["rollout_weights"] == shape.total_params * 2 + merging
+    else:
+        assert student == untargeted * 4 - c.four_bit_bytes(untargeted)  # the MLP dequantized, shared
+        copied = shape.total_params - shape.embedding_params - untargeted
+        assert plan.components["rollout_weights"] == copied * 4 + merging

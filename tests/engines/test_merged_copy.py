@@ -33,6 +33,7 @@ def test_merged_copy_tracks_the_student_adapter(demo_model_dir):
     )
     _perturb_adapter(student, seed=1)
     engine = MergedCopyEngine(student, demo_model_dir, name="copy")
+    assert engine.samples_like_trainer  # the trainer takes no importance weights
     prompt = engine.render_chat([{"role": "user", "content": "What is 7 * 8?"}])
     sampling = Sampling(max_new_tokens=10, n=3, temperature=1.0, seed=5)
 
@@ -100,3 +101,36 @@ def test_the_student_trains_through_the_copys_dequantized_mlp_with_the_same_resu
     for name, grad in grads_plain.items():
         assert float(grad.abs().max()) > 0
         assert torch.allclose(grad, grads_sharing[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_a_bf16_copy_of_an_fp32_student_samples_its_rounded_policy_and_shares_nothing(demo_model_dir):
+    """engine.rollout_dtype bfloat16: the copy is the merged policy rounded to bf16, the student keeps all of its
+    own fp32 and 4-bit tensors, and the engine says it samples apart from the trainer (importance sampling)."""
+    student = Student(
+        StudentSpec(model="demo", quantization="nf4", lora=LoraSpec(rank=8, alpha=16)), demo_model_dir, "cpu"
+    )
+    _perturb_adapter(student, seed=4)
+    engine = MergedCopyEngine(student, demo_model_dir, name="copy", dtype=torch.bfloat16)
+    assert not engine.samples_like_trainer
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+    base = student.model.get_base_model()
+    assert engine.model.get_input_embeddings().weight is not base.get_input_embeddings().weight
+    assert base.get_input_embeddings().weight.dtype == torch.float32
+    assert not any(isinstance(m, DequantizedLinear) for m in base.modules())
+    assert getattr(base.model.layers[0].mlp.down_proj.weight, "quant_state", None) is not None
+
+    # Each target is dequant(W4) + B @ A of the student, rounded once to bf16.
+    layer = base.model.layers[3].self_attn.q_proj
+    import bitsandbytes.functional as bnb_functional
+
+    weight = layer.get_base_layer().weight
+    merged = bnb_functional.dequantize_4bit(weight.data, weight.quant_state).float()
+    merged += layer.get_delta_weight("default").float()
+    assert torch.equal(engine.model.model.layers[3].self_attn.q_proj.weight, merged.to(torch.bfloat16))
+
+    prompt = engine.render_chat([{"role": "user", "content": "What is 7 * 8?"}])
+    completions = engine.generate([prompt], Sampling(max_new_tokens=10, n=3, temperature=1.0, seed=5))[0]
+    engine_logp = torch.tensor([lp for c in completions for lp in c.logprobs])
+    gap = (engine_logp - _trainer_logprobs(student, completions)).abs()
+    # bf16 rounding moves the logprobs (the fp32 copy stays within 2e-3, test above) but not far.
+    assert 2e-3 < float(gap.max()) < 0.5
