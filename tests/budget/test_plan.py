@@ -283,3 +283,37 @@ def test_a_merged_copy_of_an_fp32_student_is_bf16_where_the_cpu_multiplies_it(co
         assert student == untargeted * 4 - c.four_bit_bytes(untargeted)  # the MLP dequantized, shared
         copied = shape.total_params - shape.embedding_params - untargeted
         assert plan.components["rollout_weights"] == copied * 4 + merging
+
+
+def test_on_the_cpu_a_merged_copy_ranks_above_a_micro_batch_down_to_half_the_saturating_tokens(demo_model_dir):
+    """Workload V's shape (2 prompts x 8, 32 new tokens, 39-token prompts): where micro-batch 8 fits only with
+    the 4-bit rollouts and micro-batch 4 with a bf16 copy, the CPU takes the copy (284 tokens a micro-batch);
+    where the copy fits only at micro-batch 2 (142 tokens) and the 4-bit rollouts at 4, the larger one."""
+    config = load_config(demo_model_dir / "config.json")
+    text = (
+        "name: v\nstudent: {{model: {model}, compute_dtype: float32}}\nrewards: [{{name: correctness}}]\n"
+        "grpo: {{group_size: 8, prompts_per_step: 2, max_new_tokens: 32, max_prompt_tokens: 39{micro}}}\n"
+        "engine: {{rollout: hf, rollout_weights: {weights}}}\n{budget}"
+    )
+    cpu = DeviceInfo("cpu", 64 * GIB, 0, "fake", bf16_matmul=True)
+
+    def plan(weights="auto", micro=None, budget=0):
+        job = text.format(
+            model=demo_model_dir,
+            micro=f", micro_batch_size: {micro}" if micro else "",
+            weights=weights,
+            budget=f"device: {{memory_budget: {budget}}}\n" if budget else "",
+        )
+        return plan_job(parse_job_text(job), config, None, cpu)
+
+    copy_at = {micro: plan("merged_copy", micro).peak_bytes for micro in (2, 4, 8)}
+    shared_at = {micro: plan("shared", micro).peak_bytes for micro in (2, 4, 8)}
+    assert plan("merged_copy").rollout_dtype == "bfloat16"
+    budget = max(copy_at[4], shared_at[8])
+    assert copy_at[8] > budget  # the copy does not fit beside micro-batch 8
+    chosen = plan(budget=budget).choices
+    assert (chosen.rollout_weights, chosen.micro_batch_size) == ("merged_copy", 4)
+    budget = max(copy_at[2], shared_at[4])
+    assert copy_at[4] > budget and shared_at[8] > budget
+    chosen = plan(budget=budget).choices
+    assert (chosen.rollout_weights, chosen.micro_batch_size) == ("shared", 4)
