@@ -15,6 +15,8 @@ CGROUP_V2_LIMIT = Path("/sys/fs/cgroup/memory.max")
 CGROUP_V1_LIMIT = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
 MEMINFO = Path("/proc/meminfo")
 SELF_STATUS = Path("/proc/self/status")
+CPUINFO = Path("/proc/cpuinfo")
+BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16"}
 # cgroup v1 reports "no limit" as a huge number near 2**63.
 _NO_LIMIT = 1 << 60
 
@@ -38,13 +40,19 @@ class DeviceInfo:
         }
 
 
-def cpu_bf16_matmul() -> bool:
-    """Whether this CPU computes bf16 dot products in hardware (AVX512-BF16 or AMX). Without them torch emulates
-    bf16 and a bf16 matmul is slower than fp32; with them (this project's dev box, AVX512-BF16) a bf16 linear
-    layer of a decode step ran 3.5-6x faster than fp32 (bench/README.md)."""
-    import torch
-
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+def cpu_bf16_matmul(cpuinfo: Path = CPUINFO) -> bool:
+    """Whether this CPU computes bf16 dot products in hardware (AVX512-BF16 or AMX-BF16, the instructions torch's
+    oneDNN kernels use). Without them torch emulates bf16 and a bf16 matmul is slower than fp32; with them (this
+    project's dev box, AVX512-BF16) a bf16 linear layer of a decode step ran 3.5-6x faster than fp32
+    (bench/README.md). Read from the kernel's CPU flags, so that the daemon need not import torch."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return bool(BF16_CPU_FLAGS & set(line.partition(":")[2].split()))
+    return False
 
 
 def _kib_field(text: str, field: str) -> int | None:

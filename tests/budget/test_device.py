@@ -7,6 +7,7 @@ import pytest
 
 from appliance.budget.device import (
     cgroup_limit_bytes,
+    cpu_bf16_matmul,
     cpu_total_bytes,
     peak_bytes,
     probe_device,
@@ -66,6 +67,34 @@ def test_probe_cpu_reports_the_machine():
     assert device.kind == "cpu"
     assert device.total_bytes >= 2**30
     assert 0 < device.used_bytes < device.total_bytes
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ("fpu avx2 avx512f avx512_bf16 avx512_vnni", True),
+        ("fpu avx2 amx_tile amx_bf16", True),
+        ("fpu avx2 avx512f", False),
+    ],
+)
+def test_bf16_matmul_is_read_from_the_cpu_flags(tmp_path, flags, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+    assert cpu_bf16_matmul(cpuinfo) is expected
+    assert cpu_bf16_matmul(tmp_path / "absent") is False
+
+
+def test_the_cpu_probe_agrees_with_torch_and_does_not_import_it():
+    import subprocess
+    import sys
+
+    code = "import sys; from appliance.budget.device import probe_device; d = probe_device('cpu'); "
+    code += "print(d.bf16_matmul, 'torch' in sys.modules)"
+    probed, imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()
+    import torch
+
+    assert imported == "False"  # the daemon plans without loading torch
+    assert probed == str(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def test_probe_cuda_without_a_gpu_says_how_to_plan_instead():

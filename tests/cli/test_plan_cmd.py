@@ -53,6 +53,7 @@ def test_json_is_one_document_in_bytes(capsys, tmp_path):
         "name": "(--device-memory)",
         "total_bytes": 80 * 2**30,
         "used_bytes": 0,
+        "bf16_matmul": True,  # --device-memory: a GPU of that size
     }
     assert document["budget_bytes"] == int(0.9 * 80 * 2**30)
     assert document["peak_bytes"] <= document["budget_bytes"]
