@@ -128,6 +128,15 @@ def test_a_bf16_copy_of_an_fp32_student_samples_its_rounded_policy_and_shares_no
     merged += layer.get_delta_weight("default").float()
     assert torch.equal(engine.model.model.layers[3].self_attn.q_proj.weight, merged.to(torch.bfloat16))
 
+    # The head gets contiguous input: transformers' strided last-position view made torch expand the frozen
+    # bf16 head per row (2.7 s and 3.4 GB at 64 rows; merged_copy._contiguous_input).
+    contiguous = []
+    engine.model.get_output_embeddings().register_forward_hook(
+        lambda module, args, output: contiguous.append(args[0].is_contiguous())
+    )
+    questions = [engine.render_chat([{"role": "user", "content": q}]) for q in ("Name a colour.", "What is 2 + 3?")]
+    engine.generate(questions, Sampling(max_new_tokens=2, n=1, temperature=0.0))
+    assert len(contiguous) >= 2 and all(contiguous)
     prompt = engine.render_chat([{"role": "user", "content": "What is 7 * 8?"}])
     completions = engine.generate([prompt], Sampling(max_new_tokens=10, n=3, temperature=1.0, seed=5))[0]
     engine_logp = torch.tensor([lp for c in completions for lp in c.logprobs])
