@@ -289,15 +289,22 @@ def saved_per_layer_bytes(
     )
 
 
+def shares_prompts(distinct_prompts: int, rows: int) -> bool:
+    """Whether the update runs a micro-batch's distinct prompts once each (grpo/student.py): when at most half
+    its rows have a prompt of their own. Past that the completions' keys and values, repeated to every head,
+    could outweigh what sharing saves (each prompt saves its positions' tensors but adds its keys to every row)."""
+    return 2 * distinct_prompts <= rows
+
+
 def prompt_rows_per_micro_batch(micro_batch: int, group_size: int) -> int:
     """Distinct prompts a micro-batch of `micro_batch` consecutive samples can hold, in whole groups of
     `group_size` sharing one (the update trains every sample of an informative group). Micro-batches start at
-    multiples of `micro_batch`, so one starts at most `group_size - gcd` samples into a group. The update runs
-    each prompt once (grpo/student.py) when that is at most half the rows (`micro_batch`: nothing shared)."""
+    multiples of `micro_batch`, so one starts at most `group_size - gcd` samples into a group. `micro_batch`
+    when the update would not share them (`shares_prompts`)."""
     group_size = max(1, group_size)
     furthest_start = group_size - math.gcd(micro_batch, group_size)
     rows = -(-(furthest_start + micro_batch) // group_size)
-    return rows if 2 * rows <= micro_batch else micro_batch
+    return rows if shares_prompts(rows, micro_batch) else micro_batch
 
 
 def activation_bytes(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from appliance.budget.components import shares_prompts
 from appliance.config.schema import StudentSpec
 from appliance.grpo.token_logprobs import chunked_token_logprobs, plain_token_logprobs
 from appliance.models.loading import load_causal_lm, load_tokenizer, resolve_compute_dtype
@@ -186,10 +187,9 @@ class Student:
     def _prompt_groups(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(a row holding each distinct prompt, each row's prompt among those), or None: the batch runs whole.
 
-        Whole: when more than half the rows have a prompt of their own (then the completions' keys and values,
-        repeated to every head, could outweigh what sharing saves: each prompt saves its positions' tensors
-        but adds its keys to every row); under gradient checkpointing in training mode (transformers drops a
-        cache there); and for a base FSDP shards, whose ranks must run the same forward calls.
+        Whole: when too few rows share a prompt (budget.components.shares_prompts, the rule the planner
+        counts by); under gradient checkpointing in training mode (transformers drops a cache there); and for a
+        base FSDP shards, whose ranks must run the same forward calls.
         """
         if self.shardable or (self.gradient_checkpointing and self.model.training):
             return None
@@ -198,7 +198,7 @@ class Student:
             return None
         keys = torch.cat([batch.input_ids[:, :prompt_width], batch.attention_mask[:, :prompt_width]], dim=1)
         distinct, row_prompt = torch.unique(keys, dim=0, return_inverse=True)
-        if 2 * len(distinct) > len(keys):
+        if not shares_prompts(len(distinct), len(keys)):
             return None
         rows = torch.arange(len(keys))
         first_row = torch.full((len(distinct),), len(keys)).scatter_reduce(0, row_prompt, rows, reduce="amin")
