@@ -85,11 +85,19 @@ class ToolResult:
     error: bool = False  # the call was valid JSON for the tool but not a legal action (e.g. an illegal move)
 
 
+# Tokens per turn the memory plan allows for what follows a reply (tool results, error messages, the chat
+# template's glue and the next turn's header) in an environment that does not state its own `result_tokens`.
+RESULT_TOKENS_ASSUMED = 128
+
+
 class ToolEnvironment(ABC):
     """A tool loop; subclasses give the tools, the opening messages, the tool behaviour and the reward."""
 
     name: str = "tool-environment"
     max_turns: int = 8
+    # What follows one reply before the next, in tokens, as the memory plan budgets it (budget/workload.py).
+    # Trajectories longer than the plan's bound are cut there, so a low value costs cut trajectories, not memory.
+    result_tokens: int = RESULT_TOKENS_ASSUMED
 
     @abstractmethod
     def tools(self) -> list[dict]:

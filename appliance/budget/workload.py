@@ -18,9 +18,9 @@ JUDGE_TEMPLATE_TOKENS = 160
 CHARACTERS_PER_TOKEN = 4
 # Agent jobs (task.environment): a trajectory is the opening prompt, then per turn the assistant's reply
 # (at most grpo.max_new_tokens) and what follows it before the next reply: tool results and template glue,
-# assumed at most TOOL_RESULT_TOKENS. Turns: task.max_turns, else AGENT_TURNS_ASSUMED. Longer trajectories
-# are cut at this bound by the trainer (grpo/trajectories.py), so the plan holds.
-TOOL_RESULT_TOKENS = 128
+# at most the environment's result_tokens (agents/loading.py). Turns: task.max_turns, else
+# AGENT_TURNS_ASSUMED. Longer trajectories are cut at this bound by the trainer (grpo/trajectories.py), so
+# the plan holds.
 AGENT_TURNS_ASSUMED = 4
 
 
@@ -28,11 +28,18 @@ def agent_turns(job: JobSpec) -> int:
     return job.task.max_turns or AGENT_TURNS_ASSUMED
 
 
+def result_tokens(job: JobSpec) -> int:
+    """Tokens per turn an agent job's plan allows after each reply."""
+    from appliance.agents.loading import planned_result_tokens
+
+    return planned_result_tokens(job.task.environment)
+
+
 def generated_tokens(job: JobSpec) -> int:
     """Tokens after the prompt of one sequence: a completion, or an agent trajectory after its opening."""
     if job.task.environment is None:
         return job.grpo.max_new_tokens
-    return agent_turns(job) * (job.grpo.max_new_tokens + TOOL_RESULT_TOKENS)
+    return agent_turns(job) * (job.grpo.max_new_tokens + result_tokens(job))
 
 
 def assumptions(job: JobSpec) -> str:
@@ -42,7 +49,7 @@ def assumptions(job: JobSpec) -> str:
     source = "task.max_turns" if job.task.max_turns else "assumed; set task.max_turns to plan another limit"
     return (
         f"agent trajectories: opening prompt + {agent_turns(job)} turns ({source}) x (grpo.max_new_tokens "
-        f"{job.grpo.max_new_tokens} + {TOOL_RESULT_TOKENS} tokens of tool result and template); longer "
+        f"{job.grpo.max_new_tokens} + {result_tokens(job)} tokens of tool result and template); longer "
         "trajectories are cut there"
     )
 

@@ -37,9 +37,9 @@ def longest_prompt_tokens(task, tokenizer, limit: int = MAX_MEASURED) -> int:
 
 
 def longest_opening_tokens(environment, tokenizer, scenarios: int = OPENINGS_MEASURED) -> int | None:
-    """Tokens of the longest opening (system prompt with the tools, first user message, generation prompt)
-    over `scenarios` training scenarios of an agent environment; None when it is not a ToolEnvironment
-    (only a rollout would show its opening)."""
+    """Tokens of the longest opening (system prompt with the tools, worked examples, first user message,
+    generation prompt) over `scenarios` training scenarios of an agent environment: what a trajectory holds
+    before its first trained token. None when it is not a ToolEnvironment (only a rollout would show its opening)."""
     from appliance.agents.environment import ToolEnvironment
     from appliance.agents.toolcalls import template_messages
     from appliance.agents.trajectory import SystemMessage, UserMessage
@@ -49,7 +49,8 @@ def longest_opening_tokens(environment, tokenizer, scenarios: int = OPENINGS_MEA
     longest = 0
     for scenario in environment.scenarios("train", scenarios, seed=0):
         _, system, user = environment.start(scenario)
-        messages = template_messages([SystemMessage(content=system), UserMessage(content=user)], environment.tools())
+        opening = [SystemMessage(content=system), *environment.examples(scenario), UserMessage(content=user)]
+        messages = template_messages(opening, environment.tools())
         ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
         if isinstance(ids, Mapping):
             ids = ids["input_ids"]

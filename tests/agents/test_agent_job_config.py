@@ -105,7 +105,8 @@ def test_an_agent_job_plans_with_its_stated_trajectory_bound(tmp_path, demo_mode
     from appliance.budget.device import DeviceInfo
     from appliance.budget.plan import plan_job
     from appliance.budget.shapes import load_config
-    from appliance.budget.workload import AGENT_TURNS_ASSUMED, TOOL_RESULT_TOKENS
+    from appliance.agents.envs.calculator import CalculatorEnvironment
+    from appliance.budget.workload import AGENT_TURNS_ASSUMED
     from appliance.grpo.prompt_lengths import measure_prompt_tokens
 
     spec = parse_job(
@@ -118,12 +119,73 @@ def test_an_agent_job_plans_with_its_stated_trajectory_bound(tmp_path, demo_mode
     device = DeviceInfo("cuda", 24 * 2**30, 0, "fake")
     plan = plan_job(spec, load_config(demo_model_dir / "config.json"), None, device, prompt_tokens=opening)
     assert plan.fits
-    assert plan.sequence_tokens["student"] == opening + 3 * (40 + TOOL_RESULT_TOKENS)
+    assert plan.sequence_tokens["student"] == opening + 3 * (40 + CalculatorEnvironment.result_tokens)
     assert "3 turns (task.max_turns)" in plan.choices.worded_reasons()["sequence_tokens"]
     assert "sequence_tokens" in plan.render()
     unset = parse_job(
         JOB.format(environment="builtin:calculator", extra="") + "grpo: {max_new_tokens: 40}\n", "job.yaml"
     )
     plan = plan_job(unset, load_config(demo_model_dir / "config.json"), None, device, prompt_tokens=opening)
-    assert plan.sequence_tokens["student"] == opening + AGENT_TURNS_ASSUMED * (40 + TOOL_RESULT_TOKENS)
+    assert plan.sequence_tokens["student"] == opening + AGENT_TURNS_ASSUMED * (40 + CalculatorEnvironment.result_tokens)
     assert "assumed; set task.max_turns" in plan.choices.worded_reasons()["sequence_tokens"]
+
+
+def test_the_planned_opening_is_all_a_trajectory_holds_before_its_first_trained_token(demo_model_dir):
+    # The calculator shows two worked episodes between its system prompt and the question: the plan's
+    # opening must count them (it once measured 196 of the 350 tokens).
+    from appliance.agents.envs.calculator import CalculatorEnvironment
+    from appliance.agents.tokenize import tokenize_trajectory
+    from appliance.agents.trajectory import AssistantMessage, SystemMessage, Trajectory, UserMessage
+    from appliance.grpo.prompt_lengths import longest_opening_tokens
+    from appliance.models.loading import load_tokenizer
+
+    environment, tokenizer = CalculatorEnvironment(), load_tokenizer(demo_model_dir)
+    scenario = environment.scenarios("train", 1, seed=0)[0]
+    _, system, user = environment.start(scenario)
+    examples = environment.examples(scenario)
+    assert examples
+    trajectory = Trajectory(
+        scenario_id=scenario.id,
+        messages=[SystemMessage(content=system), *examples, UserMessage(content=user), AssistantMessage(content="7")],
+        tools=environment.tools(),
+        context_messages=1 + len(examples),
+    )
+    first_trained = tokenize_trajectory(tokenizer, trajectory).assistant_mask.index(1)
+    assert longest_opening_tokens(environment, tokenizer, scenarios=1) == first_trained
+
+
+def test_the_calculator_plans_room_for_the_longest_tool_message_its_loop_writes(demo_model_dir):
+    # Three turns of the worst replies the plan has to hold: an unreadable call (its error repeats an example
+    # call), a reply with no JSON object, a call of an unknown tool with a long name. Each is answered by the
+    # real tool loop; what follows each reply, up to the next one, must fit the calculator's result_tokens.
+    import asyncio
+
+    from appliance.agents.environment import AssistantTurn
+    from appliance.agents.envs.calculator import CalculatorEnvironment
+    from appliance.agents.tokenize import tokenize_trajectory
+    from appliance.agents.toolcalls import parse_tool_calls
+    from appliance.models.loading import load_tokenizer
+
+    replies = iter(
+        [
+            '<tool_call>{"name": "multiply", "arguments": {"a": 12345678901234567890 "b": 98765432109876}}</tool_call>',
+            "<tool_call>I will now multiply the two numbers</tool_call>",
+            '<tool_call>{"name": "multiply_two_large_integers_exactly", "arguments": {"a": 99, "b": 99}}</tool_call>',
+        ]
+    )
+
+    class Replies:
+        async def chat(self, messages, tools):
+            text = next(replies)
+            parsed = parse_tool_calls(text, call_id_prefix="call")
+            return AssistantTurn(text=text, tool_calls=parsed.calls, tool_call_errors=parsed.errors)
+
+    environment = CalculatorEnvironment()
+    trajectory = asyncio.run(environment.rollout(Replies(), environment.scenarios("train", 1, seed=0)[0]))
+    assert trajectory.metrics["turns"] == 3 and trajectory.metrics["malformed_calls"] == 2
+    mask = tokenize_trajectory(load_tokenizer(demo_model_dir), trajectory).assistant_mask
+    starts = [i for i in range(1, len(mask)) if mask[i] and not mask[i - 1]]
+    ends = [i for i in range(1, len(mask)) if not mask[i] and mask[i - 1]]
+    gaps = [start - end for end, start in zip(ends, starts[1:])] + [len(mask) - ends[-1]]
+    assert len(gaps) == 3 and min(gaps) > 20  # each reply was answered by an error message
+    assert max(gaps) <= CalculatorEnvironment.result_tokens
