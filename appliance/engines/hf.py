@@ -97,6 +97,22 @@ def group_batches(
     return [([entry], min(max_batch_size, n - done)) for entry in prompts for done in range(0, n, max_batch_size)]
 
 
+def _contiguous_input(module, args):
+    """The LM head's input made contiguous. transformers hands it the prefill's last position, a strided view
+    of [rows, 1, hidden], and torch's CPU matmul expands a frozen weight per row for such an input: with a bf16
+    copy of SmolLM2 (49k-token vocabulary) that was 2.7 s and 3.4 GB for 64 rows, against 9 ms contiguous (and
+    0.25 s in fp32), and an evaluation of 100 problems peaked at 4.90 GiB instead of 2.07."""
+    return (args[0].contiguous(),) + tuple(args[1:])
+
+
+def give_head_contiguous_input(model) -> None:
+    """Hook `_contiguous_input` onto the model's LM head, once however many engines generate through it."""
+    head = model.get_output_embeddings()
+    if head is not None and not getattr(head, "_appliance_contiguous_input", False):
+        head.register_forward_pre_hook(_contiguous_input)
+        head._appliance_contiguous_input = True
+
+
 class HFEngine:
     """Generates with any transformers causal LM (plain, bitsandbytes-quantized or peft-wrapped)."""
 
@@ -115,6 +131,7 @@ class HFEngine:
         self.counters = EngineCounters()
         self.adapter_version: int | None = None
         self._stop_ids = self._eos_ids()
+        give_head_contiguous_input(model)
 
     @classmethod
     def load(

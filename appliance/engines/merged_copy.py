@@ -41,14 +41,6 @@ def _dequantized(module) -> torch.Tensor:
     return weight.data.float()
 
 
-def _contiguous_input(module, args):
-    """The LM head's input made contiguous. transformers hands it the prefill's last position, a strided view
-    of [rows, 1, hidden], and torch's CPU matmul expands a frozen weight per row for such an input: with a bf16
-    copy of SmolLM2 (49k-token vocabulary) that was 2.7 s and 3.4 GB for 64 rows, against 9 ms contiguous (and
-    0.25 s in fp32), and an evaluation of 100 problems peaked at 4.90 GiB instead of 2.07."""
-    return (args[0].contiguous(),) + tuple(args[1:])
-
-
 # A slot of the copy holding a tensor the student uses too: (module._parameters, name).
 Slot = tuple[dict, str]
 
@@ -147,7 +139,6 @@ class MergedCopyEngine(HFEngine):
         if not student.shardable and self.samples_like_trainer:
             self._shared += _share_linears(student_root, copy, frozen)
         self._copy_modules = copy_modules
-        copy.get_output_embeddings().register_forward_pre_hook(_contiguous_input)
         super().__init__(copy, student.tokenizer, name, max_batch_size, owns_weights=True)
         self.update_adapter(None, 0)
 

@@ -107,3 +107,18 @@ def test_prompts_sharing_a_long_prefix_run_it_once_and_sample_as_without_sharing
     assert [c.token_ids for c in shared_flat] == [c.token_ids for c in plain_flat]
     for got, want in zip(shared_flat, plain_flat):
         torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), rtol=1e-4, atol=1e-4)
+
+
+def test_the_lm_head_gets_contiguous_input_hooked_once_per_model(demo_model_dir):
+    # transformers hands the head the prefill's last position as a strided view, for which torch's CPU matmul
+    # expands the frozen weight per row (hf._contiguous_input). Every engine over the same weights (the
+    # evaluation makes one per run) shares one hook.
+    engine = HFEngine.load(demo_model_dir, name="plain")
+    HFEngine(engine.model, engine.tokenizer, name="second")
+    head = engine.model.get_output_embeddings()
+    assert len(head._forward_pre_hooks) == 1
+    contiguous = []
+    head.register_forward_hook(lambda module, args, output: contiguous.append(args[0].is_contiguous()))
+    prompts = [engine.render_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    engine.generate(prompts, Sampling(max_new_tokens=2, n=2, temperature=0.0))
+    assert len(contiguous) >= 2 and all(contiguous)
