@@ -241,6 +241,7 @@ def plan_of_trained_batch(
 
 
 NOISE_REWARD = Path(__file__).resolve().parent / "noise_reward.py"
+PLUGINS = Path(__file__).resolve().parent / "plugins"
 
 
 def with_longest_prompts(spec, data_dir: Path, job_file: Path, scratch: Path, count: int):
@@ -275,14 +276,20 @@ def run_job_file(
     what the rewards are, only on how many sequences train (and on the judge, which still runs).
     longest_prompts: train on the job's longest prompts only (with_longest_prompts), the widest batch planned.
     """
+    import shutil
     import tempfile
 
     from appliance.config.checks import load_checked_job
+    from appliance.paths import plugins_dir
     from appliance.config.schema import RewardSpec
     from appliance.grpo.run import run_job
 
     started = time.monotonic()
-    spec = load_checked_job(job_file, data_dir)
+    scratch = tempfile.TemporaryDirectory()
+    run_data = Path(scratch.name)
+    shutil.copytree(PLUGINS, plugins_dir(run_data))  # bench environments, such as jobs/agent-at-bound.yaml's
+    link_model_store(data_dir, run_data)
+    spec = load_checked_job(job_file, run_data)
     if every_group_trains:
         spec = spec.model_copy(
             update={"rewards": [*spec.rewards, RewardSpec(name=f"{NOISE_REWARD}:noise", weight=1.0)]}
@@ -305,13 +312,11 @@ def run_job_file(
             planned_components.update(event.data["planned_bytes"])
             loaded["rss_bytes"] = process_rss_bytes()
 
-    with tempfile.TemporaryDirectory() as scratch:
-        run_data = Path(scratch)
+    with scratch:
         if longest_prompts:
             spec = with_longest_prompts(
                 spec, data_dir, job_file, run_data, spec.grpo.prompts_per_step * spec.grpo.steps
             )
-        link_model_store(data_dir, run_data)
         run_job(
             spec,
             run_data,
@@ -324,7 +329,13 @@ def run_job_file(
         planned, measured = last.memory.planned_peak_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         trained = max(r.trained_sequences for r in records)
         longest = max((r.completion_length_max for r in records if r.trained_sequences), default=None)
-        at_trained = plan_of_trained_batch(spec, data_dir, job_file, trained, choices, longest) if trained else None
+        # An agent's record counts the tokens it trained, not its trajectories' length: no re-plan there.
+        agent = spec.task.environment is not None
+        at_trained = (
+            plan_of_trained_batch(spec, data_dir, job_file, trained, choices, longest)
+            if trained and not agent
+            else None
+        )
     return {
         "job": str(job_file),
         "steps": steps,

@@ -91,3 +91,16 @@ def test_gpu_example_uses_vllm_and_a_group_judge(store_data_dir):
     assert spec.student.model == "/models/Qwen2.5-7B-Instruct" and spec.student.quantization == "nf4"
     assert spec.judge.model == "/models/Qwen3-8B" and spec.judge.mode == "group"
     assert spec.engine.rollout == "vllm" and spec.device.memory_budget == "90%"
+
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.mark.parametrize("path", sorted((BENCH_DIR / "jobs").glob("*.yaml")), ids=lambda path: path.name)
+def test_bench_job_files_are_valid_with_the_bench_plugins_installed(path: Path, tmp_path):
+    import shutil
+
+    shutil.copytree(BENCH_DIR / "plugins", tmp_path / "plugins")  # as bench/memory_plan.py installs them
+    spec, errors = check_job_file(path, tmp_path, check_models=False)
+    assert [str(error) for error in errors] == []
+    assert spec.name == path.stem
