@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from appliance.engines.base import Completion, EngineCounters, Sampling
+from appliance.engines.inverse_cdf import sampling_processors
 from appliance.engines.scoring import shared_prefix_length, single_token_ids
 
 # Below this many shared tokens a plain batch is as fast as computing the prefix once.
@@ -67,7 +68,7 @@ POLICY_SAMPLING = {
 
 
 def sampled_logprobs(scores: tuple[torch.Tensor, ...], generated: torch.Tensor) -> torch.Tensor:
-    """log p of each sampled token [batch, steps], from generate's per-step scores.
+    """log p of each sampled token [batch, steps], from the per-step scores it was drawn from.
 
     The scores are the processed logits the sampler drew from (temperature and
     top-p applied). One step at a time, so that generation's peak holds the
@@ -239,23 +240,27 @@ class HFEngine:
         encoded = {key: value.repeat_interleave(copies, dim=0) for key, value in encoded.items()}
         rows = [entry for entry in batch for _ in range(copies)]
         greedy = sampling.temperature <= 0
+        # Sampling is greedy decoding over scores our sampler has made one-hot (inverse_cdf.py); the scores
+        # it drew from are the logprobs' source, as generate's own scores are for greedy decoding.
+        processors, sampler = (None, None) if greedy else sampling_processors(sampling.temperature, sampling.top_p)
         output = self.model.generate(
             **encoded,
             past_key_values=past,
             max_new_tokens=sampling.max_new_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            logits_processor=processors,
             eos_token_id=self._stop_ids,
             **POLICY_SAMPLING,
             pad_token_id=self.tokenizer.pad_token_id,
             return_dict_in_generate=True,
-            output_scores=True,
+            output_scores=greedy,
             **({"stop_strings": list(sampling.stop), "tokenizer": self.tokenizer} if sampling.stop else {}),
         )
         prompt_width = encoded["input_ids"].shape[1]
         generated = output.sequences[:, prompt_width:]
-        chosen = sampled_logprobs(output.scores, generated)
+        chosen = sampled_logprobs(output.scores if greedy else sampler.scores, generated)
         return [
             self._completion(prompt_index, encoded, generated, chosen, row)
             for row, (prompt_index, _) in enumerate(rows)
