@@ -349,6 +349,12 @@ def activation_bytes(
     return int((layers + logits) * CPU_ACTIVATION_OVERHEAD) + heap + working
 
 
+# A transformers decode step's sampling: the step's fp32 logits, the temperature's copy, top-p's sorted copy,
+# its int64 indices (two) and cumulative probabilities, and the sampler's probabilities and returned scores
+# (engines/step_sampler.py), at once at most.
+SAMPLING_COPIES = 8
+
+
 # transformers' generate on CUDA reserves more than the tensors above: on an H200 (2026-11-28, an 8B-shaped
 # model, merged rollout copy, bench/cuda/run.sh) the generate phase reserved 0.48, 0.67, 0.83 and 3.04 GB
 # above them over 64, 128, 256 and 512 decode steps (64, 32, 16 and 16 sequences): freed blocks of a step's
@@ -370,20 +376,19 @@ def generation_working_bytes(
     """Transient memory of generation besides the KV cache.
 
     Both engines compute logits for the last position only (transformers sets
-    `logits_to_keep=1`); sampling keeps fp32 logits and probabilities per
-    sequence. Prefill runs one layer at a time: its hidden states, q/k/v and
-    SwiGLU intermediates are the largest temporaries. transformers prefills the
-    whole batch at once; vLLM at most `VLLM_MAX_BATCHED_TOKENS` per forward.
-    The transformers engine also keeps every step's processed scores (fp32,
-    batch x vocab) until generation ends, to read the sampled tokens' logprobs
-    (engines/hf.py); vLLM returns only the sampled tokens' logprobs.
+    `logits_to_keep=1`); a decode step's sampling holds SAMPLING_COPIES fp32
+    [batch, vocab] tensors at once. Prefill runs one layer at a time: its hidden
+    states, q/k/v and SwiGLU intermediates are the largest temporaries.
+    transformers prefills the whole batch at once; vLLM at most
+    `VLLM_MAX_BATCHED_TOKENS` per forward. Both keep only each chosen token's
+    logprob (engines/step_sampler.py for transformers).
     """
-    sampling = 2 * batch * shape.vocab * FP32
+    sampling = SAMPLING_COPIES * batch * shape.vocab * FP32
     tokens = batch * prompt_tokens
     if engine == "vllm":
         tokens = min(tokens, VLLM_MAX_BATCHED_TOKENS)
     prefill = tokens * (3 * shape.hidden + 3 * shape.intermediate) * dtype_bytes
-    kept_scores = new_tokens * batch * shape.vocab * FP32 if engine == "hf" else 0
+    kept_scores = new_tokens * batch * FP32 if engine == "hf" else 0
     reserve = 0
     if engine == "hf" and device_kind == "cuda":
         reserve = HF_CUDA_GENERATE_RESERVE_BYTES + new_tokens * HF_CUDA_GENERATE_STEP_BYTES

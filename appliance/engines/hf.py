@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from appliance.engines.base import Completion, EngineCounters, Sampling
-from appliance.engines.inverse_cdf import sampling_processors
+from appliance.engines.step_sampler import token_processors
 from appliance.engines.scoring import shared_prefix_length, single_token_ids
 
 # Below this many shared tokens a plain batch is as fast as computing the prefix once.
@@ -65,24 +65,6 @@ POLICY_SAMPLING = {
     "watermarking_config": None,
     "renormalize_logits": False,
 }
-
-
-def sampled_logprobs(scores: tuple[torch.Tensor, ...], generated: torch.Tensor) -> torch.Tensor:
-    """log p of each sampled token [batch, steps], from the per-step scores it was drawn from.
-
-    The scores are the processed logits the sampler drew from (temperature and
-    top-p applied). One step at a time, so that generation's peak holds the
-    scores transformers keeps plus one step, not two more copies of all of them
-    (a stack and its log-softmax: 1.6 GB for 32 sequences of 128 tokens over a
-    49k vocabulary).
-    """
-    steps = [
-        torch.gather(torch.log_softmax(step.float(), dim=-1), 1, generated[:, index, None])
-        for index, step in enumerate(scores)
-    ]
-    if not steps:
-        return generated.new_zeros((generated.shape[0], 0), dtype=torch.float32)
-    return torch.cat(steps, dim=1)
 
 
 def group_batches(
@@ -239,10 +221,8 @@ class HFEngine:
         past = self._prefill(encoded, shared, copies)
         encoded = {key: value.repeat_interleave(copies, dim=0) for key, value in encoded.items()}
         rows = [entry for entry in batch for _ in range(copies)]
-        greedy = sampling.temperature <= 0
-        # Sampling is greedy decoding over scores our sampler has made one-hot (inverse_cdf.py); the scores
-        # it drew from are the logprobs' source, as generate's own scores are for greedy decoding.
-        processors, sampler = (None, None) if greedy else sampling_processors(sampling.temperature, sampling.top_p)
+        # Our last processor picks each token and keeps its logprob (step_sampler.py); generate() appends it.
+        processors, sampler = token_processors(sampling.temperature, sampling.top_p)
         output = self.model.generate(
             **encoded,
             past_key_values=past,
@@ -255,12 +235,11 @@ class HFEngine:
             **POLICY_SAMPLING,
             pad_token_id=self.tokenizer.pad_token_id,
             return_dict_in_generate=True,
-            output_scores=greedy,
             **({"stop_strings": list(sampling.stop), "tokenizer": self.tokenizer} if sampling.stop else {}),
         )
         prompt_width = encoded["input_ids"].shape[1]
         generated = output.sequences[:, prompt_width:]
-        chosen = sampled_logprobs(output.scores if greedy else sampler.scores, generated)
+        chosen = sampler.logprobs(len(rows))
         return [
             self._completion(prompt_index, encoded, generated, chosen, row)
             for row, (prompt_index, _) in enumerate(rows)

@@ -179,11 +179,13 @@ def test_nf4_weights_match_what_bitsandbytes_allocates_for_the_bundled_model(dem
     assert allocated == pytest.approx(planned, rel=0.02)
 
 
-def test_transformers_generation_keeps_every_steps_scores_and_vllm_does_not():
+def test_generation_keeps_a_logprob_per_token_not_every_steps_scores():
+    # engines/step_sampler.py keeps each chosen token's logprob; output_scores kept 128 x 32 x 128k fp32 here.
     llama = shape("Llama-3.1-8B")
     without = c.generation_working_bytes(llama, 32, 100, 4, "hf", device_kind="cpu")
     kept = c.generation_working_bytes(llama, 32, 100, 4, "hf", new_tokens=128, device_kind="cpu")
-    assert kept - without == 128 * 32 * llama.vocab * 4
+    assert kept - without == 128 * 32 * 4
+    assert without >= c.SAMPLING_COPIES * 32 * llama.vocab * 4  # one step's sampling tensors
     assert c.generation_working_bytes(llama, 32, 100, 4, "vllm", new_tokens=128) == c.generation_working_bytes(
         llama, 32, 100, 4, "vllm"
     )
