@@ -1,11 +1,12 @@
 """Export round trip: best/ of a trained job, loaded elsewhere, reproduces the job's held-out accuracy.
 
 The adapter export is loaded the way a lab would, with transformers + peft on
-the base quantized as in training; the merged export with transformers
-alone. Both are evaluated greedily on the job's held-out problems with the
-appliance's own evaluation and compared with the accuracy the job recorded.
-The merged weights must come from the store's original weights, not from the
-4-bit copy the student trained on.
+the base quantized as in training, and must reproduce the accuracy the job
+recorded. The merged export is loaded with transformers alone and must
+reproduce the adapter applied to the store's original weights: the merge
+starts from those, not from the 4-bit copy the student trained on. Both are
+evaluated greedily on the job's held-out problems with the appliance's own
+evaluation.
 """
 
 from __future__ import annotations
@@ -122,14 +123,25 @@ def test_merged_export_is_made_from_the_original_weights(trained_job, merged_exp
     )
 
 
-def test_merged_export_loads_with_transformers_alone_and_reproduces_accuracy(trained_job, merged_export):
+def test_merged_export_loads_with_transformers_alone_and_reproduces_the_adapter_on_the_original_weights(
+    trained_job, merged_export, adapter_export
+):
+    # The merge is onto the store's original weights (no NF4 round trip), not the 4-bit base the job trained
+    # and evaluated on, so what it must reproduce is the adapter applied to those weights. The job's recorded
+    # accuracy can differ by more than sampling noise: on these 8 problems the 4-bit base and the original
+    # weights answer differently, and one run's adapter scored 50% on the first and 100% merged.
+    from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(merged_export), dtype=torch.float32, device_map={"": "cpu"})
     accuracy = held_out_accuracy(trained_job, model, AutoTokenizer.from_pretrained(str(merged_export)))
-    recorded = trained_job.evaluation["after"]
-    print(f"merged export: held-out accuracy {accuracy:.1%}, job recorded {recorded['accuracy']:.1%}")
-    assert abs(accuracy - recorded["accuracy"]) <= noise(recorded["accuracy"], recorded["problems"])
+    original = ModelStore(trained_job.data_dir).get("smollm2-135m-instruct").path
+    base = AutoModelForCausalLM.from_pretrained(str(original), dtype=torch.float32, device_map={"": "cpu"})
+    adapted = PeftModel.from_pretrained(base, str(adapter_export))
+    reference = held_out_accuracy(trained_job, adapted, AutoTokenizer.from_pretrained(str(adapter_export)))
+    problems = trained_job.evaluation["after"]["problems"]
+    print(f"merged export: held-out accuracy {accuracy:.1%}, adapter on the original weights {reference:.1%}")
+    assert abs(accuracy - reference) <= noise(reference, problems)
 
 
 def test_a_changed_file_is_caught_by_the_manifest(adapter_export, tmp_path, capsys):
