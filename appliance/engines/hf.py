@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from appliance.engines.base import Completion, EngineCounters, Sampling
-from appliance.engines.step_sampler import token_processors
 from appliance.engines.scoring import shared_prefix_length, single_token_ids
+from appliance.engines.step_sampler import token_processors
 
 # Below this many shared tokens a plain batch is as fast as computing the prefix once.
 MIN_SHARED_PREFIX_TOKENS = 16
