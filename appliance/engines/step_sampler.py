@@ -66,12 +66,12 @@ class StepSampler(LogitsProcessor):
         if self._weights is None or self._weights.shape[0] != rows:
             padded = -(-vocab // BLOCK_TOKENS) * BLOCK_TOKENS
             self._weights = torch.zeros(rows, padded, dtype=torch.float32, device=scores.device)
-            self._chosen = torch.empty_like(scores)
-        top = scores.max(dim=-1, keepdim=True).values
+            self._chosen = None if self.greedy else torch.empty_like(scores)
+        top, best = scores.max(dim=-1, keepdim=True)
         weights = self._weights
         torch.sub(scores, top, out=weights[:, :vocab]).exp_()  # in (0, 1], 0 where a warper set -inf
         masses = block_masses(weights)
-        tokens = scores.argmax(dim=-1) if self.greedy else draw(weights, masses)
+        tokens = best.squeeze(1) if self.greedy else draw(weights, masses)
         chosen = scores.gather(1, tokens[:, None]).squeeze(1) - top.squeeze(1)
         self._steps.append((chosen.double() - masses.sum(dim=-1).log()).float())
         if self.greedy:

@@ -2,9 +2,9 @@
 
 The plan budgets an agent trajectory as its opening plus, per turn, a reply of
 grpo.max_new_tokens and up to 128 tokens of what follows it (tool results and
-template glue). The calculator's episodes stop far short of that (two turns of
-about 40 tokens in all), so its run cannot show whether the plan holds at the
-bound. Here every turn is a story continuation the untrained model rarely ends
+template glue). The calculator's episodes stop far short of that (two turns,
+about 80 trained tokens in all), so its run cannot show whether the plan holds
+at the bound. Here every turn is a story continuation the untrained model rarely ends
 early, followed by a user message of about 150 tokens (with its template), for
 `max_turns` turns: trajectories longer than the plan allows, which the trainer
 cuts at its bound, so that every row of the update is as long as planned. The reward is a

@@ -44,7 +44,7 @@ class CalculatorEnvironment(ToolEnvironment):
     name = "calculator"
     max_turns = 3
     # The longest tool message the loop writes here, an unreadable call's error with its example call, takes
-    # 57 tokens with its template and the next turn's header (a product: 14; tests/agents/test_calculator.py).
+    # 62 tokens with its template and the next turn's header (a product: 14; tests/agents/test_agent_job_config.py).
     result_tokens = 64
 
     def __init__(self, operand_min: int = 11, operand_max: int = 99, held_out: int = 200, split_seed: int = 0):
