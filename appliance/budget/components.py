@@ -193,7 +193,8 @@ def _saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str], dtype
     tests/budget/test_cuda_calibration.py): the two RMSNorm inputs, upcast to fp32
     inside the norm; q and k after RoPE, v and the attention output (k and v at
     kv_heads: SDPA handles grouped-query attention without repeating them); the
-    SwiGLU gate, up and activated gate; the LoRA inputs (_lora_input_bytes). A frozen
+    gated MLP's gate and up, and its activated gate unless grpo/swiglu.py rebuilds it
+    (SiLU); the LoRA inputs (_lora_input_bytes). A frozen
     4-bit linear keeps no input (bitsandbytes keeps only its packed weight).
     """
     return _saved_per_query_per_layer(shape, lora_targets, dtype_bytes) + _saved_per_key_per_layer(shape, dtype_bytes)
@@ -203,8 +204,12 @@ def _saved_per_query_per_layer(shape: ModelShape, lora_targets: list[str], dtype
     """The part of `_saved_per_token_per_layer` a token keeps for the position it computes: all but k and v."""
     h, i = shape.hidden, shape.intermediate
     q = shape.heads * shape.head_dim
+    gate_tensors = 2 if shape.silu_gate else 3  # gate and up, and the activated gate unless it is rebuilt
     return (
-        2 * h * FP32 + 2 * q * dtype_bytes + 3 * i * dtype_bytes + _lora_input_bytes(shape, lora_targets, dtype_bytes)
+        2 * h * FP32
+        + 2 * q * dtype_bytes
+        + gate_tensors * i * dtype_bytes
+        + _lora_input_bytes(shape, lora_targets, dtype_bytes)
     )
 
 

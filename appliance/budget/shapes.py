@@ -54,6 +54,9 @@ class ModelShape:
     # Logits are more than lm_head(hidden) (Gemma 2's soft-capping, Cohere's logit_scale): the trainer then
     # computes them whole (grpo/student.py plain_head) instead of a chunk at a time.
     scaled_logits: bool = False
+    # The MLP's gate goes through SiLU: the trainer rebuilds silu(gate) in backward instead of keeping it
+    # (grpo/swiglu.py), so a layer keeps two [tokens x intermediate] tensors of the MLP, not three.
+    silu_gate: bool = True
 
     @property
     def total_params(self) -> int:
@@ -168,7 +171,14 @@ def shape_from_config(config: dict, name: str = "model") -> ModelShape:
         norm_params=norm,
         block_linears=block_linears,
         scaled_logits=bool(config.get("final_logit_softcapping") or config.get("logit_scale")),
+        silu_gate=_activation(config, model_type) in ("silu", "swish"),
     )
+
+
+def _activation(config: dict, model_type: str) -> str:
+    """The MLP's activation as transformers names it (Gemma's configs call it hidden_activation)."""
+    default = "gelu_pytorch_tanh" if model_type.startswith("gemma") else "silu"
+    return str(config.get("hidden_activation") or config.get("hidden_act") or default)
 
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures"

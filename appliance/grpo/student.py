@@ -22,6 +22,7 @@ import torch
 
 from appliance.budget.components import shares_prompts
 from appliance.config.schema import StudentSpec
+from appliance.grpo.swiglu import keep_gate_and_up_only
 from appliance.grpo.token_logprobs import chunked_token_logprobs, plain_token_logprobs
 from appliance.models.loading import load_causal_lm, load_tokenizer, resolve_compute_dtype
 
@@ -130,6 +131,7 @@ class Student:
             task_type="CAUSAL_LM",
         )
         self.model = get_peft_model(base, lora)
+        keep_gate_and_up_only(self.model)
         self.model.eval()
         # LoRA parameters train in fp32 whatever the compute dtype: updates are tiny.
         for parameter in self.trainable_parameters():
