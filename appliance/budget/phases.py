@@ -178,6 +178,7 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
             work.device_kind,
             prompt_rows=shared_prompt_rows(work, s.micro_batch_size),
             prompt_tokens=work.prompt_tokens,
+            packed=c.packs_prompts(work.prompt_tokens, work.new_tokens, min(work.group_size, s.micro_batch_size)),
         ),
         "rollout_kv": c.kv_cache_bytes(
             work.student, s.rollout_batch, work.sequence_tokens, rollout_dtype_bytes(work, s.rollout_weights)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
-from appliance.budget.components import shares_prompts
+from appliance.budget.components import packs_prompts, shares_prompts
 from appliance.config.schema import StudentSpec
 from appliance.grpo.swiglu import keep_gate_and_up_only
 from appliance.grpo.token_logprobs import chunked_token_logprobs, plain_token_logprobs
@@ -97,6 +98,58 @@ def _shared_prompt_hidden(decoder, inputs: dict, width: int, first_row: torch.Te
     )
     before_first = prompt_out.last_hidden_state[row_prompt, -1:, :]
     return torch.cat([before_first, completion_out.last_hidden_state[:, :-1, :]], dim=1)
+
+
+def _packed_prompt_hidden(decoder, inputs: dict, width: int, first_row: torch.Tensor, row_prompt: torch.Tensor):
+    """What `_shared_prompt_hidden` returns, in one decoder pass: each distinct prompt and its rows' completions
+    packed into one sequence, [prompt | completion 1 | completion 2 | ...], whose mask lets every completion
+    see its prompt and itself only, at the positions it has in its own row.
+
+    One pass instead of two halves the per-pass work of a small micro-batch (every layer's 4-bit weights
+    dequantized in forward and backward, and each op's dispatch): workload V's update (16 x 38 + 32 tokens) in
+    micro-batches of 4 takes 3.38 s packed against 3.88 s in two passes. Its attention spans the packed
+    sequence, so the caller packs only short ones (budget.components.packs_prompts).
+    """
+    ids, mask, positions = inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"]
+    prompt_width = ids.shape[1] - width
+    device = ids.device
+    sequences, sequence_positions, segments, keys = [], [], [], []
+    gather = torch.empty(ids.shape[0], width, dtype=torch.long)
+    for prompt, row in enumerate(first_row.tolist()):
+        real = mask[row, :prompt_width].bool()
+        rows = torch.nonzero(row_prompt == prompt).flatten().tolist()
+        prompt_tokens = int(real.sum())
+        sequences.append(torch.cat([ids[row, :prompt_width][real], ids[rows, prompt_width:].reshape(-1)]))
+        sequence_positions.append(
+            torch.cat([positions[row, :prompt_width][real], positions[rows, prompt_width:].reshape(-1)])
+        )
+        keys.append(torch.cat([real[real], mask[rows, prompt_width:].reshape(-1).bool()]).cpu())
+        segments.append(
+            torch.arange(len(rows) + 1).repeat_interleave(torch.tensor([prompt_tokens] + [width] * len(rows)))
+        )
+        for index, member in enumerate(rows):
+            start = prompt_tokens + index * width  # this row's first completion token in the packed sequence
+            gather[member, 0] = prompt_tokens - 1
+            gather[member, 1:] = torch.arange(start, start + width - 1)
+    length = max(len(sequence) for sequence in sequences)
+    packed_ids = torch.stack([F.pad(sequence, (0, length - len(sequence))) for sequence in sequences])
+    packed_positions = torch.stack([F.pad(p, (0, length - len(p))) for p in sequence_positions])
+    # A completion's padding, like the padding at a packed sequence's end (a segment of its own, -1), is no
+    # one's key, as under the rows' own mask; as a query it sees its prompt, so no row of the mask is empty.
+    segment = torch.stack([F.pad(s, (0, length - len(s)), value=-1) for s in segments])
+    is_key = torch.stack([F.pad(k, (0, length - len(k))) for k in keys])[:, None, :]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    same = segment[:, :, None] == segment[:, None, :]
+    sees_prompt = (segment == 0)[:, None, :]
+    attend = (causal & (same | sees_prompt) & is_key)[:, None, :, :]
+    hidden = decoder(
+        input_ids=packed_ids.to(device),
+        attention_mask=attend.to(device),
+        position_ids=packed_positions.to(device),
+        use_cache=False,
+    ).last_hidden_state
+    flat = gather + row_prompt[:, None].cpu() * length
+    return hidden.reshape(-1, hidden.shape[-1])[flat.to(device)]
 
 
 class Student:
@@ -182,6 +235,8 @@ class Student:
             groups = self._prompt_groups(batch)
             if groups is None:
                 hidden = causal_lm.get_decoder()(**inputs).last_hidden_state[:, -(width + 1) : -1, :]
+            elif self._packs(batch, groups[1]):
+                hidden = _packed_prompt_hidden(causal_lm.get_decoder(), inputs, width, *groups)
             else:
                 hidden = _shared_prompt_hidden(causal_lm.get_decoder(), inputs, width, *groups)
             return chunked_token_logprobs(hidden, head, targets, temperature)
@@ -205,6 +260,18 @@ class Student:
         rows = torch.arange(len(keys))
         first_row = torch.full((len(distinct),), len(keys)).scatter_reduce(0, row_prompt, rows, reduce="amin")
         return first_row, row_prompt
+
+    def _packs(self, batch: TokenBatch, row_prompt: torch.Tensor) -> bool:
+        """Whether the shared prompts run packed with their completions (_packed_prompt_hidden): short enough
+        (budget.components.packs_prompts, the planner's rule), under SDPA (which takes the packed sequence's
+        boolean mask as it is), and within any sliding window (a custom mask replaces the model's window)."""
+        config = self.model.get_base_model().config
+        window = getattr(config, "sliding_window", None)
+        if config._attn_implementation != "sdpa" or (window and batch.input_ids.shape[1] > window):
+            return False
+        prompt_width = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
+        rows_per_prompt = int(torch.bincount(row_prompt).max())
+        return packs_prompts(prompt_width, batch.completion_ids.shape[1], rows_per_prompt)
 
     def save_adapter(self, folder: Path) -> None:
         self.model.save_pretrained(str(folder))

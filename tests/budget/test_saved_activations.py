@@ -99,19 +99,26 @@ def test_saved_tensors_match_the_activation_model(dtype, demo_model_dir, tmp_pat
         assert per_layer[index] / tokens == pytest.approx(planned, rel=0.05), (index, per_layer)
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_saved_tensors_of_shared_prompts_match_the_activation_model(dtype, demo_model_dir, tmp_path):
-    """8 rows in 2 groups: each prompt runs once, so its positions are saved twice, not 8 times. One prompt is
-    padded, as prompts of different lengths are: the planner counts the prompts' keys repeated to every head,
-    as attention with a mask keeps them (an unpadded prompt pass keeps them at kv_heads)."""
+def test_saved_tensors_of_shared_prompts_match_the_activation_model(
+    dtype, packed, demo_model_dir, tmp_path, monkeypatch
+):
+    """8 rows in 2 groups: each prompt runs once, so its positions are saved twice, not 8 times, packed with its
+    completions into one sequence of 24 + 4 x 8 tokens or in a pass of its own. One prompt is padded, as
+    prompts of different lengths are: the planner counts the prompts' keys repeated to every head, as attention
+    with a mask keeps them (an unpadded prompt pass keeps them at kv_heads)."""
+    if not packed:
+        monkeypatch.setattr(c, "PACKED_SEQUENCE_TOKENS", PROMPT + 4 * COMPLETION - 1)
     student, config = tiny_student(dtype, demo_model_dir, tmp_path)
     rows, group_size = 8, 4
     per_layer = saved_bytes_per_layer(student, rows, group_size)
     shape, dtype_bytes = shape_from_config(config), 4 if dtype == "float32" else 2
     prompts = c.prompt_rows_per_micro_batch(rows, group_size)
     assert prompts == 2
+    assert c.packs_prompts(PROMPT, COMPLETION, group_size) == packed
     shared = c.saved_per_layer_bytes(
-        shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes, (prompts * PROMPT, rows * COMPLETION)
+        shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes, (prompts * PROMPT, rows * COMPLETION), packed
     )
     whole = c.saved_per_layer_bytes(shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes)
     assert shared < 0.6 * whole

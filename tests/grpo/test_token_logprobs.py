@@ -203,10 +203,21 @@ def _grouped_batch() -> TokenBatch:
     return TokenBatch(torch.cat([prompts, completion], 1), attention, completion, mask)
 
 
+# Decoder calls of the grouped batch: packed, each prompt and its 3 completions as one sequence of 12 + 3 x 9
+# tokens; in two passes, the 2 prompts once (12 columns), then the 6 completions (9 columns).
+CALLS = {"packed": [(2, 39)], "two passes": [(2, 12), (6, 9)]}
+
+
 @pytest.mark.model
-def test_a_group_shares_one_prompt_pass_with_the_values_and_gradients_of_whole_sequences(student, monkeypatch):
-    """The update runs each distinct prompt once and the completions on its keys and values
-    (grpo/student.py): the same logprobs (old, reference, current) and LoRA gradients as the whole sequences."""
+@pytest.mark.parametrize("layout", sorted(CALLS))
+def test_a_group_shares_one_prompt_pass_with_the_values_and_gradients_of_whole_sequences(student, monkeypatch, layout):
+    """The update runs each distinct prompt once, packed with its completions or before them, the completions
+    on its keys and values (grpo/student.py): the same logprobs (old, reference, current) and LoRA gradients as
+    the whole sequences."""
+    from appliance.budget import components
+
+    if layout == "two passes":
+        monkeypatch.setattr(components, "PACKED_SEQUENCE_TOKENS", 38)
     batch = _grouped_batch()
     monkeypatch.setattr(token_logprobs, "CHUNK_LOGIT_BYTES", 7 * student.model.config.vocab_size * 4)
     rows_seen = []
@@ -220,8 +231,7 @@ def test_a_group_shares_one_prompt_pass_with_the_values_and_gradients_of_whole_s
             old, reference = _plain_logprobs(student, batch, 0.8), _plain_logprobs(student, batch, 0.8, reference=True)
             rows_seen.clear()
             torch.testing.assert_close(student.completion_logprobs(batch, 0.8), old, rtol=1e-5, atol=1e-5)
-            # The model boundary: the 2 prompts once (12 columns), then the 6 completions (9 columns).
-            assert rows_seen == [(2, 12), (6, 9)]
+            assert rows_seen == CALLS[layout]  # the model boundary
             torch.testing.assert_close(
                 student.completion_logprobs(batch, 0.8, reference=True), reference, rtol=1e-5, atol=1e-5
             )
@@ -230,7 +240,7 @@ def test_a_group_shares_one_prompt_pass_with_the_values_and_gradients_of_whole_s
         shared = _lora_grads(
             student, lambda: student.completion_logprobs(batch, 0.8, train=True), old, reference, batch
         )
-        assert rows_seen == [(2, 12), (6, 9)]
+        assert rows_seen == CALLS[layout]
     finally:
         handle.remove()
     # As in the test above: fp32 rounding through 30 layers; a prompt gradient summed wrongly is off by order 1.
