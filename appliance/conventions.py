@@ -20,6 +20,11 @@ PLUGIN_REWARD = re.compile(r"^(?P<file>.+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_
 PLUGIN_SYNTAX = "path/to/file.py:function"
 # task.dataset of a dataset shipped inside the package: builtin:multiply, builtin:gsm8k.
 BUILTIN_DATASET_PREFIX = "builtin:"
+# Tokens per turn an agent job's memory plan allows after a reply (tool results, error messages, the chat
+# template's glue and the next turn's header): a built-in environment's own figure, else the assumed one.
+# Planning reads them here, so it runs no environment code (budget/workload.py).
+RESULT_TOKENS_ASSUMED = 128
+BUILTIN_RESULT_TOKENS = {"builtin:calculator": 64}
 # How an agent's tool call is written (agents/toolcalls.py); the judge's injection guard lets it through.
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -30,3 +35,8 @@ def is_plugin_reward(name: str) -> bool:
 
 def is_builtin_dataset(dataset: str) -> bool:
     return dataset.startswith(BUILTIN_DATASET_PREFIX)
+
+
+def planned_result_tokens(environment: str) -> int:
+    """Tokens per turn the memory plan allows after a reply in `environment` (plugins and external: assumed)."""
+    return BUILTIN_RESULT_TOKENS.get(environment, RESULT_TOKENS_ASSUMED)

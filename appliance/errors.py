@@ -55,3 +55,8 @@ class JobStopped(ApplianceError):
 
 class StopBeforeStep(ApplianceError):
     """The job was asked to stop while a step waited for its input; nothing of that step was applied."""
+
+
+class ExportError(ApplianceError):
+    """The export cannot be made, or an exported folder does not match its manifest; the message names the job,
+    checkpoint or file and what to do."""

@@ -29,9 +29,9 @@ import torch
 
 from appliance.agents.engine_client import EngineChatClient
 from appliance.agents.environment import rollout_groups
-from appliance.agents.loading import load_environment
+from appliance.agents.environment_loader import load_environment
 from appliance.agents.tokenize import tokenize_trajectory
-from appliance.engines.base import Sampling
+from appliance.engines.engine import Sampling
 from appliance.engines.hf import HFEngine
 from appliance.models.provision import DEMO_MODEL_NAME, provision_demo
 from appliance.models.store import ModelStore
@@ -84,7 +84,7 @@ def train(
 ) -> None:
     import tempfile
 
-    from appliance.config.checks import load_checked_job
+    from appliance.job_checks import load_checked_job
     from appliance.grpo.records import read_jsonl
     from appliance.grpo.run import run_job
 

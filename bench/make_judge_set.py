@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from appliance.config.load import load_job  # noqa: E402
-from appliance.engines.base import Sampling  # noqa: E402
+from appliance.config.job_file import load_job  # noqa: E402
+from appliance.engines.engine import Sampling  # noqa: E402
 from appliance.engines.hf import HFEngine  # noqa: E402
 from appliance.models.store import resolve_model  # noqa: E402
 from appliance.rewards.rules import correctness  # noqa: E402

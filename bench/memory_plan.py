@@ -30,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-from appliance.budget.device import process_rss_bytes, probe_device
+from appliance.budget.device_probe import process_rss_bytes, probe_device
 from appliance.budget.plan import plan_job
-from appliance.config.load import parse_job_text
+from appliance.config.job_file import parse_job_text
 from appliance.config.sizes import format_bytes
 from scratch_data import link_model_store
 
@@ -206,7 +206,7 @@ def plan_of_trained_batch(
     the run's) compares the memory model with what ran.
     """
     from appliance.budget.plan import plan_job
-    from appliance.budget.device import probe_device
+    from appliance.budget.device_probe import probe_device
     from appliance.budget.shapes import load_config
     from appliance.grpo.prompt_lengths import measure_prompt_tokens
     from appliance.models.store import resolve_model
@@ -252,7 +252,7 @@ def with_longest_prompts(spec, data_dir: Path, job_file: Path, scratch: Path, co
     far narrower than the one planned. The problems go to a scratch JSONL dataset in the same order.
     """
     from appliance.grpo.prompt_lengths import prompt_tokens
-    from appliance.models.loading import load_tokenizer
+    from appliance.models.causal_lm import load_tokenizer
     from appliance.models.store import resolve_model
     from appliance.tasks.load import load_task
 
@@ -279,7 +279,7 @@ def run_job_file(
     import shutil
     import tempfile
 
-    from appliance.config.checks import load_checked_job
+    from appliance.job_checks import load_checked_job
     from appliance.paths import plugins_dir
     from appliance.config.schema import RewardSpec
     from appliance.grpo.run import run_job

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import sys
 
-from appliance.budget.device import DeviceInfo
-from appliance.budget.devices import plan_devices
+from appliance.budget.device_probe import DeviceInfo
+from appliance.budget.device_plans import plan_devices
 from appliance.budget.shapes import fixture_for, load_config
-from appliance.config.load import parse_job_text
+from appliance.config.job_file import parse_job_text
 from appliance.config.sizes import format_bytes
 
 GPU = DeviceInfo("cuda", 80 * 10**9, 0, "80 GB (planned)")

@@ -48,7 +48,7 @@ def measure(data_dir: Path, sequences: int, prompt: int, completion: int, checkp
     """One update on random tokens at this shape, in this process (call it in a fresh one)."""
     import torch
 
-    from appliance.budget.device import process_rss_bytes
+    from appliance.budget.device_probe import process_rss_bytes
     from appliance.budget.host_allocator import pin_mmap_threshold
     from appliance.config.schema import GrpoSpec, LoraSpec, StudentSpec
     from appliance.grpo.optim import make_optimizer, make_scheduler

@@ -51,7 +51,7 @@ def as_trl_reward(rule, params: dict):
 
 
 def keep_trainable_4bit_layout(model) -> None:
-    """Same workaround as appliance/models/loading.py: without it bitsandbytes 0.50 repacks the 4-bit
+    """Same workaround as appliance/models/causal_lm.py: without it bitsandbytes 0.50 repacks the 4-bit
     weights for its CPU inference kernel at the first no-grad eval generate, and training loses gradients."""
     from bitsandbytes.nn import Linear4bit
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from appliance.cli.main import EXIT_OK, main
-from appliance.config.checks import check_job_file
+from appliance.job_checks import check_job_file
 from appliance.models.provision import DEMO_MODEL_NAME
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from daemon_support import tiny_job
 
-from appliance.config.load import parse_job
+from appliance.config.job_file import parse_job
 from appliance.export.card import CardInput, render_card
 from appliance.export.facts import job_facts
 

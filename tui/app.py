@@ -22,8 +22,8 @@ from textual.screen import Screen
 
 from appliance.service.client import Client, default_socket
 from tui import feeds, polling
-from tui import messages as m
-from tui.screens.base import DaemonScreen
+from tui import messages
+from tui.screens.daemon_screen import DaemonScreen
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.device import DeviceScreen
 from tui.screens.help import HelpScreen
@@ -78,13 +78,13 @@ class ApplianceApp(App):
 
     # ----- the daemon's reachability ----------------------------------------------------------------
 
-    def on_daemon_unreachable(self, message: m.DaemonUnreachable) -> None:
+    def on_daemon_unreachable(self, message: messages.DaemonUnreachable) -> None:
         self.unreachable_reason = message.reason
         if self.reachable is not False:
             self.reachable = False
             self.show_banner()
 
-    def on_daemon_reachable(self, _: m.DaemonReachable) -> None:
+    def on_daemon_reachable(self, _: messages.DaemonReachable) -> None:
         if self.reachable is not True:
             if self.reachable is False:
                 self.notify("The daemon answers again.", title="reconnected")
@@ -92,15 +92,15 @@ class ApplianceApp(App):
             self.show_banner()
             polling.once(self, "version", lambda: feeds.daemon_version(self.client))
 
-    def on_daemon_version(self, message: m.DaemonVersion) -> None:
+    def on_daemon_version(self, message: messages.DaemonVersion) -> None:
         self.version_problem = feeds.version_problem(message)
         self.show_banner()
 
-    def on_poll_failed(self, message: m.PollFailed) -> None:
+    def on_poll_failed(self, message: messages.PollFailed) -> None:
         self.poll_problems[message.group] = message.text
         self.show_banner()
 
-    def on_poll_recovered(self, message: m.PollRecovered) -> None:
+    def on_poll_recovered(self, message: messages.PollRecovered) -> None:
         self.poll_problems.pop(message.group, None)
         self.show_banner()
 
@@ -129,15 +129,15 @@ class ApplianceApp(App):
 
     # ----- notifications ---------------------------------------------------------------------------
 
-    def on_job_changed(self, message: m.JobChanged) -> None:
+    def on_job_changed(self, message: messages.JobChanged) -> None:
         severity = "error" if message.state == "failed" else "information"
         reason = f": {message.reason}" if message.reason else ""
         self.notify(f"{message.name} ({message.job_id}) is {message.state}{reason}", severity=severity, markup=False)
 
-    def on_action_done(self, message: m.ActionDone) -> None:
+    def on_action_done(self, message: messages.ActionDone) -> None:
         self.notify(message.text, title=message.action, markup=False)
 
-    def on_action_failed(self, message: m.ActionFailed) -> None:
+    def on_action_failed(self, message: messages.ActionFailed) -> None:
         self.notify(message.text, title=f"{message.action} failed", severity="error", markup=False)
 
     # ----- actions ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from appliance.service.api import API_VERSION, TERMINAL_STATES, JobSummary, StepRecord
 from appliance.service.client import Client, ClientError
-from tui import messages as m
+from tui import messages
 from tui.views import TREND_STEPS
 
 # A poller that finds the daemon gone waits this long before the next try.
@@ -50,13 +50,13 @@ class JobsFeed:
         self.records: dict[str, list[StepRecord]] = {}
         self.budgets: dict[str, int | None] = {}
 
-    def poll(self) -> m.JobsLoaded:
+    def poll(self) -> messages.JobsLoaded:
         """The list now, then again whenever the daemon has news (or every few seconds, for the ages)."""
         self.wakeup.wait()
         jobs = self.client.jobs()
         for job in jobs:
             self._catch_up(job)
-        return m.JobsLoaded(
+        return messages.JobsLoaded(
             jobs,
             {job.id: list(self.records.get(job.id, [])) for job in jobs},
             {job.id: self.budgets.get(job.id) for job in jobs},
@@ -93,18 +93,18 @@ class JobFeed:
             after = page.next_after_step
         if records:
             self.last_step = records[-1].step
-        return [m.JobLoaded(job), m.StepsArrived(self.job_id, records)]
+        return [messages.JobLoaded(job), messages.StepsArrived(self.job_id, records)]
 
 
-def samples(client: Client, job_id: str, step: int | None) -> m.SamplesLoaded:
+def samples(client: Client, job_id: str, step: int | None) -> messages.SamplesLoaded:
     records = client.samples(job_id, limit=400).records
     steps = sorted({int(record.get("step", 0)) for record in records})
     chosen = step if step in steps else (steps[-1] if steps else None)
-    return m.SamplesLoaded(job_id, chosen, steps, [r for r in records if r.get("step") == chosen])
+    return messages.SamplesLoaded(job_id, chosen, steps, [r for r in records if r.get("step") == chosen])
 
 
-def judge(client: Client, job_id: str, outcome: str | None) -> m.JudgeLoaded:
-    return m.JudgeLoaded(job_id, outcome, client.judge_log(job_id, outcome=outcome, limit=200).records)
+def judge(client: Client, job_id: str, outcome: str | None) -> messages.JudgeLoaded:
+    return messages.JudgeLoaded(job_id, outcome, client.judge_log(job_id, outcome=outcome, limit=200).records)
 
 
 class LogFeed:
@@ -115,7 +115,7 @@ class LogFeed:
         self.offset: int | None = None
         self.partial = ""  # a line still being written
 
-    def poll(self) -> m.LogLoaded | None:
+    def poll(self) -> messages.LogLoaded | None:
         chunk = self.client.log(self.job_id, offset=-LOG_BYTES if self.offset is None else self.offset)
         reset = self.offset is None or chunk.size < self.offset  # first read, or the log was truncated
         if reset:
@@ -128,16 +128,16 @@ class LogFeed:
         self.offset = chunk.next_offset
         *lines, self.partial = (self.partial + text).split("\n")
         # Progress bars redraw a line with carriage returns: keep what a terminal would show last.
-        return m.LogLoaded(self.job_id, [line.rsplit("\r", 1)[-1] for line in lines], reset)
+        return messages.LogLoaded(self.job_id, [line.rsplit("\r", 1)[-1] for line in lines], reset)
 
 
-def device(client: Client) -> m.DeviceLoaded:
+def device(client: Client) -> messages.DeviceLoaded:
     status = client.device()
     plans = {}
     for slot in status.slots:
         if slot.job_id is not None:
             plans[slot.job_id] = client.job(slot.job_id).plan or {}
-    return m.DeviceLoaded(status, plans)
+    return messages.DeviceLoaded(status, plans)
 
 
 class HistoriesFeed:
@@ -148,7 +148,7 @@ class HistoriesFeed:
         self.names: dict[str, str] = {}
         self.records: dict[str, list[StepRecord]] = {job_id: [] for job_id in job_ids}
 
-    def poll(self) -> m.HistoriesLoaded:
+    def poll(self) -> messages.HistoriesLoaded:
         for job_id, known in self.records.items():
             if job_id not in self.names:
                 self.names[job_id] = self.client.job(job_id).name
@@ -157,7 +157,9 @@ class HistoriesFeed:
                 page = self.client.metrics(job_id, after_step=after)
                 known += [StepRecord.from_dict(record) for record in page.records]
                 after = page.next_after_step
-        return m.HistoriesLoaded({job_id: list(known) for job_id, known in self.records.items()}, dict(self.names))
+        return messages.HistoriesLoaded(
+            {job_id: list(known) for job_id, known in self.records.items()}, dict(self.names)
+        )
 
 
 class EventsFeed:
@@ -168,7 +170,7 @@ class EventsFeed:
         self.cursor: int | None = None
         self.names: dict[str, str] = {}
 
-    def poll(self) -> list[m.JobChanged]:
+    def poll(self) -> list[messages.JobChanged]:
         if self.cursor is None:
             self.cursor = self.client.events(after=0).cursor  # only what happens from now on
             return []
@@ -181,7 +183,7 @@ class EventsFeed:
             if event.job_id not in self.names:
                 self.names[event.job_id] = self.client.job(event.job_id).name
             changes.append(
-                m.JobChanged(
+                messages.JobChanged(
                     event.job_id,
                     self.names[event.job_id],
                     str(event.data.get("to", "")),
@@ -194,43 +196,45 @@ class EventsFeed:
 ASKED = {"pause": "pausing", "resume": "resuming", "cancel": "cancelling"}
 
 
-def act(client: Client, action: str, job_id: str) -> m.ActionDone | m.ActionFailed:
+def act(client: Client, action: str, job_id: str) -> messages.ActionDone | messages.ActionFailed:
     """pause / resume / cancel one job; the daemon's refusal comes back as its sentence."""
     call = {"pause": client.pause, "resume": client.resume, "cancel": client.cancel}[action]
     try:
         job = call(job_id)
     except ClientError as error:  # DaemonUnreachable included
-        return m.ActionFailed(action, job_id, str(error))
+        return messages.ActionFailed(action, job_id, str(error))
     # A running job pauses or stops at the end of its step: the state change is notified when it happens.
-    return m.ActionDone(action, job_id, f"{ASKED[action]} {job.name} ({job.id}); it is {job.state} now")
+    return messages.ActionDone(action, job_id, f"{ASKED[action]} {job.name} ({job.id}); it is {job.state} now")
 
 
-def submit(client: Client, file_name: str, text: str, dry_run: bool) -> m.Validated | m.ActionDone | m.ActionFailed:
+def submit(
+    client: Client, file_name: str, text: str, dry_run: bool
+) -> messages.Validated | messages.ActionDone | messages.ActionFailed:
     try:
         response = client.submit_text(file_name, text, dry_run=dry_run)
     except ClientError as error:
         errors = error.errors or [str(error)]
         if dry_run:
-            return m.Validated(False, errors, error.plan)
-        return m.ActionFailed("submit", None, "\n".join(errors))
+            return messages.Validated(False, errors, error.plan)
+        return messages.ActionFailed("submit", None, "\n".join(errors))
     if dry_run:
-        return m.Validated(True, [], response.plan)
+        return messages.Validated(True, [], response.plan)
     job = response.job
-    return m.ActionDone("submit", job.id, f"submitted {job.name} ({job.id}): {job.state}")
+    return messages.ActionDone("submit", job.id, f"submitted {job.name} ({job.id}): {job.state}")
 
 
-def daemon_version(client: Client) -> m.DaemonVersion:
+def daemon_version(client: Client) -> messages.DaemonVersion:
     """The daemon's version and API version, or why its /status cannot be read by this client."""
     try:
         status = client.status()
     except ValidationError as error:
-        return m.DaemonVersion(
+        return messages.DaemonVersion(
             None, None, f"its /status answer does not match this client's API ({error.error_count()} fields differ)"
         )
-    return m.DaemonVersion(status.version, status.api_version, None)
+    return messages.DaemonVersion(status.version, status.api_version, None)
 
 
-def version_problem(message: m.DaemonVersion) -> str | None:
+def version_problem(message: messages.DaemonVersion) -> str | None:
     """One sentence when the daemon speaks another API version than this client, else None."""
     if message.problem is None and message.api_version == API_VERSION:
         return None
@@ -241,22 +245,22 @@ def version_problem(message: m.DaemonVersion) -> str | None:
     )
 
 
-def example_files(folders: list[Path]) -> m.ExamplesFound:
+def example_files(folders: list[Path]) -> messages.ExamplesFound:
     """Job files (*.yaml) in the folders that exist; the first of a name wins."""
     found: dict[str, Path] = {}
     for folder in folders:
         if folder.is_dir():
             for path in sorted(folder.glob("*.yaml")):
                 found.setdefault(path.name, path)
-    return m.ExamplesFound(list(found.values()))
+    return messages.ExamplesFound(list(found.values()))
 
 
-def read_job_file(path: Path) -> m.JobFileRead:
+def read_job_file(path: Path) -> messages.JobFileRead:
     """A job file's text, or why it cannot be read."""
     try:
-        return m.JobFileRead(path, path.read_text(encoding="utf-8"), None)
+        return messages.JobFileRead(path, path.read_text(encoding="utf-8"), None)
     except (OSError, UnicodeDecodeError) as error:
-        return m.JobFileRead(path, None, f"cannot read {path}: {error}")
+        return messages.JobFileRead(path, None, f"cannot read {path}: {error}")
 
 
 def is_final(state: str) -> bool:

@@ -19,8 +19,8 @@ from textual.widget import Widget
 from textual.worker import Worker, get_current_worker
 
 from appliance.service.client import ClientError
-from appliance.service.client import DaemonUnreachable as Unreachable
-from tui import messages as m
+from appliance.service.client import DaemonUnreachable
+from tui import messages
 from tui.feeds import RETRY_SECONDS
 
 # Evaluated at import (a type alias, not an annotation): typing's spelling keeps CPython 3.9 working.
@@ -31,12 +31,12 @@ LONG_POLL_TICK = 0.1
 
 def failure(group: str, error: Exception) -> tuple[Message, float]:
     """What to post for a fetch that raised, and how long to wait before the next try."""
-    if isinstance(error, Unreachable):
-        return m.DaemonUnreachable(str(error)), RETRY_SECONDS
+    if isinstance(error, DaemonUnreachable):
+        return messages.DaemonUnreachable(str(error)), RETRY_SECONDS
     if isinstance(error, ClientError):  # e.g. the job was removed: say so, keep polling
-        return m.ActionFailed(group, None, str(error)), RETRY_SECONDS
+        return messages.ActionFailed(group, None, str(error)), RETRY_SECONDS
     # Anything else is a bug or an answer this client does not understand (another version).
-    return m.PollFailed(group, f"{type(error).__name__}: {error}"), RETRY_SECONDS
+    return messages.PollFailed(group, f"{type(error).__name__}: {error}"), RETRY_SECONDS
 
 
 def _post(target: DOMNode, result: Message | Iterable[Message] | None) -> None:
@@ -80,9 +80,9 @@ class Poller(Widget):
             self.failed, self.next_try = True, time.monotonic() + wait
         else:
             if not worker.is_cancelled:
-                self.target.post_message(m.DaemonReachable())
+                self.target.post_message(messages.DaemonReachable())
                 if self.failed:
-                    self.target.post_message(m.PollRecovered(self.group))
+                    self.target.post_message(messages.PollRecovered(self.group))
                 _post(self.target, result)
             self.failed = False
         self.busy = False

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from appliance.agents.job_files import write_private
+from appliance.agents.private_files import write_private
 
 ENDPOINT_FILE = "endpoint.json"
 SUBMIT_ROUTE = "/appliance/trajectories"  # beside /v1 on the endpoint: where submitted groups are checked

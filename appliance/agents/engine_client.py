@@ -18,7 +18,7 @@ from dataclasses import replace
 from appliance.agents.environment import AssistantTurn
 from appliance.agents.toolcalls import parse_tool_calls, template_messages
 from appliance.agents.trajectory import Message, Sampled
-from appliance.engines.base import Completion, GenerationEngine, Sampling
+from appliance.engines.engine import Completion, GenerationEngine, Sampling
 
 
 class EngineChatClient:

@@ -31,6 +31,7 @@ from appliance.agents.trajectory import (
     TrajectoryGroup,
     UserMessage,
 )
+from appliance.conventions import RESULT_TOKENS_ASSUMED
 from appliance.errors import ApplianceError
 
 Split = Literal["train", "held_out"]
@@ -83,11 +84,6 @@ class ToolResult:
     content: str
     done: bool = False  # the episode ends after this call (an answer tool)
     error: bool = False  # the call was valid JSON for the tool but not a legal action (e.g. an illegal move)
-
-
-# Tokens per turn the memory plan allows for what follows a reply (tool results, error messages, the chat
-# template's glue and the next turn's header) in an environment that does not state its own `result_tokens`.
-RESULT_TOKENS_ASSUMED = 128
 
 
 class ToolEnvironment(ABC):

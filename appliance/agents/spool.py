@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from appliance.agents.job_files import private_dir, write_private
+from appliance.agents.private_files import private_dir, write_private
 from appliance.agents.trajectory import TrajectoryGroup
 from appliance.durable import fsync_dir, is_temporary
 

@@ -20,7 +20,7 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
-from appliance.budget.phases import FitChoices, PhasePlan, Sizing, phase_plans
+from appliance.budget.phase_memory import FitChoices, PhasePlan, Sizing, phase_plans
 from appliance.budget.reasons import FitReason
 from appliance.budget.workload import Workload
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from appliance.budget.device import DeviceInfo
+from appliance.budget.device_probe import DeviceInfo
 from appliance.budget.fit import auto_fit
-from appliance.budget.phases import COMPONENTS, FitChoices, PhasePlan
+from appliance.budget.phase_memory import COMPONENTS, FitChoices, PhasePlan
 from appliance.budget.reasons import FitReason
 from appliance.budget.workload import Workload, assumptions, workload_of
 from appliance.config.schema import JobSpec
@@ -150,7 +150,7 @@ def plan_job(
 
     prompt_tokens: the job's longest training prompt as measured with the chat template
     (job.prompt_lengths); without it the plan assumes grpo.max_prompt_tokens.
-    student_shards: FSDP-QLoRA ranks the student's base is sharded over (budget/devices.py).
+    student_shards: FSDP-QLoRA ranks the student's base is sharded over (budget/device_plans.py).
     """
     budget = budget_of(job, device)
     work = workload_of(

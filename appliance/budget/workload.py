@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from appliance.budget.components import DTYPE_BYTES, lora_params
 from appliance.budget.shapes import ModelShape, shape_from_config
 from appliance.config.schema import JobSpec
+from appliance.conventions import planned_result_tokens
 
 
 # The judge's instructions around the rubric (judge/prompts.py), in tokens; rubric text at ~4 characters a token.
@@ -18,7 +19,7 @@ JUDGE_TEMPLATE_TOKENS = 160
 CHARACTERS_PER_TOKEN = 4
 # Agent jobs (task.environment): a trajectory is the opening prompt, then per turn the assistant's reply
 # (at most grpo.max_new_tokens) and what follows it before the next reply: tool results and template glue,
-# at most the environment's result_tokens (agents/loading.py). Turns: task.max_turns, else
+# at most the environment's result_tokens (conventions.py). Turns: task.max_turns, else
 # AGENT_TURNS_ASSUMED. Longer trajectories are cut at this bound by the trainer (grpo/trajectories.py), so
 # the plan holds.
 AGENT_TURNS_ASSUMED = 4
@@ -30,8 +31,6 @@ def agent_turns(job: JobSpec) -> int:
 
 def result_tokens(job: JobSpec) -> int:
     """Tokens per turn an agent job's plan allows after each reply."""
-    from appliance.agents.loading import planned_result_tokens
-
     return planned_result_tokens(job.task.environment)
 
 

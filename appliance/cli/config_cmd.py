@@ -33,7 +33,7 @@ def register(subparsers) -> None:
 
 
 def _check(args) -> int:
-    from appliance.config.checks import check_job_file
+    from appliance.job_checks import check_job_file
 
     data_dir = data_dir_of(args)
     results = []

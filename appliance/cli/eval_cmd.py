@@ -55,11 +55,11 @@ def adapter_folder(path: Path) -> Path:
 
 
 def _eval(args) -> int:
-    from appliance.config.checks import load_checked_job
+    from appliance.job_checks import load_checked_job
     from appliance.conventions import JUDGE_REWARD
     from appliance.grpo.evaluate import evaluate_student
     from appliance.grpo.student import Student
-    from appliance.models.loading import default_device
+    from appliance.models.causal_lm import default_device
     from appliance.models.store import resolve_model
     from appliance.rewards.registry import build_rewards
     from appliance.tasks.jsonl import load_jsonl_problems
@@ -109,10 +109,10 @@ def _sampling(args, spec):
 
 def _eval_agent(args, spec, data_dir: Path, how) -> int:
     """Success of whole episodes on held-out scenarios of the job's in-process environment."""
-    from appliance.agents.source import build_environment
+    from appliance.agents.trajectory_sources import build_environment
     from appliance.grpo.evaluate import AGENT_EVAL_SCENARIOS, evaluate_agent_student
     from appliance.grpo.student import Student
-    from appliance.models.loading import default_device
+    from appliance.models.causal_lm import default_device
     from appliance.models.store import resolve_model
 
     if args.data:

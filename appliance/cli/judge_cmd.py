@@ -106,7 +106,7 @@ def _eval(args) -> int:
 
 def _judge_spec(args, data_dir: Path):
     """The job's judge section (paths made absolute), or the bundled model with default settings."""
-    from appliance.config.checks import load_checked_job
+    from appliance.job_checks import load_checked_job
     from appliance.config.schema import JudgeSpec
 
     if args.job is None:
@@ -120,7 +120,7 @@ def _judge_spec(args, data_dir: Path):
 def _judge_engine(spec, job, data_dir: Path):
     """The judge engine as the job trains with it: its endpoint, its weights and quantization, or the
     student's base weights loaded as the student is (quantization included) when it shares them."""
-    from appliance.models.loading import default_device
+    from appliance.models.causal_lm import default_device
     from appliance.models.store import resolve_model
 
     if spec.endpoint is not None:

@@ -86,7 +86,7 @@ def resolve_config(key: str, reference: str, data_dir: Path, overrides: dict[str
 
 
 def _device(args):
-    from appliance.budget.device import DeviceInfo, cpu_bf16_matmul, probe_device
+    from appliance.budget.device_probe import DeviceInfo, cpu_bf16_matmul, probe_device
     from appliance.cli.main import size_option
 
     if args.device_memory:
@@ -115,8 +115,8 @@ def _measured_prompt_tokens(job, file: Path, data_dir: Path) -> int | None:
 
 
 def _plan(args) -> int:
-    from appliance.budget.devices import plan_devices, refusal
-    from appliance.config.load import JobFileError, load_job
+    from appliance.budget.device_plans import plan_devices, refusal
+    from appliance.config.job_file import JobFileError, load_job
 
     try:
         job = load_job(args.file)

@@ -116,7 +116,7 @@ def _add_submission_options(parser) -> None:
 def _serve(args) -> int:
     from appliance.agents.endpoint_bind import parse_bind
     from appliance.errors import ApplianceError
-    from appliance.metrics.server import parse_metrics_addr
+    from appliance.metrics.scrape_server import parse_metrics_addr
     from appliance.service.client import default_socket
     from appliance.service.daemon import DaemonOptions
     from appliance.service.server import run_daemon

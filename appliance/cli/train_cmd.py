@@ -14,9 +14,9 @@ from pathlib import Path
 from appliance import __version__
 from appliance.cli.main import EXIT_FAILURE, EXIT_OK, add_data_dir, data_dir_of
 from appliance.cli.terminal import Terminal
-from appliance.config.checks import load_checked_job
+from appliance.job_checks import load_checked_job
 from appliance.errors import ApplianceError
-from appliance.metrics.server import parse_metrics_addr
+from appliance.metrics.scrape_server import parse_metrics_addr
 
 
 def register(subparsers) -> None:

@@ -1,7 +1,7 @@
 """The job file as typed, frozen data (DESIGN.md, "Job file").
 
-Pure data: no I/O, no model store, no torch. `load.py` turns YAML into these
-models and reports errors with file, key and line; `checks.py` adds the checks
+Pure data: no I/O, no model store, no torch. `job_file.py` turns YAML into these
+models and reports errors with file, key and line; `appliance/job_checks.py` adds the checks
 that need the outside world (model store, dataset files, reward registry).
 """
 
@@ -258,7 +258,7 @@ class EngineSpec(Spec):
     # The merged copy's dtype. compute: the student's compute dtype. bfloat16: half the copy's bytes, and on a
     # CPU with bf16 instructions about twice the generation speed of fp32; the trainer then corrects the gap
     # between the bf16 sampler and its own fp32 logprobs with truncated importance sampling, as for vLLM.
-    # auto: bfloat16 for an fp32 student on a CPU with bf16 instructions (budget/device.py), else compute.
+    # auto: bfloat16 for an fp32 student on a CPU with bf16 instructions (budget/device_probe.py), else compute.
     rollout_dtype: Literal["auto", "compute", "bfloat16"] = "auto"
     vllm: VllmSpec = VllmSpec()
 
@@ -393,4 +393,4 @@ class JobSpec(Spec):
         return value
 
     # Rules across sections that name a key (the 'judge' reward needs a 'judge' section, ...)
-    # live in checks.py, which reports them at that key's line.
+    # live in appliance/job_checks.py, which reports them at that key's line.

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from appliance.engines.base import Completion, EngineCounters, Sampling
+from appliance.engines.engine import Completion, EngineCounters, Sampling
 from appliance.engines.scoring import shared_prefix_length, single_token_ids
 from appliance.engines.step_sampler import token_processors
 
@@ -126,7 +126,7 @@ class HFEngine:
         name: str | None = None,
         max_batch_size: int = 64,
     ) -> "HFEngine":
-        from appliance.models.loading import default_device, load_causal_lm, load_tokenizer
+        from appliance.models.causal_lm import default_device, load_causal_lm, load_tokenizer
 
         device = device or default_device()
         dtype = compute_dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from appliance.engines.base import Completion, EngineCounters, Sampling, UnansweredLogprobs
+from appliance.engines.engine import Completion, EngineCounters, Sampling, UnansweredLogprobs
 from appliance.errors import ApplianceError
 
 ENVELOPE = "\x00"  # json.dumps escapes NUL, so it never occurs inside the JSON

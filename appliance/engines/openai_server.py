@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from appliance.engines.base import LocalEngine, Sampling
+from appliance.engines.engine import LocalEngine, Sampling
 
 
 class ChatMessage(BaseModel):
@@ -92,7 +92,7 @@ class _ServiceClosed(Exception):
 
 
 class ChatHooks(Protocol):
-    """What a server with tool calls and a ledger adds (see agents/external.py).
+    """What a server with tool calls and a ledger adds (see agents/external_source.py).
 
     The hooks render `tools` and tool messages into the prompt, read tool calls out of each reply and record what
     was served; a server without hooks refuses requests that carry tools.

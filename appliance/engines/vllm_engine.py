@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from appliance.engines.base import Completion, EngineCounters, Sampling
+from appliance.engines.engine import Completion, EngineCounters, Sampling
 from appliance.engines.scoring import single_token_ids
 from appliance.engines.vllm_args import VllmSettings, cpu_kv_cache_gib, judge_settings, llm_args, student_settings
 from appliance.engines.vllm_metrics import capture_vllm_collectors, snapshot_collectors
@@ -354,6 +354,6 @@ class VLLMEngine:
 
 
 def _default_device() -> str:
-    from appliance.models.loading import default_device
+    from appliance.models.causal_lm import default_device
 
     return default_device()

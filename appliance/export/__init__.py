@@ -5,7 +5,7 @@ the daemon's control API; `verify_export(folder)` checks an exported folder
 against its manifest.
 """
 
-from appliance.export.errors import ExportError
+from appliance.errors import ExportError
 from appliance.export.exporter import ExportResult, export_job
 from appliance.export.manifest import EXPORT_MANIFEST, verify_export
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from appliance import __version__
 from appliance.export.card import CardInput, render_card
-from appliance.export.errors import ExportError
+from appliance.errors import ExportError
 from appliance.export.facts import job_facts
 from appliance.export.manifest import tree_digest, write_export_manifest
 from appliance.export.memory import available_host_bytes, check_merged_export_fits
@@ -102,7 +102,7 @@ def _write_merged(adapter: AdapterSource, base: BaseModel, folder: Path, dtype_n
     import torch
     from peft import PeftModel
 
-    from appliance.models.loading import load_causal_lm
+    from appliance.models.causal_lm import load_causal_lm
 
     # The original weights, unquantized, in fp32 so the merge itself loses nothing; cast once at the end.
     model = load_causal_lm(base.path, "none", torch.float32, "cpu")

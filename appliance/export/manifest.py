@@ -13,7 +13,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from appliance.export.errors import ExportError
+from appliance.errors import ExportError
 from appliance.durable import write_atomically
 from appliance.models.store import file_table, sha256_file
 

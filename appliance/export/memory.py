@@ -12,7 +12,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from appliance.export.errors import ExportError
+from appliance.errors import ExportError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Python, torch and peft themselves, and the adapter's own tensors.

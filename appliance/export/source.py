@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from appliance.config.schema import JobSpec
-from appliance.export.errors import ExportError
+from appliance.errors import ExportError
 from appliance.paths import jobs_dir
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

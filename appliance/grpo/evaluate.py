@@ -16,12 +16,12 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 from appliance.config.schema import CheckpointSpec, greedy_samples_problem
-from appliance.engines.base import GenerationEngine, Sampling
+from appliance.engines.engine import GenerationEngine, Sampling
 from appliance.grpo.rollout import generate_groups, score_groups
 from appliance.grpo.step_record import EvalResult
 from appliance.rewards.registry import WeightedReward
 from appliance.rewards.rules import correctness, format_compliant
-from appliance.tasks.base import Problem, Task
+from appliance.tasks.task import Problem, Task
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def evaluate_environment(
     product, the right email, the target tile); format_compliance: the share with at least one tool call
     that was read and accepted; reward_means["total"]: the environment's mean reward.
     """
-    from appliance.agents.source import EnvironmentSource
+    from appliance.agents.trajectory_sources import EnvironmentSource
 
     started = time.monotonic()
     source = EnvironmentSource(

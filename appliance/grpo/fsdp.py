@@ -5,7 +5,7 @@ group per decoder layer. The embeddings, final norm and LM head (often tied,
 a few percent of a large model) stay whole on every rank: the student computes
 log-probabilities through the decoder and the head separately (student.py), which
 a sharded root group would not gather. A 4-bit base is stored with
-`bnb_4bit_quant_storage` equal to the compute dtype (models/loading.py), so its
+`bnb_4bit_quant_storage` equal to the compute dtype (models/causal_lm.py), so its
 packed weights shard as float tensors and bitsandbytes re-attaches their
 quantization state after each gather (FSDP-QLoRA). The LoRA adapter is left
 out (`ignored_params`): it stays whole on every rank, so its gradients are

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import yaml
 
-from appliance.budget.device import probe_device
+from appliance.budget.device_probe import probe_device
 from appliance.budget.host_allocator import pin_mmap_threshold, release_freed_heap
 from appliance.budget.plan import Plan, plan_job
 from appliance.budget.shapes import load_config
@@ -28,7 +28,7 @@ from appliance.engines.hf import HFEngine
 from appliance.grpo.hooks import RunHooks
 from appliance.grpo.student import Student
 from appliance.grpo.trainer import RuntimeChoices, Trainer
-from appliance.models.loading import default_device
+from appliance.models.causal_lm import default_device
 from appliance.models.store import resolve_model
 from appliance.paths import jobs_dir
 from appliance.rewards.registry import WeightedReward, build_rewards
@@ -155,7 +155,7 @@ def build_trainer(
         else None
     )
     from appliance.grpo.prompt_lengths import longest_opening_tokens, longest_prompt_tokens
-    from appliance.models.loading import load_tokenizer
+    from appliance.models.causal_lm import load_tokenizer
 
     tokenizer = load_tokenizer(student_dir)
     task = environment = None
@@ -168,12 +168,12 @@ def build_trainer(
         prompt_tokens = longest_opening_tokens(environment, tokenizer) if environment is not None else None
     sharding = "ddp"
     if rank is not None:
-        from appliance.budget.devices import rank_job
+        from appliance.budget.device_plans import rank_job
 
         planned = rank_job(planned)
     choices, plan = decide_choices(planned, device, student_dir, judge_dir, prompt_tokens)
     if rank is not None:
-        from appliance.budget.devices import student_sharding
+        from appliance.budget.device_plans import student_sharding
 
         sharding = student_sharding(spec.resources, plan.fits)
         if sharding == "fsdp":  # each rank holds its shard of the base: plan that
@@ -202,7 +202,7 @@ def build_trainer(
 
 
 def _agent_job(spec: JobSpec, engine, data_dir: Path, job_dir: Path, stop_requested, bound: int, environment):
-    from appliance.agents.source import make_source
+    from appliance.agents.trajectory_sources import make_source
     from appliance.grpo.trajectories import AgentJob
 
     source = make_source(spec, engine, data_dir, job_dir=job_dir, stop_requested=stop_requested)
@@ -214,7 +214,7 @@ def _agent_environment(spec: JobSpec, data_dir: Path):
 
     The plan counts the environment's own turn limit when the job sets no task.max_turns.
     """
-    from appliance.agents.source import build_environment
+    from appliance.agents.trajectory_sources import build_environment
     from appliance.conventions import EXTERNAL_ENVIRONMENT
 
     if spec.task.environment == EXTERNAL_ENVIRONMENT:
@@ -251,7 +251,7 @@ def _tensor_bytes(tensors) -> int:
 
 def measure_loaded(plan: Plan, student: Student, engine):
     """The ledger, with what the loaded models really hold (warns past 10% over plan)."""
-    from appliance.budget.ledger import Ledger
+    from appliance.budget.memory_ledger import Ledger
 
     ledger = Ledger(plan)
     lora = [p for p in student.model.parameters() if p.requires_grad]
@@ -283,7 +283,7 @@ def make_rollout_engine(
     if rollout_weights == "merged_copy":
         from appliance.engines.merged_copy import MergedCopyEngine
 
-        from appliance.models.loading import DTYPES
+        from appliance.models.causal_lm import DTYPES
 
         return MergedCopyEngine(student, student_dir, name=spec.student.model, dtype=DTYPES.get(plan.rollout_dtype))
     return HFEngine(student.model, student.tokenizer, name=spec.student.model)

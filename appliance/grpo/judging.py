@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from appliance.engines.base import GenerationEngine
+from appliance.engines.engine import GenerationEngine
 from appliance.judge.log import JudgeLog
 
 if TYPE_CHECKING:

@@ -60,7 +60,7 @@ class PhaseClock:
             self.enter(planned)  # outside the timed part: waking and sleeping engines is not the phase's work
         measures = self._measures(planned)
         if measures:
-            from appliance.budget.device import reset_peak
+            from appliance.budget.device_probe import reset_peak
 
             reset_peak(self.ledger.plan.device.kind)
         began = time.monotonic()
@@ -69,7 +69,7 @@ class PhaseClock:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - began
             if measures:
-                from appliance.budget.device import peak_bytes
+                from appliance.budget.device_probe import peak_bytes
 
                 self.ledger.phase_peak(planned, peak_bytes(self.ledger.plan.device.kind))
             self.announce("phase", phase=name, state="end")

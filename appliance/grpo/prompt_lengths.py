@@ -68,12 +68,12 @@ def measure_prompt_tokens(spec: JobSpec, model_dir: Path, job_file_dir: Path) ->
 
     if not (Path(model_dir) / "tokenizer_config.json").is_file():
         return None
-    from appliance.models.loading import load_tokenizer
+    from appliance.models.causal_lm import load_tokenizer
 
     if spec.task.environment is not None:
         if not spec.task.environment.startswith("builtin:"):
             return None
-        from appliance.agents.source import build_environment
+        from appliance.agents.trajectory_sources import build_environment
 
         return longest_opening_tokens(build_environment(spec, Path(".")), load_tokenizer(model_dir))
     return longest_prompt_tokens(load_task(spec.task, job_file_dir), load_tokenizer(model_dir))

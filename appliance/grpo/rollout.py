@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from appliance.engines.base import Completion, GenerationEngine, Sampling
+from appliance.engines.engine import Completion, GenerationEngine, Sampling
 from appliance.grpo.advantages import GroupAdvantages, group_advantages
 from appliance.grpo.update import TrainSample
 from appliance.rewards.registry import RewardSample, RewardScores, WeightedReward, score_samples
-from appliance.tasks.base import Problem, Task
+from appliance.tasks.task import Problem, Task
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch
 from appliance.grpo.advantages import GroupAdvantages
 from appliance.grpo.rollout import ScoredRollout
 from appliance.rewards.registry import RewardScores
-from appliance.tasks.base import Problem
+from appliance.tasks.task import Problem
 from appliance.tasks.stream import ProblemStream
 
 

@@ -11,13 +11,13 @@ from typing import Callable, Protocol
 
 from appliance.config.schema import JobSpec
 from appliance.conventions import JUDGE_REWARD
-from appliance.engines.base import GenerationEngine, Sampling
+from appliance.engines.engine import GenerationEngine, Sampling
 from appliance.grpo.phases import PhaseClock
 from appliance.grpo.rollout import ScoredRollout, generate_groups, score_groups, scored_rollout
 from appliance.grpo.sampling import PromptSkipper, SamplingRounds, round_seed
 from appliance.grpo.trajectories import AgentJob, ScoredTrajectories, score_trajectories
 from appliance.rewards.registry import WeightedReward
-from appliance.tasks.base import Task
+from appliance.tasks.task import Task
 from appliance.tasks.stream import ProblemStream
 
 
@@ -94,14 +94,14 @@ class PromptSource:
 
     def evaluate(self, student, engine: GenerationEngine | None, adapter: bool, limit: int | None, how, part=(0, 1)):
         """part: (rank, world size) of a data-parallel job: this rank evaluates its contiguous part of the problems."""
-        from appliance.grpo import evaluate as held_out
+        from appliance.grpo import evaluate
         from appliance.grpo.distributed import share
 
         problems = share(self.task.held_out[:limit] if limit else self.task.held_out, *part)
         rewards, max_new_tokens = rule_rewards(self.rewards), self.spec.grpo.max_new_tokens
         if engine is not None:
-            return held_out.evaluate(engine, self.task, problems, rewards, max_new_tokens, how=how)
-        return held_out.evaluate_student(
+            return evaluate.evaluate(engine, self.task, problems, rewards, max_new_tokens, how=how)
+        return evaluate.evaluate_student(
             student, self.task, problems, rewards, max_new_tokens, use_adapter=adapter, how=how
         )
 
@@ -156,15 +156,15 @@ class AgentSource:
         return self.agent.evaluation_environment is not None
 
     def evaluate(self, student, engine: GenerationEngine | None, adapter: bool, limit: int | None, how, part=(0, 1)):
-        from appliance.grpo import evaluate as held_out
+        from appliance.grpo import evaluate
 
         if part != (0, 1):
             raise ValueError("an agent job evaluates on one rank")  # RankTrainer refuses agent jobs
         environment, max_new_tokens = self.agent.evaluation_environment, self.spec.grpo.max_new_tokens
-        scenarios = limit or held_out.AGENT_EVAL_SCENARIOS
+        scenarios = limit or evaluate.AGENT_EVAL_SCENARIOS
         if engine is not None:
-            return held_out.evaluate_environment(environment, engine, scenarios, max_new_tokens, how)
-        return held_out.evaluate_agent_student(student, environment, scenarios, max_new_tokens, adapter, how)
+            return evaluate.evaluate_environment(environment, engine, scenarios, max_new_tokens, how)
+        return evaluate.evaluate_agent_student(student, environment, scenarios, max_new_tokens, adapter, how)
 
     def checkpoint_state(self, step: int) -> dict:
         # An agent job's scenarios follow from the step number alone.

@@ -25,7 +25,7 @@ from appliance.budget.components import packs_prompts, shares_prompts
 from appliance.config.schema import StudentSpec
 from appliance.grpo.swiglu import keep_gate_and_up_only
 from appliance.grpo.token_logprobs import chunked_token_logprobs, plain_token_logprobs
-from appliance.models.loading import load_causal_lm, load_tokenizer, resolve_compute_dtype
+from appliance.models.causal_lm import load_causal_lm, load_tokenizer, resolve_compute_dtype
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Which engines are awake in each phase of a step: the budget plan's time-sharing choice, applied.
 
-The plan (budget/phases.py) counts an engine's weights and cache out of the
+The plan (budget/phase_memory.py) counts an engine's weights and cache out of the
 phases it does not serve only when it chose `time_share`. Then, before each
 phase, the engines of the other phases sleep (vLLM sleep level 1 on CUDA; a
 transformers engine that owns its weights moves them to host RAM) and the
@@ -11,7 +11,7 @@ step.
 
 from __future__ import annotations
 
-from appliance.engines.base import GenerationEngine
+from appliance.engines.engine import GenerationEngine
 
 PHASES = ("generate", "judge", "train")
 

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from appliance.budget.host_allocator import release_freed_heap
-from appliance.config import best as best_rule
+from appliance.config import best
 from appliance.config.schema import JobSpec
-from appliance.engines.base import GenerationEngine, Sampling
+from appliance.engines.engine import GenerationEngine, Sampling
 from appliance.errors import CheckpointError, CheckpointMismatch, JobStopped
 from appliance.grpo.checkpoint import CheckpointInfo, CheckpointManager
 from appliance.grpo.hooks import RunHooks
@@ -42,7 +42,7 @@ from appliance.grpo.training_state import UpdateSnapshot, load_payload, write_ad
 from appliance.grpo.trajectories import AgentJob, ScoredTrajectories
 from appliance.grpo.update import GrpoUpdater, UpdateStats
 from appliance.rewards.registry import WeightedReward
-from appliance.tasks.base import Task
+from appliance.tasks.task import Task
 
 if TYPE_CHECKING:
     from appliance.judge.judge import Judge
@@ -114,8 +114,8 @@ class Trainer:
             if agent is not None
             else PromptSource(spec, task, engine, rewards, self._sampling)
         )
-        self.best_metric, self.best_mode = best_rule.resolve(
-            spec.checkpoint.best_metric, spec.checkpoint.best_mode, best_rule.evaluation_every(spec) is not None
+        self.best_metric, self.best_mode = best.resolve(
+            spec.checkpoint.best_metric, spec.checkpoint.best_mode, best.evaluation_every(spec) is not None
         )
         self.step = 0
         self.best: dict | None = None  # {"step", "value", "metric"} of best/
@@ -229,7 +229,7 @@ class Trainer:
         A retry never repeats an applied update: with several iterations an error
         after the first optimizer step restores the adapter and optimizer first.
         """
-        from appliance.budget.ledger import run_with_oom_backoff
+        from appliance.budget.memory_ledger import run_with_oom_backoff
 
         samples = scored.train_samples(use_engine_logprobs=not self.engine.samples_like_trainer)
         snapshot = UpdateSnapshot(self.student, self.optimizer) if self.spec.grpo.iterations > 1 and samples else None
@@ -298,9 +298,9 @@ class Trainer:
     def evaluate_held_out(self, adapter: bool = True, limit: int | None = None):
         """Evaluation on the held-out split (its first `limit` problems), greedy or sampled as
         checkpoint.eval_temperature and checkpoint.eval_samples say: an Evaluation."""
-        from appliance.grpo import evaluate as held_out
+        from appliance.grpo import evaluate
 
-        how = held_out.EvalSampling.of(self.spec.checkpoint, self.spec.grpo.seed)
+        how = evaluate.EvalSampling.of(self.spec.checkpoint, self.spec.grpo.seed)
         return self.source.evaluate(self.student, self._policy_engine(adapter), adapter, limit, how, self.eval_part)
 
     def _policy_engine(self, adapter: bool) -> GenerationEngine | None:
@@ -317,13 +317,13 @@ class Trainer:
         return self.engine if self.step == 0 else None
 
     def _evaluate_if_due(self, clock: PhaseClock):
-        every = best_rule.evaluation_every(self.spec)
+        every = best.evaluation_every(self.spec)
         if every is None or not self.has_held_out():
             return None
         if self.step % every and self.step != self.spec.grpo.steps:
             return None
         with clock.phase("eval"):
-            summary = self.evaluate_held_out(adapter=True, limit=best_rule.evaluation_limit(self.spec)).summary()
+            summary = self.evaluate_held_out(adapter=True, limit=best.evaluation_limit(self.spec)).summary()
         self.on_event("eval", when="step", **summary.to_dict())
         return summary
 
@@ -332,10 +332,10 @@ class Trainer:
 
     def _keep_best(self, record: StepRecord) -> None:
         """best/ follows the best metric at every step that measures it (every step, or every evaluation)."""
-        value = best_rule.metric_value(record.to_dict(), self.best_metric)
+        value = best.metric_value(record.to_dict(), self.best_metric)
         if value is None or record.nonfinite:
             return
-        if not best_rule.improves(value, self.best["value"] if self.best else None, self.best_mode):
+        if not best.improves(value, self.best["value"] if self.best else None, self.best_mode):
             return
         self.best = {"step": self.step, "value": value, "metric": self.best_metric, "mode": self.best_mode}
         path = self.checkpoints.update_best(lambda folder: write_adapter(self.student, folder), self.best)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Hashable, Sequence
 
 from appliance.config.schema import JudgeSpec
-from appliance.engines.base import Completion, EngineCounters, GenerationEngine, Sampling, UnansweredLogprobs
+from appliance.engines.engine import Completion, EngineCounters, GenerationEngine, Sampling, UnansweredLogprobs
 from appliance.engines.scoring import NotSingleTokenError
 from appliance.judge.cache import VerdictCache, cache_key
 from appliance.judge.log import JudgeLog

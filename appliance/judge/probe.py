@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from appliance.engines.base import UnansweredLogprobs
+from appliance.engines.engine import UnansweredLogprobs
 from appliance.errors import ApplianceError
 from appliance.judge.escape import TokenEscaper
 from appliance.judge.probs import read_score

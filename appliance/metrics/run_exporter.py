@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from appliance.grpo.step_record import RunEvent, StepRecord
-from appliance.metrics.registry import TrainingMetrics
-from appliance.metrics.server import serve_metrics
+from appliance.metrics.training_metrics import TrainingMetrics
+from appliance.metrics.scrape_server import serve_metrics
 
 
 def apply_event(metrics: TrainingMetrics, event: RunEvent, slot: str = "0") -> None:

@@ -31,7 +31,7 @@ def load_from_file(name: str, base_dir: Path, what: str, error: type[Exception],
     """The object `attribute` of "file.py:attribute", file relative to `base_dir`; failures raise `error`.
 
     The one loader of "file.py:name" plugins (rewards here, agent environments
-    in appliance.agents.loading); `what` and `relative_to` word its messages.
+    in appliance.agents.environment_loader); `what` and `relative_to` word its messages.
     """
     path_text, _, function_name = name.rpartition(":")
     path = Path(path_text).expanduser()

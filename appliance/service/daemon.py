@@ -16,15 +16,15 @@ from pathlib import Path
 from appliance import __version__
 from appliance.agents.endpoint_bind import LOOPBACK_ANY_PORT, EndpointBind
 from appliance.errors import ApplianceError
-from appliance.metrics.registry import TrainingMetrics
+from appliance.metrics.training_metrics import TrainingMetrics
 from appliance.paths import STATE_DIR_MODE, datasets_dir, jobs_dir, own_data_dir, plugins_dir, uploads_dir
 from appliance.service.api import SubmitRequest
 from appliance.service.audit import AuditLog
 from appliance.service.control import EventBus
 from appliance.service.exports import ExportRunner
 from appliance.service.reaper import become_subreaper
-from appliance.service.store import JobStore
-from appliance.service.slots import unplaceable
+from appliance.service.job_store import JobStore
+from appliance.service.slot_assignment import unplaceable
 from appliance.service.submission import Accepted, Policy, SubmissionRejected, check_submission
 from appliance.service.supervisor import Slot, Supervisor, probe_slots, slot_device
 

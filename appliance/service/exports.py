@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.export.errors import ExportError
+from appliance.errors import ExportError
 from appliance.export.process import MODULE
 from appliance.service.reaper import popen_owned, release
 

@@ -1,4 +1,4 @@
-"""One rank of a daemon job that holds several slots (service/slots.py started it, as worker.py's module).
+"""One rank of a daemon job that holds several slots (service/slot_assignment.py started it, as worker.py's module).
 
 Rank 0 has the report channel and reports as a one-slot worker does; the
 other ranks report nothing (rank 0's step records are the job's, gathered

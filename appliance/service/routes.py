@@ -41,7 +41,7 @@ from appliance.service.api import (
     TrajectorySubmission,
 )
 from appliance.service.audit import user_name
-from appliance.service.job_files import checkpoints, json_file, read_log, records_after_step, tail_records
+from appliance.service.bounded_reads import checkpoints, json_file, read_log, records_after_step, tail_records
 
 if TYPE_CHECKING:
     from appliance.service.daemon import Daemon
@@ -334,7 +334,7 @@ def log(job_id: str, daemon: DaemonDep, offset: int = -16384, max_bytes: int = 1
 
 @jobs_router.get("/{job_id}/endpoint")
 async def endpoint(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> EndpointInfo:
-    from appliance.service.external import job_endpoint
+    from appliance.service.external_forward import job_endpoint
 
     # Audited: the answer holds the job's token (the audit line does not).
     return await caller.in_thread(
@@ -346,7 +346,7 @@ async def endpoint(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> Endpoi
 async def trajectories(
     job_id: str, body: TrajectorySubmission, daemon: DaemonDep, caller: AuditorDep
 ) -> TrajectoriesAccepted:
-    from appliance.service.external import forward_trajectories
+    from appliance.service.external_forward import forward_trajectories
 
     def run() -> TrajectoriesAccepted:
         return forward_trajectories(daemon, caller.owned(job_id, "submit trajectories to"), body.groups)

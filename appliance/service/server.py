@@ -251,7 +251,7 @@ def run_daemon(
     control_token_file: Path | None = None,
     admin_group: str | None = None,
 ) -> int:
-    from appliance.metrics.server import serve_metrics
+    from appliance.metrics.scrape_server import serve_metrics
     from appliance.service.token_file import read_token_file
 
     if control_addr is not None and control_token_file is None:

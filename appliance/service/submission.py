@@ -7,7 +7,7 @@ The daemon never runs or reads what a caller points at:
   or the configured list; relative names start at the first root); any other
   file comes as an upload with the submission, bounded in size, and is checked
   line by line by the same loader as `appliance config check`.
-Everything else is the existing validation (config.load + config.checks), so a
+Everything else is the existing validation (config.job_file + job_checks), so a
 refusal lists the errors exactly as `appliance config check` prints them. A
 job that does not fit the device is refused with its plan.
 """
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from appliance.config.checks import PLUGIN_REWARD, with_absolute_paths, world_errors
-from appliance.config.load import ConfigError, ParsedJob, parse_job
+from appliance.job_checks import PLUGIN_REWARD, with_absolute_paths, world_errors
+from appliance.config.job_file import ConfigError, ParsedJob, parse_job
 from appliance.config.schema import JobSpec
 from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 from appliance.service.api import ConfigErrorItem, SubmitRequest
-from appliance.service.store import StoreUnwritable
+from appliance.service.job_store import StoreUnwritable
 
 UPLOAD_FILE = "dataset.jsonl"
 
@@ -274,7 +274,7 @@ def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted
 
 def plan_on(spec: JobSpec, data_dir: Path, device):
     """The budget manager's plan of `spec` on `device` (model shapes from the model store)."""
-    from appliance.budget.devices import rank_job
+    from appliance.budget.device_plans import rank_job
     from appliance.budget.plan import plan_job
     from appliance.budget.shapes import ShapeError, load_config
     from appliance.models.store import ModelStoreError, resolve_model

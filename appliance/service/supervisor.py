@@ -2,7 +2,7 @@
 
 One slot per device (the CPU is one slot; on CUDA one per visible GPU, the
 worker pinned with CUDA_VISIBLE_DEVICES); a job asking for several devices
-gets several contiguous slots, one rank each (service/slots.py says how, and
+gets several contiguous slots, one rank each (service/slot_assignment.py says how, and
 the queue rule that keeps it from starving). A worker is a child process in its
 own process group (`process_group=0` at exec, so there is no moment it is
 not), and every end of a worker (done, paused, cancelled, crashed) kills the
@@ -32,13 +32,13 @@ from appliance.errors import ApplianceError
 from appliance.paths import STATE_DIR_MODE, STATE_FILE_MODE, jobs_dir
 from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
 from appliance.service.groups import describe_exit, is_worker_group, kill_group, wait_gone
-from appliance.service import slots as several
+from appliance.service import slot_assignment
 from appliance.service.reaper import reap_orphans
-from appliance.service.store import BadTransition, JobStore, StoreUnwritable
+from appliance.service.job_store import BadTransition, JobStore, StoreUnwritable
 from appliance.service.worker import EXIT_BAD_JOB, MODULE, Channel
 
 if TYPE_CHECKING:
-    from appliance.metrics.registry import TrainingMetrics
+    from appliance.metrics.training_metrics import TrainingMetrics
     from appliance.service.submission import Accepted
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
@@ -73,7 +73,7 @@ def probe_slots(environ: dict | None = None, gpus_dir: Path = NVIDIA_GPUS) -> li
 
 def slot_device(slot: Slot):
     """The slot's DeviceInfo for the planner (total and used memory)."""
-    from appliance.budget.device import DeviceInfo, probe_device
+    from appliance.budget.device_probe import DeviceInfo, probe_device
 
     if slot.kind == "cpu":
         return probe_device("cpu")
@@ -111,7 +111,7 @@ class Worker:
     @property
     def device(self) -> str:
         """The job's `device` label: its slot, or its first-last slots."""
-        return several.label(self.slots or (self.slot,))
+        return slot_assignment.label(self.slots or (self.slot,))
 
     @property
     def processes(self) -> tuple[subprocess.Popen, ...]:
@@ -221,7 +221,7 @@ class Supervisor:
                         self._reaped(worker)
                 elif worker.stop_deadline is not None and time.time() > worker.stop_deadline:
                     kill_group(worker.proc.pid)  # it did not stop in time: the last checkpoint stands
-                elif several.failed_rank(worker.ranks):
+                elif slot_assignment.failed_rank(worker.ranks):
                     kill_group(worker.proc.pid)  # the others would wait for it: the job restarts as a whole
             for worker, returncode in list(self.unsettled.values()):
                 self._settle_or_keep(worker, returncode)
@@ -375,7 +375,7 @@ class Supervisor:
         worker.channel.send({"type": "stop", "reason": reason})
 
     def _schedule(self) -> None:
-        """Start what fits: restarts that are due, then the queue in order (service/slots.py's rule)."""
+        """Start what fits: restarts that are due, then the queue in order (service/slot_assignment.py's rule)."""
         if self._closing:
             return
         busy = {slot.index for worker in self.workers.values() for slot in worker.slots or (worker.slot,)}
@@ -386,15 +386,15 @@ class Supervisor:
         wanted = []
         for job in due + self.store.list(("queued",)):
             spec = self.store.get(job.id).spec
-            reason = several.unplaceable(spec, len(self.slots))
+            reason = slot_assignment.unplaceable(spec, len(self.slots))
             if reason:  # waiting would hold up the queue for ever (no back-filling)
                 self.retry_at.pop(job.id, None)
                 self.store.transition(job.id, "failed", reason)
                 continue
-            wanted.append(several.Waiting(job.id, several.slots_wanted(spec)))
-        for job_id, slots in several.assign(self.slots, busy, wanted):
+            wanted.append(slot_assignment.Waiting(job.id, slot_assignment.slots_wanted(spec)))
+        for job_id, slots in slot_assignment.assign(self.slots, busy, wanted):
             restart = self.retry_at.pop(job_id, None) is not None
-            where = f"slot {slots[0].index}" if len(slots) == 1 else f"slots {several.label(slots)}"
+            where = f"slot {slots[0].index}" if len(slots) == 1 else f"slots {slot_assignment.label(slots)}"
             job = self.store.transition(
                 job_id,
                 "running",
@@ -415,10 +415,10 @@ class Supervisor:
         ours, theirs = socket.socketpair()
         command = [sys.executable, "-m", MODULE, "--data-dir", str(self.data_dir), "--job-dir", str(job_dir)]
         command += ["--resume"] if resume else []
-        slot, ranks, world = slots[0], [], several.ranks_of(row.spec)
+        slot, ranks, world = slots[0], [], slot_assignment.ranks_of(row.spec)
         try:
             if world > 1:
-                proc, ranks = several.start_ranks(
+                proc, ranks = slot_assignment.start_ranks(
                     command, slots, world, job_dir, theirs.fileno(), {**os.environ, **self.worker_env}
                 )
             else:
@@ -430,7 +430,12 @@ class Supervisor:
                         stderr=subprocess.STDOUT,
                         pass_fds=(theirs.fileno(),),
                         process_group=0,
-                        env={**os.environ, **self.worker_env, **several.devices_env(slots), "PYTHONUNBUFFERED": "1"},
+                        env={
+                            **os.environ,
+                            **self.worker_env,
+                            **slot_assignment.devices_env(slots),
+                            "PYTHONUNBUFFERED": "1",
+                        },
                         cwd=job_dir,
                     )
         except OSError as error:  # fork failed (EAGAIN at the pids limit, ENOMEM), or the log cannot be opened

@@ -96,7 +96,7 @@ def run(
 
     `stop_policy` turns the daemon's stop requests into run_job's stop callable; `around` is entered
     before the job is read (a rank's process group) and left whatever happens."""
-    from appliance.config.load import parse_job_text
+    from appliance.config.job_file import parse_job_text
     from appliance.errors import ApplianceError, DiskFullError
     from appliance.grpo.run import run_job
 
@@ -134,7 +134,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=MODULE, description="one appliance job (started by the daemon)")
-    # Required but for the ranks after 0 of a several-slot job (service/slots.py), which report nothing.
+    # Required but for the ranks after 0 of a several-slot job (service/slot_assignment.py), which report nothing.
     parser.add_argument("--fd", type=int, default=None, help="the daemon's end of the report channel")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--job-dir", type=Path, required=True)

@@ -1,6 +1,6 @@
 """Training tasks: problem sources (multiply, GSM8K, JSONL), held-out splits, chat messages, the data cursor."""
 
-from appliance.tasks.base import FewShot, Problem, Task, TaskError
+from appliance.tasks.task import FewShot, Problem, Task, TaskError
 from appliance.tasks.jsonl import load_jsonl_problems
 from appliance.tasks.load import load_task
 from appliance.tasks.stream import ProblemStream

@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from appliance.tasks.base import Problem
+from appliance.tasks.task import Problem
 from appliance.tasks.jsonl import RowError, parse_rows
 
 GSM8K_TRAIN_SIZE = 7473

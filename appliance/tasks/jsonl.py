@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 from appliance.errors import ApplianceError
 from appliance.suggest import did_you_mean
-from appliance.tasks.base import Problem, TaskError
+from appliance.tasks.task import Problem, TaskError
 
 ROW_KEYS = ("id", "question", "messages", "answer", "metadata")
 ROLES = ("system", "user", "assistant")

@@ -7,7 +7,7 @@ from pathlib import Path
 from appliance.config.schema import TaskSpec
 from appliance.conventions import BUILTIN_DATASET_PREFIX
 from appliance.suggest import closest
-from appliance.tasks.base import FewShot, Task, TaskError, split_held_out
+from appliance.tasks.task import FewShot, Task, TaskError, split_held_out
 from appliance.tasks.gsm8k import load_gsm8k
 from appliance.tasks.jsonl import load_jsonl_problems
 from appliance.tasks.multiply import load_multiply

@@ -6,7 +6,7 @@ never trained on, so eval accuracy measures generalisation, not recall.
 
 from __future__ import annotations
 
-from appliance.tasks.base import Problem, TaskError, split_held_out
+from appliance.tasks.task import Problem, TaskError, split_held_out
 
 
 def multiply_problems(operand_min: int, operand_max: int) -> list[Problem]:

@@ -12,7 +12,7 @@ import random
 from typing import Sequence
 
 from appliance.errors import CheckpointError, CheckpointMismatch
-from appliance.tasks.base import Problem
+from appliance.tasks.task import Problem
 
 
 class ProblemStream:

@@ -7,6 +7,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tokenizer(demo_model_dir):
-    from appliance.models.loading import load_tokenizer
+    from appliance.models.causal_lm import load_tokenizer
 
     return load_tokenizer(demo_model_dir)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 async def play(args) -> dict:
     from appliance.agents.environment import rollout_groups
-    from appliance.agents.loading import load_environment
+    from appliance.agents.environment_loader import load_environment
     from appliance.agents.openai_client import OpenAIChatClient
 
     environment = load_environment(args.environment, Path(args.out).parent, {})

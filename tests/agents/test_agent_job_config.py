@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from appliance.agents.environment import AgentEnvironmentError
-from appliance.agents.source import EnvironmentSource, make_source
-from appliance.config.checks import check_job_file
-from appliance.config.load import parse_job_text as parse_job
+from appliance.agents.trajectory_sources import EnvironmentSource, make_source
+from appliance.job_checks import check_job_file
+from appliance.config.job_file import parse_job_text
 
 JOB = """\
 name: agent-job
@@ -64,14 +64,14 @@ def test_a_spec_written_out_with_every_default_reads_back(task):
 
     from appliance.config.schema import JobSpec
 
-    spec = parse_job(f"name: x\nstudent: {{model: m}}\ntask: {task}\nrewards: [{{name: correctness}}]\n", "job.yaml")
+    spec = parse_job_text(f"name: x\nstudent: {{model: m}}\ntask: {task}\nrewards: [{{name: correctness}}]\n", "job.yaml")
     dumped = yaml.safe_load(yaml.safe_dump(spec.model_dump(mode="json")))
     assert JobSpec.model_validate(dumped) == spec
 
 
 def test_agent_only_keys_without_an_environment_are_refused():
     with pytest.raises(Exception, match="max_turns applies to agent jobs only"):
-        parse_job("name: x\nstudent: {model: m}\ntask: {max_turns: 3}\nrewards: [{name: correctness}]\n", "job.yaml")
+        parse_job_text("name: x\nstudent: {model: m}\ntask: {max_turns: 3}\nrewards: [{name: correctness}]\n", "job.yaml")
 
 
 @pytest.mark.parametrize(
@@ -85,14 +85,14 @@ def test_agent_only_keys_without_an_environment_are_refused():
 )
 def test_the_truncation_and_staleness_keys_are_checked(task, says):
     with pytest.raises(Exception, match=says):
-        parse_job(f"name: x\nstudent: {{model: m}}\ntask: {task}\nrewards: [{{name: correctness}}]\n", "job.yaml")
+        parse_job_text(f"name: x\nstudent: {{model: m}}\ntask: {task}\nrewards: [{{name: correctness}}]\n", "job.yaml")
     text = "name: x\nstudent: {model: m}\ntask: {environment: external, max_staleness: 0, mask_truncated: trajectory}\n"
-    spec = parse_job(text + "rewards: [{name: environment}]\n", "job.yaml")
+    spec = parse_job_text(text + "rewards: [{name: environment}]\n", "job.yaml")
     assert (spec.task.max_staleness, spec.task.mask_truncated) == (0, "trajectory")
 
 
 def test_make_source_builds_the_environment_and_says_what_external_needs(tmp_path):
-    spec = parse_job(JOB.format(environment="builtin:game2048", extra="  max_turns: 2\n"), "job.yaml")
+    spec = parse_job_text(JOB.format(environment="builtin:game2048", extra="  max_turns: 2\n"), "job.yaml")
     source = make_source(spec, engine=None, data_dir=tmp_path)
     assert isinstance(source, EnvironmentSource) and source.environment.max_turns == 2
     external = spec.model_copy(update={"task": spec.task.model_copy(update={"environment": "external"})})
@@ -102,14 +102,14 @@ def test_make_source_builds_the_environment_and_says_what_external_needs(tmp_pat
 
 
 def test_an_agent_job_plans_with_its_stated_trajectory_bound(tmp_path, demo_model_dir):
-    from appliance.budget.device import DeviceInfo
+    from appliance.budget.device_probe import DeviceInfo
     from appliance.budget.plan import plan_job
     from appliance.budget.shapes import load_config
     from appliance.agents.envs.calculator import CalculatorEnvironment
     from appliance.budget.workload import AGENT_TURNS_ASSUMED
     from appliance.grpo.prompt_lengths import measure_prompt_tokens
 
-    spec = parse_job(
+    spec = parse_job_text(
         JOB.format(environment="builtin:calculator", extra="  max_turns: 3\n")
         + "grpo: {max_new_tokens: 40, group_size: 4, prompts_per_step: 2}\n",
         "job.yaml",
@@ -122,7 +122,7 @@ def test_an_agent_job_plans_with_its_stated_trajectory_bound(tmp_path, demo_mode
     assert plan.sequence_tokens["student"] == opening + 3 * (40 + CalculatorEnvironment.result_tokens)
     assert "3 turns (task.max_turns)" in plan.choices.worded_reasons()["sequence_tokens"]
     assert "sequence_tokens" in plan.render()
-    unset = parse_job(
+    unset = parse_job_text(
         JOB.format(environment="builtin:calculator", extra="") + "grpo: {max_new_tokens: 40}\n", "job.yaml"
     )
     plan = plan_job(unset, load_config(demo_model_dir / "config.json"), None, device, prompt_tokens=opening)
@@ -137,7 +137,7 @@ def test_the_planned_opening_is_all_a_trajectory_holds_before_its_first_trained_
     from appliance.agents.tokenize import tokenize_trajectory
     from appliance.agents.trajectory import AssistantMessage, SystemMessage, Trajectory, UserMessage
     from appliance.grpo.prompt_lengths import longest_opening_tokens
-    from appliance.models.loading import load_tokenizer
+    from appliance.models.causal_lm import load_tokenizer
 
     environment, tokenizer = CalculatorEnvironment(), load_tokenizer(demo_model_dir)
     scenario = environment.scenarios("train", 1, seed=0)[0]
@@ -164,7 +164,7 @@ def test_the_calculator_plans_room_for_the_longest_tool_message_its_loop_writes(
     from appliance.agents.envs.calculator import CalculatorEnvironment
     from appliance.agents.tokenize import tokenize_trajectory
     from appliance.agents.toolcalls import parse_tool_calls
-    from appliance.models.loading import load_tokenizer
+    from appliance.models.causal_lm import load_tokenizer
 
     replies = iter(
         [

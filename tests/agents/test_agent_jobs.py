@@ -9,7 +9,7 @@ import json
 import pytest
 
 from appliance.agents.endpoint_file import read_endpoint_file
-from appliance.config.checks import load_checked_job
+from appliance.job_checks import load_checked_job
 from appliance.grpo.records import read_jsonl
 from appliance.grpo.run import run_job
 

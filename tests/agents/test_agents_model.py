@@ -17,11 +17,11 @@ import torch
 
 from appliance.agents.engine_client import EngineChatClient
 from appliance.agents.environment import AssistantTurn, rollout_groups
-from appliance.agents.loading import load_environment
+from appliance.agents.environment_loader import load_environment
 from appliance.agents.tokenize import tokenize_trajectory
 from appliance.agents.toolcalls import parse_tool_calls
 from appliance.agents.trajectory import UserMessage
-from appliance.engines.base import Sampling
+from appliance.engines.engine import Sampling
 
 pytestmark = pytest.mark.model
 

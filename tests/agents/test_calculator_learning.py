@@ -29,7 +29,7 @@ import re
 
 import pytest
 
-from appliance.config.checks import load_checked_job
+from appliance.job_checks import load_checked_job
 from appliance.grpo.records import read_jsonl
 from appliance.grpo.run import run_job
 

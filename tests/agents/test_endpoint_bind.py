@@ -21,7 +21,7 @@ from appliance.agents.endpoint_bind import (
 from appliance.agents.endpoint_file import read_endpoint_file
 from appliance.cli.main import main
 from appliance.service.daemon import Daemon, DaemonOptions
-from appliance.service.external import EndpointRefused, forward_trajectories, job_endpoint
+from appliance.service.external_forward import EndpointRefused, forward_trajectories, job_endpoint
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def free_range(width: int) -> tuple[int, int]:
 
 @pytest.mark.model
 def test_an_endpoint_on_every_address_is_reached_by_name_and_forwarded_to_over_loopback(tiny_engine, tmp_path):
-    from appliance.agents.external import ExternalSource
+    from appliance.agents.external_source import ExternalSource
 
     low, high = free_range(3)
     daemon = Daemon(DaemonOptions(data_dir=tmp_path / "data"))
@@ -136,7 +136,7 @@ def test_an_endpoint_on_every_address_is_reached_by_name_and_forwarded_to_over_l
 
 @pytest.mark.model
 def test_a_range_with_every_port_taken_is_refused_naming_it(tiny_engine, tmp_path):
-    from appliance.agents.external import ExternalSource
+    from appliance.agents.external_source import ExternalSource
 
     low, high = free_range(2)
     squatters = []

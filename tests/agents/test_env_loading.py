@@ -9,7 +9,7 @@ import pytest
 
 from appliance.agents.environment import AgentEnvironmentError, AssistantTurn, rollout_groups
 from appliance.agents.envs.calculator import CalculatorEnvironment
-from appliance.agents.loading import load_environment
+from appliance.agents.environment_loader import load_environment
 from appliance.errors import ApplianceError
 
 PLUGIN = textwrap.dedent('''

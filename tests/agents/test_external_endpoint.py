@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from appliance.agents.endpoint_file import ENDPOINT_FILE, SUBMIT_ROUTE, read_endpoint_file
-from appliance.agents.external import ExternalSource
-from appliance.engines.base import Completion
+from appliance.agents.external_source import ExternalSource
+from appliance.engines.engine import Completion
 from appliance.engines.openai_server import SamplingPolicy
 
 pytestmark = pytest.mark.model

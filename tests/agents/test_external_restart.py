@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from appliance.agents.endpoint_file import SUBMIT_ROUTE, read_endpoint_file
-from appliance.agents.external import ExternalSource
+from appliance.agents.external_source import ExternalSource
 from appliance.paths import served_ledger_file, submitted_groups_dir
 
 pytestmark = pytest.mark.model
@@ -55,7 +55,7 @@ def crash(source: ExternalSource) -> None:
 def play(source: ExternalSource, groups: int, tmp_path: Path) -> list[dict]:
     """Play `groups` calculator groups against the endpoint (a collect holds the model open meanwhile)."""
     from appliance.agents.environment import rollout_groups
-    from appliance.agents.loading import load_environment
+    from appliance.agents.environment_loader import load_environment
     from appliance.agents.openai_client import OpenAIChatClient
 
     environment = load_environment("builtin:calculator", tmp_path, {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from test_served_ledger import TOOLS, group_of, played, served_turn
 
-from appliance.agents.ledger import Freshness, ServedLedger, TrajectoryRefused
+from appliance.agents.served_tokens import Freshness, ServedLedger, TrajectoryRefused
 from appliance.agents.trajectory import (
     AssistantMessage,
     FunctionCall,
@@ -179,7 +179,7 @@ def test_each_serve_records_its_sampling_and_it_survives_a_restart(tmp_path):
 def test_the_endpoint_answers_4xx_to_other_sampling_and_to_non_json_arguments(tiny_engine, tmp_path):
     import httpx
 
-    from appliance.agents.external import ExternalSource
+    from appliance.agents.external_source import ExternalSource
 
     source = ExternalSource(tiny_engine, tmp_path, group_size=2, served_name="student", policy=SamplingPolicy(1.0, 1.0))
     source._open()  # serving, as during a collect
@@ -216,7 +216,7 @@ def test_the_endpoint_answers_4xx_to_other_sampling_and_to_non_json_arguments(ti
 
 @pytest.mark.model
 def test_a_queued_group_that_grows_stale_is_dropped_at_collect_with_the_reason(tiny_engine, tmp_path, caplog):
-    from appliance.agents.external import CollectStopped, ExternalSource
+    from appliance.agents.external_source import CollectStopped, ExternalSource
 
     stop: list[str] = []
     source = ExternalSource(
@@ -239,8 +239,8 @@ def test_a_queued_group_that_grows_stale_is_dropped_at_collect_with_the_reason(t
 
 @pytest.mark.model
 def test_an_external_job_serves_with_its_grpo_sampling_and_staleness(tiny_engine, tmp_path):
-    from appliance.agents.source import make_source
-    from appliance.config.load import parse_job_text
+    from appliance.agents.trajectory_sources import make_source
+    from appliance.config.job_file import parse_job_text
 
     spec = parse_job_text(
         "name: x\nstudent: {model: m}\ntask: {environment: external, max_staleness: 2}\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.agents.external import request_messages
+from appliance.agents.external_source import request_messages
 
 
 def call_turn(arguments: str) -> list[dict]:

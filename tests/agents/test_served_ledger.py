@@ -14,7 +14,7 @@ import stat
 
 import pytest
 
-from appliance.agents.ledger import ServedLedger, TrajectoryRefused
+from appliance.agents.served_tokens import ServedLedger, TrajectoryRefused
 from appliance.agents.toolcalls import function_tool, template_messages
 from appliance.agents.trajectory import (
     AssistantMessage,
@@ -219,7 +219,7 @@ def test_a_ledger_file_cut_short_by_a_crash_loads_without_its_last_line(tmp_path
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 40])  # the last write stopped mid-line
 
-    with caplog.at_level(logging.WARNING, logger="appliance.agents.ledger_file"):
+    with caplog.at_level(logging.WARNING, logger="appliance.agents.served_tokens_file"):
         after = ServedLedger(capacity=64, path=path)
     assert f"{path}: line 6 of 6 is damaged (a write cut short by a crash) and was ignored" in caplog.text
     assert len(after) == 5
@@ -231,7 +231,7 @@ def test_a_ledger_file_cut_short_by_a_crash_loads_without_its_last_line(tmp_path
     data = path.read_bytes()
     path.write_bytes(data[:5] + b"\xff\xfe" + data[7:])  # damage at the start of the file too
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="appliance.agents.ledger_file"):
+    with caplog.at_level(logging.WARNING, logger="appliance.agents.served_tokens_file"):
         assert len(ServedLedger(capacity=64, path=path)) == 6  # the first line lost, the appended ones kept
     assert "line 1 of 8 is damaged and was ignored" in caplog.text
 

@@ -15,7 +15,7 @@ from appliance.agents.engine_client import EngineChatClient
 from appliance.agents.envs.calculator import CalculatorEnvironment
 from appliance.agents.trajectory import AssistantMessage, Sampled, SystemMessage, Trajectory, TrajectoryGroup
 from appliance.agents.trajectory import UserMessage
-from appliance.engines.base import Sampling
+from appliance.engines.engine import Sampling
 from appliance.grpo.trajectories import EnvironmentReward, score_trajectories
 from appliance.rewards.registry import RewardSample, WeightedReward
 

@@ -27,12 +27,12 @@ from dataclasses import replace
 
 import pytest
 
-from appliance.budget import components as c
-from appliance.budget import phases, workload
-from appliance.budget.device import DeviceInfo
+from appliance.budget import components
+from appliance.budget import phase_memory, workload
+from appliance.budget.device_probe import DeviceInfo
 from appliance.budget.plan import plan_job
 from appliance.budget.shapes import fixture_for, load_config, shape_from_config
-from appliance.config.load import parse_job_text
+from appliance.config.job_file import parse_job_text
 
 GB = 10**9
 TOLERANCE = 0.15
@@ -62,7 +62,7 @@ H100_ACTIVATIONS = 38.9 * GB
 # weights, 3.17 GB with constants; the student now trains through the copy's). Derived, not measured: no GPU has
 # been lent since.
 MERGED_COPY_NO_LONGER_HELD = (
-    32 * 2 * (4096 + 1024) * 4096 * 4 + 2 * 49152 * 4096 * 2 + c.four_bit_bytes(32 * 3 * 4096 * 14336)
+    32 * 2 * (4096 + 1024) * 4096 * 4 + 2 * 49152 * 4096 * 2 + components.four_bit_bytes(32 * 3 * 4096 * 14336)
 )
 
 
@@ -72,7 +72,7 @@ def as_these_runs_trained(monkeypatch):
     that rebuilds silu(gate) in backward (grpo/swiglu.py): they ran every sequence whole and kept the activated
     gate, so the plans here count them that way. The same runs today would keep 32 x 14336 x 2 bytes less per
     token (4.7 GB at 32 x 161 tokens): derived, not measured, as no GPU has been lent since."""
-    monkeypatch.setattr(phases, "shared_prompt_rows", lambda work, micro_batch: None)
+    monkeypatch.setattr(phase_memory, "shared_prompt_rows", lambda work, micro_batch: None)
     monkeypatch.setattr(workload, "shape_from_config", lambda *args: replace(shape_from_config(*args), silu_gate=False))
 
 
@@ -104,7 +104,7 @@ def test_plan_reproduces_the_h100_train_peak_within_15_percent(rollout_weights):
     # The allocator's peak is everything but the runtime (CUDA context, cached-but-free blocks) ...
     assert (train.peak_bytes - train.resident["runtime"]) / allocated == pytest.approx(1, abs=TOLERANCE)
     # ... what it reserved (the trainer's recorded phase peak) is everything but the CUDA context ...
-    assert (train.peak_bytes - c.CUDA_CONTEXT_BYTES) / reserved == pytest.approx(1, abs=TOLERANCE)
+    assert (train.peak_bytes - components.CUDA_CONTEXT_BYTES) / reserved == pytest.approx(1, abs=TOLERANCE)
     # ... and the device's, what decides whether the job fits, is the plan's peak.
     assert plan.peak_bytes == train.peak_bytes
     assert plan.peak_bytes / device == pytest.approx(1, abs=TOLERANCE)
@@ -125,9 +125,9 @@ def test_16_bit_compute_keeps_an_fp32_copy_of_every_lora_input():
 
     llama = shape_from_config(config, "llama")
     attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    assert c._lora_input_bytes(llama, attention, 2) == (4096 * 4) * 4
+    assert components._lora_input_bytes(llama, attention, 2) == (4096 * 4) * 4
     # fp32 compute: q, k and v read the same tensor, o the attention output: two inputs kept.
-    assert c._lora_input_bytes(llama, attention, 4) == (4096 + 4096) * 4
+    assert components._lora_input_bytes(llama, attention, 4) == (4096 + 4096) * 4
 
 
 # The same shape and job files on an H200 (2026-11-28, bench/cuda/run.sh, this tree's trainer: the merged copy
@@ -147,4 +147,4 @@ def test_the_plan_is_never_below_the_h200_peak_and_at_most_15_percent_above(roll
     reserved, device = H200_MEASURED[rollout_weights]
     assert plan.choices.micro_batch_size == 32 and not plan.choices.gradient_checkpointing  # what ran
     assert 0.85 <= device / plan.peak_bytes <= 1.0
-    assert 0.85 <= reserved / (plan.peak_bytes - c.CUDA_CONTEXT_BYTES) <= 1.0
+    assert 0.85 <= reserved / (plan.peak_bytes - components.CUDA_CONTEXT_BYTES) <= 1.0

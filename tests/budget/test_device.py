@@ -5,7 +5,7 @@ from __future__ import annotations
 import mmap
 import pytest
 
-from appliance.budget.device import (
+from appliance.budget.device_probe import (
     cgroup_limit_bytes,
     cpu_bf16_matmul,
     cpu_total_bytes,
@@ -88,7 +88,7 @@ def test_the_cpu_probe_agrees_with_torch_and_does_not_import_it():
     import subprocess
     import sys
 
-    code = "import sys; from appliance.budget.device import probe_device; d = probe_device('cpu'); "
+    code = "import sys; from appliance.budget.device_probe import probe_device; d = probe_device('cpu'); "
     code += "print(d.bf16_matmul, 'torch' in sys.modules)"
     probed, imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()
     import torch
@@ -132,7 +132,7 @@ def test_a_cuda_phase_returns_the_cached_blocks_before_its_peak_is_reset(monkeyp
     """Hardware boundary: torch.cuda's allocator calls, recorded in order."""
     import torch
 
-    from appliance.budget.device import peak_bytes, reset_peak
+    from appliance.budget.device_probe import peak_bytes, reset_peak
 
     calls = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 from appliance.budget.components import weights_bytes
-from appliance.budget.device import DeviceInfo
-from appliance.budget.devices import plan_devices, rank_job, refusal
+from appliance.budget.device_probe import DeviceInfo
+from appliance.budget.device_plans import plan_devices, rank_job, refusal
 from appliance.budget.plan import plan_job
 from appliance.budget.shapes import fixture_for, load_config, shape_from_config
 from appliance.cli.main import main
-from appliance.config.load import parse_job_text
+from appliance.config.job_file import parse_job_text
 
 GIB = 2**30
 GPU80 = DeviceInfo("cuda", 80 * GIB, 0, "fake")

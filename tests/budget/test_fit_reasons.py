@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from appliance.budget.device import DeviceInfo
+from appliance.budget.device_probe import DeviceInfo
 from appliance.budget.fit import Peaks
-from appliance.budget.phases import Sizing
+from appliance.budget.phase_memory import Sizing
 from appliance.budget.plan import plan_job
 from appliance.budget.reasons import FitReason, describe
 from appliance.budget.shapes import fixture_for, load_config
 from appliance.budget.workload import workload_of
-from appliance.config.load import load_job
+from appliance.config.job_file import load_job
 
 GIB = 2**30
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gsm8k-qwen7b-gpu.yaml"

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from appliance.budget.device import DeviceInfo
-from appliance.budget.ledger import Ledger, OutOfMemoryAtMinimum, run_with_oom_backoff
+from appliance.budget.device_probe import DeviceInfo
+from appliance.budget.memory_ledger import Ledger, OutOfMemoryAtMinimum, run_with_oom_backoff
 from appliance.budget.plan import plan_job
 from appliance.budget.shapes import fixture_for, load_config
-from appliance.config.load import load_job
+from appliance.config.job_file import load_job
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gsm8k-qwen7b-gpu.yaml"
 

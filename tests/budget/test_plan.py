@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from appliance.budget.device import DeviceInfo
+from appliance.budget.device_probe import DeviceInfo
 from appliance.budget.plan import plan_job
 from appliance.budget.shapes import fixture_for, load_config
-from appliance.config.load import load_job, parse_job_text
+from appliance.config.job_file import load_job, parse_job_text
 
 GIB = 2**30
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gsm8k-qwen7b-gpu.yaml"
@@ -259,7 +259,7 @@ def test_on_the_cpu_a_micro_batch_past_512_tokens_without_checkpointing_ranks_ab
 def test_a_merged_copy_of_an_fp32_student_is_bf16_where_the_cpu_multiplies_it(configs, setting, bf16_matmul, expected):
     """engine.rollout_dtype: the copy in bf16 holds 2 bytes a weight and shares nothing with the fp32 student,
     whose 4-bit layers stay 4-bit; in the compute dtype it shares the embeddings and the dequantized MLP."""
-    from appliance.budget import components as c
+    from appliance.budget import components
     from appliance.budget.shapes import shape_from_config
 
     text = (
@@ -273,14 +273,14 @@ def test_a_merged_copy_of_an_fp32_student_is_bf16_where_the_cpu_multiplies_it(co
     on_its_own = plan_job(parse_job_text(text.replace("merged_copy", "shared")), configs[0], None, cpu)
     shape = shape_from_config(configs[0], "Qwen2.5-7B")
     targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    untargeted = c.untargeted_linear_params(shape, targets)
-    merging = c.merge_working_bytes(shape, targets)
+    untargeted = components.untargeted_linear_params(shape, targets)
+    merging = components.merge_working_bytes(shape, targets)
     student = plan.components["student_weights"] - on_its_own.components["student_weights"]
     if expected == "bfloat16":
         assert student == 0  # all of its 4-bit layers, none dequantized
         assert plan.components["rollout_weights"] == shape.total_params * 2 + merging
     else:
-        assert student == untargeted * 4 - c.four_bit_bytes(untargeted)  # the MLP dequantized, shared
+        assert student == untargeted * 4 - components.four_bit_bytes(untargeted)  # the MLP dequantized, shared
         copied = shape.total_params - shape.embedding_params - untargeted
         assert plan.components["rollout_weights"] == copied * 4 + merging
 

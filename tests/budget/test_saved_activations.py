@@ -16,7 +16,7 @@ import shutil
 import pytest
 import torch
 
-from appliance.budget import components as c
+from appliance.budget import components
 from appliance.budget.shapes import shape_from_config
 from appliance.config.schema import StudentSpec
 from appliance.grpo.student import Student, TokenBatch
@@ -92,7 +92,7 @@ def test_saved_tensors_match_the_activation_model(dtype, demo_model_dir, tmp_pat
     student, config = tiny_student(dtype, demo_model_dir, tmp_path)
     per_layer = saved_bytes_per_layer(student)
     tokens = BATCH * (PROMPT + COMPLETION)
-    planned = c._saved_per_token_per_layer(shape_from_config(config), TARGETS, 4 if dtype == "float32" else 2)
+    planned = components._saved_per_token_per_layer(shape_from_config(config), TARGETS, 4 if dtype == "float32" else 2)
     # Layer 0's input is the frozen embedding (nothing needs its gradient), so it keeps less: compare the others.
     for index in range(1, LAYERS):
         # The model leaves out only small tensors: the softmax log-sum-exp, rank-16 LoRA activations, RoPE tables.
@@ -109,18 +109,18 @@ def test_saved_tensors_of_shared_prompts_match_the_activation_model(
     prompts of different lengths are: the planner counts the prompts' keys repeated to every head, as attention
     with a mask keeps them (an unpadded prompt pass keeps them at kv_heads)."""
     if not packed:
-        monkeypatch.setattr(c, "PACKED_SEQUENCE_TOKENS", PROMPT + 4 * COMPLETION - 1)
+        monkeypatch.setattr(components, "PACKED_SEQUENCE_TOKENS", PROMPT + 4 * COMPLETION - 1)
     student, config = tiny_student(dtype, demo_model_dir, tmp_path)
     rows, group_size = 8, 4
     per_layer = saved_bytes_per_layer(student, rows, group_size)
     shape, dtype_bytes = shape_from_config(config), 4 if dtype == "float32" else 2
-    prompts = c.prompt_rows_per_micro_batch(rows, group_size)
+    prompts = components.prompt_rows_per_micro_batch(rows, group_size)
     assert prompts == 2
-    assert c.packs_prompts(PROMPT, COMPLETION, group_size) == packed
-    shared = c.saved_per_layer_bytes(
+    assert components.packs_prompts(PROMPT, COMPLETION, group_size) == packed
+    shared = components.saved_per_layer_bytes(
         shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes, (prompts * PROMPT, rows * COMPLETION), packed
     )
-    whole = c.saved_per_layer_bytes(shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes)
+    whole = components.saved_per_layer_bytes(shape, rows, PROMPT + COMPLETION, TARGETS, dtype_bytes)
     assert shared < 0.6 * whole
     for index in range(1, LAYERS):
         assert per_layer[index] == pytest.approx(shared, rel=0.05), (index, per_layer, shared)
@@ -136,5 +136,7 @@ def test_the_prompts_a_micro_batch_of_whole_groups_can_hold(micro_batch, group_s
     most = 0
     for start in range(0, micro_batch * group_size * 4, micro_batch):
         most = max(most, len({index // group_size for index in range(start, start + micro_batch)}))
-    assert c.prompt_rows_per_micro_batch(micro_batch, group_size) == (most if 2 * most <= micro_batch else micro_batch)
-    assert c.prompt_rows_per_micro_batch(micro_batch, group_size) == rows
+    assert components.prompt_rows_per_micro_batch(micro_batch, group_size) == (
+        most if 2 * most <= micro_batch else micro_batch
+    )
+    assert components.prompt_rows_per_micro_batch(micro_batch, group_size) == rows

@@ -11,7 +11,7 @@ import yaml
 
 from appliance.cli.launch import LaunchError, topology
 from appliance.cli.main import build_parser
-from appliance.config.load import parse_job_text
+from appliance.config.job_file import parse_job_text
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "examples" / "slurm" / "train-2nodes.sbatch"

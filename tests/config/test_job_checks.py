@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.config.checks import check_job_file, load_checked_job
-from appliance.config.load import JobFileError, parse_job
+from appliance.job_checks import check_job_file, load_checked_job
+from appliance.config.job_file import JobFileError, parse_job
 
 GOOD_JOB = """\
 name: plugin-job

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.config.checks import check_job_file, load_checked_job
+from appliance.job_checks import check_job_file, load_checked_job
 
 JOB = """\
 name: remote-judge

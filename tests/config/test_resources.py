@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.config.checks import check_job_file
+from appliance.job_checks import check_job_file
 
 BASE = """name: r
 student: {model: smollm2-135m-instruct}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from appliance.engines import hf
-from appliance.engines.base import Sampling
+from appliance.engines.engine import Sampling
 from appliance.engines.hf import HFEngine, group_batches
 from appliance.engines.scoring import shared_prefix_length
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from appliance.config.schema import LoraSpec, StudentSpec
-from appliance.engines.base import Sampling
+from appliance.engines.engine import Sampling
 from appliance.engines.merged_copy import DequantizedLinear, MergedCopyEngine, _without
 from appliance.grpo.student import Student, pack_batch
 

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from appliance.config.schema import JudgeSpec
-from appliance.engines.base import Sampling
+from appliance.engines.engine import Sampling
 from appliance.engines.openai_remote import OpenAIRemoteEngine
 from appliance.judge import Judge
 from appliance.judge.probe import JudgeProbeError

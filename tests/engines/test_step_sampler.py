@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from appliance.engines.base import Sampling
+from appliance.engines.engine import Sampling
 from appliance.engines.hf import HFEngine
 from appliance.engines.step_sampler import BLOCK_TOKENS, StepSampler, block_masses, draw, token_processors
 

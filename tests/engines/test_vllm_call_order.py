@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from appliance.engines.base import Sampling
+from appliance.engines.engine import Sampling
 from appliance.engines.vllm_args import VllmSettings
 from appliance.engines.vllm_engine import VLLMEngine
 

@@ -73,7 +73,7 @@ def hf_token_logprobs(model, prompt_ids: list[int], completion_ids: list[int], t
 
 
 def test_sampled_logprobs_match_transformers(engine, hf_model):
-    from appliance.engines.base import Sampling
+    from appliance.engines.engine import Sampling
     from appliance.engines.vllm_metrics import sample_value
 
     prompts = [engine.render_chat([{"role": "user", "content": question}]) for question in QUESTIONS]
@@ -152,7 +152,7 @@ def test_adapter_update_moves_logprob_like_peft(engine, hf_model, demo_model_dir
 
     save_random_adapter(demo_model_dir, tmp_path / "v2", seed=2)
     engine.update_adapter(tmp_path / "v2", 2)
-    from appliance.engines.base import Sampling
+    from appliance.engines.engine import Sampling
 
     engine.generate([prompt_text], Sampling(max_new_tokens=2, temperature=1.0, seed=0))
     assert engine.last_served_adapter_version == 2
@@ -161,7 +161,7 @@ def test_adapter_update_moves_logprob_like_peft(engine, hf_model, demo_model_dir
 
 def test_judge_engine_beside_the_student_keeps_metrics_apart(engine, demo_model_dir):
     """vLLM unregisters the first LLM's vllm:* collectors when a second starts; each engine still reads its own."""
-    from appliance.engines.base import Sampling
+    from appliance.engines.engine import Sampling
     from appliance.engines.vllm_args import VllmSettings
     from appliance.engines.vllm_engine import VLLMEngine
     from appliance.engines.vllm_metrics import sample_value
@@ -215,7 +215,7 @@ def test_judge_probability_scores_match_transformers_and_reasoned_answers_are_co
     from appliance.engines.hf import HFEngine
     from appliance.judge import Judge
     from appliance.judge.harness import load_rows, shipped_set_path
-    from appliance.models.loading import load_tokenizer
+    from appliance.models.causal_lm import load_tokenizer
     from appliance.rewards.registry import RewardSample
 
     if engine.adapter_version is not None:
@@ -255,8 +255,8 @@ def test_the_student_endpoint_serves_over_vllm_and_its_ledger_checks_what_vllm_s
 
     from appliance.agents.endpoint_file import SUBMIT_ROUTE
     from appliance.agents.environment import rollout_groups
-    from appliance.agents.external import ExternalSource
-    from appliance.agents.loading import load_environment
+    from appliance.agents.external_source import ExternalSource
+    from appliance.agents.environment_loader import load_environment
     from appliance.agents.openai_client import OpenAIChatClient
 
     environment = load_environment("builtin:calculator", tmp_path, {})

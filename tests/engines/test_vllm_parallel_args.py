@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from appliance.config.load import parse_job_text
+from appliance.config.job_file import parse_job_text
 from appliance.engines.parallel import VllmParallelism, judge_parallelism
 from appliance.engines.vllm_engine import VLLMEngine
 

@@ -11,7 +11,7 @@ import json
 import pytest
 from tiny_model import tiny_job
 
-from appliance.config.checks import load_checked_job
+from appliance.job_checks import load_checked_job
 from appliance.grpo.run import run_job
 from appliance.grpo.step_record import StepRecord
 from appliance.tasks.multiply import load_multiply

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.agents.loading import load_environment
+from appliance.agents.environment_loader import load_environment
 from appliance.config.schema import TaskSpec
 from appliance.grpo.distributed import share
 from appliance.grpo.evaluate import GREEDY, EvalSampling, Evaluation, evaluate, evaluate_environment, merge_evaluations

@@ -9,7 +9,7 @@ import torch
 from tiny_model import make_tiny_model
 
 from appliance.config.schema import GrpoSpec, StudentSpec
-from appliance.engines.base import Sampling
+from appliance.engines.engine import Sampling
 from appliance.engines.hf import HFEngine
 from appliance.grpo.optim import make_optimizer, make_scheduler
 from appliance.grpo.student import Student, pack_batch

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.config.checks import load_checked_job
+from appliance.job_checks import load_checked_job
 from appliance.grpo.prompt_lengths import longest_prompt_tokens, measure_prompt_tokens
-from appliance.models.loading import load_tokenizer
+from appliance.models.causal_lm import load_tokenizer
 from appliance.tasks.load import load_task
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

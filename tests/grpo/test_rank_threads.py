@@ -8,7 +8,7 @@ import pytest
 
 from appliance.cli.launch import LaunchError, launch
 from appliance.cli.main import build_parser
-from appliance.config.load import parse_job_text
+from appliance.config.job_file import parse_job_text
 from appliance.grpo.rank_threads import share_cores, threads_per_rank
 
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from tiny_model import tiny_job
 
-from appliance.config.checks import load_checked_job
+from appliance.job_checks import load_checked_job
 from appliance.errors import JobStopped
 from appliance.grpo.job import build_trainer
 from appliance.grpo.run import run_job

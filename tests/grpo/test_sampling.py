@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.engines.base import Completion
+from appliance.engines.engine import Completion
 from appliance.grpo.rollout import scored_rollout
 from appliance.grpo.sampling import PromptSkipper, SamplingRounds, round_seed
 from appliance.rewards.registry import RewardScores
-from appliance.tasks.base import Problem
+from appliance.tasks.task import Problem
 from appliance.tasks.stream import ProblemStream
 
 GROUP = 4

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from appliance.budget import components as c
+from appliance.budget import components
 from appliance.budget.shapes import fixture_for, load_config, shape_from_config
 from appliance.config.schema import StudentSpec
 from appliance.grpo.student import Student, TokenBatch
@@ -67,7 +67,9 @@ def test_only_silu_gated_mlps_change_and_the_planner_follows_the_config():
     assert llama.silu_gate and not gemma.silu_gate
     # Gemma's GELU MLP keeps its activated gate too: one more [tokens x intermediate] tensor per token.
     gemma_silu = shape_from_config(dict(load_config(fixture_for("Gemma-2-9B")), hidden_activation="silu"))
-    extra = c._saved_per_token_per_layer(gemma, ["q_proj"], 2) - c._saved_per_token_per_layer(gemma_silu, ["q_proj"], 2)
+    extra = components._saved_per_token_per_layer(gemma, ["q_proj"], 2) - components._saved_per_token_per_layer(
+        gemma_silu, ["q_proj"], 2
+    )
     assert extra == gemma.intermediate * 2
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from appliance.engines.base import Completion, EngineCounters, Sampling
+from appliance.engines.engine import Completion, EngineCounters, Sampling
 
 
 class ScriptedEngine:

@@ -101,7 +101,7 @@ class PromptRecorder:
     prompts it is sent and answers every score token with the same log-probability."""
 
     def __init__(self):
-        from appliance.engines.base import EngineCounters
+        from appliance.engines.engine import EngineCounters
 
         self.counters = EngineCounters()
         self.prompts: list[str] = []

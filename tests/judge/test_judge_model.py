@@ -12,7 +12,7 @@ import math
 import pytest
 
 from appliance.config.schema import JudgeSpec
-from appliance.engines.base import Sampling
+from appliance.engines.engine import Sampling
 from appliance.judge import Judge
 from appliance.rewards.registry import RewardSample
 

@@ -184,6 +184,6 @@ def test_chat_template_kwargs_reach_a_local_template_and_an_endpoint(demo_model_
 
 
 def _sampling():
-    from appliance.engines.base import Sampling
+    from appliance.engines.engine import Sampling
 
     return Sampling(max_new_tokens=1, temperature=0.0)

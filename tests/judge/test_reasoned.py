@@ -13,7 +13,7 @@ import math
 import pytest
 
 from appliance.config.schema import JudgeSpec
-from appliance.engines.base import Completion, EngineCounters
+from appliance.engines.engine import Completion, EngineCounters
 from appliance.judge import Judge
 from appliance.judge.judge import JudgeScoringError
 from appliance.judge.prompts import REASON_PREFILL, rationale_from, score_openings

@@ -53,7 +53,7 @@ def test_the_judge_refuses_at_load(scripted_engine):
 
 
 def test_job_check_names_the_rubric_key(tmp_path):
-    from appliance.config.checks import check_job_file
+    from appliance.job_checks import check_job_file
 
     job = tmp_path / "job.yaml"
     job.write_text(

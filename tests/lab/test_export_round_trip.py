@@ -28,7 +28,7 @@ pytestmark = pytest.mark.model
 
 
 def held_out_accuracy(trained_job, model, tokenizer) -> float:
-    from appliance.config.load import load_job
+    from appliance.config.job_file import load_job
     from appliance.tasks.load import load_task
 
     spec = load_job(trained_job.job_file)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from appliance.budget.device import DeviceInfo
-from appliance.budget.ledger import Ledger
-from appliance.budget.phases import COMPONENTS
+from appliance.budget.device_probe import DeviceInfo
+from appliance.budget.memory_ledger import Ledger
+from appliance.budget.phase_memory import COMPONENTS
 from appliance.budget.plan import plan_job
 from appliance.budget.shapes import load_config
-from appliance.config.load import load_job
+from appliance.config.job_file import load_job
 from appliance.grpo.step_record import EvalResult, MemoryReading, RewardStats, StepRecord
 from appliance.models.provision import DEMO_MODEL_NAME
 from appliance.models.store import ModelStore

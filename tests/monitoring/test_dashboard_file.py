@@ -14,7 +14,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from appliance.metrics.registry import TrainingMetrics
+from appliance.metrics.training_metrics import TrainingMetrics
 from packaging_support import need_tool
 
 DASHBOARD = json.loads((Path(__file__).resolve().parents[2] / "images" / "grafana-dashboard.json").read_text())

@@ -19,7 +19,7 @@ CHECK_PATH = (
     "appliance.service.daemon",
     "appliance.judge.rubric",
     "appliance.budget.plan",
-    "appliance.budget.devices",
+    "appliance.budget.device_plans",
     "appliance.budget.shapes",
     "appliance.models.store",
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.service.slots import (
+from appliance.service.slot_assignment import (
     Waiting,
     assign,
     contiguous_free,
@@ -80,7 +80,7 @@ def test_a_rank_that_cannot_be_forked_ends_the_ranks_already_started(tmp_path, m
     import subprocess
     import sys
 
-    from appliance.service import slots
+    from appliance.service import slot_assignment
 
     real_popen, started = subprocess.Popen, []
 
@@ -90,11 +90,11 @@ def test_a_rank_that_cannot_be_forked_ends_the_ranks_already_started(tmp_path, m
         started.append(real_popen(*args, **kwargs))
         return started[-1]
 
-    monkeypatch.setattr(slots.subprocess, "Popen", second_fails)
+    monkeypatch.setattr(slot_assignment.subprocess, "Popen", second_fails)
     ours, theirs = socket.socketpair()
     command = [sys.executable, "-c", "import time; time.sleep(60)"]
     with pytest.raises(OSError, match="temporarily unavailable"):
-        slots.start_ranks(command, GPUS[:2], 2, tmp_path, theirs.fileno(), {"PATH": "/usr/bin:/bin"})
+        slot_assignment.start_ranks(command, GPUS[:2], 2, tmp_path, theirs.fileno(), {"PATH": "/usr/bin:/bin"})
     assert started[0].returncode == -9  # killed and waited for
     ours.close()
     theirs.close()
@@ -117,8 +117,8 @@ def test_a_worker_without_its_channel_is_refused_unless_it_is_a_later_rank(tmp_p
 def test_a_job_wanting_more_slots_than_the_box_has_fails_instead_of_holding_up_the_queue(tmp_path):
     import os
 
-    from appliance.metrics.registry import TrainingMetrics
-    from appliance.service.store import JobStore
+    from appliance.metrics.training_metrics import TrainingMetrics
+    from appliance.service.job_store import JobStore
     from appliance.service.supervisor import Supervisor
 
     metrics = TrainingMetrics(version="t", student_model="", judge_model=None)
@@ -141,8 +141,8 @@ def test_the_daemon_plans_what_each_rank_holds_its_share_of_the_step(store_data_
     import yaml
     from daemon_support import tiny_job
 
-    from appliance.budget.device import DeviceInfo
-    from appliance.config.load import parse_job_text
+    from appliance.budget.device_probe import DeviceInfo
+    from appliance.config.job_file import parse_job_text
     from appliance.service.submission import plan_on
 
     def planned(gpus: int):
@@ -163,10 +163,10 @@ def test_ranks_still_exiting_after_a_clean_rank_0_get_time_and_a_stuck_one_does_
     import sys
     import time
 
-    from appliance.service import supervisor as supervising
+    from appliance.service import supervisor
     from appliance.service.supervisor import Worker
 
-    monkeypatch.setattr(supervising, "RANK_EXIT_GRACE_SECONDS", 1.0)
+    monkeypatch.setattr(supervisor, "RANK_EXIT_GRACE_SECONDS", 1.0)
     leader = subprocess.Popen([sys.executable, "-c", "pass"])
     leader.wait()
     leaving = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])

@@ -11,7 +11,7 @@ import pytest
 
 from appliance.agents.endpoint_file import write_endpoint
 from appliance.service.daemon import Daemon, DaemonOptions
-from appliance.service.external import EndpointRefused, job_endpoint
+from appliance.service.external_forward import EndpointRefused, job_endpoint
 
 TOKEN = "k" * 43
 

@@ -6,7 +6,7 @@ import pytest
 
 from appliance.errors import ApplianceError, DiskFullError, JobStopped
 from appliance.service.control import Unauthenticated, status_of
-from appliance.service.store import BadTransition, StoreUnwritable, UnknownJob
+from appliance.service.job_store import BadTransition, StoreUnwritable, UnknownJob
 from appliance.service.submission import SubmissionRejected
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from appliance.export.errors import ExportError
+from appliance.errors import ExportError
 from appliance.export.exporter import _umask
 from appliance.service.exports import MAX_WAITING, ExportCancelled, ExportRunner, ExportsBusy
 

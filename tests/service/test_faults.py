@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.metrics.registry import TrainingMetrics
-from appliance.service.store import JobStore, StoreUnwritable
+from appliance.metrics.training_metrics import TrainingMetrics
+from appliance.service.job_store import JobStore, StoreUnwritable
 from appliance.service.supervisor import Slot, Supervisor, Worker
 from appliance.service.worker import Channel
 from disk_support import fill_disk
@@ -276,7 +276,7 @@ def test_a_daemon_killed_during_submit_leaves_no_job_without_its_file(tmp_path, 
         f"""
         import os, signal
         from pathlib import Path
-        from appliance.service.store import JobStore
+        from appliance.service.job_store import JobStore
         store = JobStore({str(tmp_path / "appliance.db")!r})
         def die(job_id):  # inside the transaction: the row is inserted, not committed
             if {write_first}:

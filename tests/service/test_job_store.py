@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from appliance.service.api import JOB_ID_PATTERN, JOB_STATES, TERMINAL_STATES
-from appliance.service.store import TRANSITIONS, BadTransition, JobStore, UnknownJob
+from appliance.service.job_store import TRANSITIONS, BadTransition, JobStore, UnknownJob
 
 SPEC = {"name": "j", "student": {"model": "m"}, "grpo": {"steps": 3}}
 

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from appliance.service.store import JobStore
+from appliance.service.job_store import JobStore
 from daemon_support import group_alive, prometheus_query, tiny_job, wait_for, worker_pids
 from service_latency import percentile
 

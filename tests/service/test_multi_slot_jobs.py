@@ -13,8 +13,8 @@ import yaml
 from daemon_support import link_model_store, tiny_job, worker_pids
 from prometheus_client import generate_latest
 
-from appliance.metrics.registry import TrainingMetrics
-from appliance.service.store import JobStore
+from appliance.metrics.training_metrics import TrainingMetrics
+from appliance.service.job_store import JobStore
 from appliance.service.supervisor import Slot, Supervisor
 
 pytestmark = pytest.mark.model

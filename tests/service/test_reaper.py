@@ -18,9 +18,9 @@ CANCELS = textwrap.dedent(
     """
     import json, os, socket, subprocess, sys, threading, time
     from pathlib import Path
-    from appliance.metrics.registry import TrainingMetrics
+    from appliance.metrics.training_metrics import TrainingMetrics
     from appliance.service.reaper import become_subreaper
-    from appliance.service.store import JobStore
+    from appliance.service.job_store import JobStore
     from appliance.service.supervisor import Slot, Supervisor, Worker
     from appliance.service.worker import Channel
 

@@ -1,5 +1,5 @@
 """Agent trajectories in samples.jsonl as the operator sees them: parsed once (appliance.service.samples),
-drawn in the TUI's Samples tab (tui.widgets.trajectory) and printed by `appliance jobs samples`."""
+drawn in the TUI's Samples tab (tui.widgets.trajectory_view) and printed by `appliance jobs samples`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from rich.console import Console
 from appliance.cli.samples_text import samples_text
 from appliance.service.samples import group_records, parse_trajectory
 from tui.screens.job import render_samples
-from tui.widgets.trajectory import TRAINED_STYLE, mask_text, render_trajectory
+from tui.widgets.trajectory_view import TRAINED_STYLE, mask_text, render_trajectory
 from tui_fixed import SAMPLES, TRAJECTORIES
 
 

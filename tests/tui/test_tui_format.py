@@ -2,32 +2,32 @@
 
 from __future__ import annotations
 
-from tui.widgets import format as fmt
+from tui.widgets import formatting
 from tui.widgets.job_table import JobRow, cells, sort_rows
 from tui.widgets.memory_bar import stacked_bar
 from tui.widgets.reward_chart import step_ticks
 
 
 def test_durations_and_bytes():
-    assert [fmt.duration(s) for s in (0, 42, 185, 7620, 3 * 86400 + 4 * 3600)] == [
+    assert [formatting.duration(s) for s in (0, 42, 185, 7620, 3 * 86400 + 4 * 3600)] == [
         "0s",
         "42s",
         "3m05s",
         "2h07m",
         "3d04h",
     ]
-    assert fmt.duration(None) == fmt.MISSING
-    assert fmt.gib(3 * 2**30 + 2**29) == "3.5 GiB"
-    assert fmt.used_of(2**30, None) == "1.0/– GiB"
-    assert fmt.eta(10, 50, 9.0) == 360.0 and fmt.eta(0, 50, None) is None
+    assert formatting.duration(None) == formatting.MISSING
+    assert formatting.gib(3 * 2**30 + 2**29) == "3.5 GiB"
+    assert formatting.used_of(2**30, None) == "1.0/– GiB"
+    assert formatting.eta(10, 50, 9.0) == 360.0 and formatting.eta(0, 50, None) is None
 
 
 def test_bars_and_trend():
-    assert fmt.progress_bar(37, 50, 10) == "███████░░░"
-    assert fmt.progress_bar(0, 0, 4) == "░░░░"
-    assert fmt.sparkline([0.0, 0.5, 1.0], 8) == "▁▅█"
-    assert fmt.sparkline([1.0, 2.0, 3.0, 4.0], 2) == "▁█"  # only the last `width` values
-    assert len(set(fmt.sparkline([0.3, 0.3], 4))) == 1
+    assert formatting.progress_bar(37, 50, 10) == "███████░░░"
+    assert formatting.progress_bar(0, 0, 4) == "░░░░"
+    assert formatting.sparkline([0.0, 0.5, 1.0], 8) == "▁▅█"
+    assert formatting.sparkline([1.0, 2.0, 3.0, 4.0], 2) == "▁█"  # only the last `width` values
+    assert len(set(formatting.sparkline([0.3, 0.3], 4))) == 1
 
 
 def test_step_ticks_are_whole_and_span_the_run():

@@ -16,7 +16,7 @@ from daemon_support import tiny_job
 from tui_support import in_thread, screen_text, until, widget_text
 
 from appliance.service.client import Client
-from tui import messages as m
+from tui import messages
 from tui.app import ApplianceApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.job import JobScreen
@@ -51,10 +51,10 @@ async def test_operator_path_against_a_real_daemon(daemon):
     app = ApplianceApp(str(daemon.socket_path))
     seen_states: list[str] = []
     seconds: dict[str, float] = {}  # what each wait took, printed for the record
-    changes: list[m.JobChanged] = []
+    changes: list[messages.JobChanged] = []
 
     def record(message) -> None:
-        if isinstance(message, m.JobChanged):
+        if isinstance(message, messages.JobChanged):
             changes.append(message)
 
     async with app.run_test(size=(120, 40), notifications=True, message_hook=record) as pilot:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from appliance.grpo.step_record import EvalResult, MemoryReading, RewardStats, StepRecord
 from appliance.service.api import CheckpointInfo, DeviceStatus, JobDetail, JobSummary, SlotStatus
-from tui import messages as m
+from tui import messages
 from tui.app import ApplianceApp
 from tui.screens.compare import CompareScreen
 from tui.screens.device import DeviceScreen
@@ -172,7 +172,7 @@ DEVICE = DeviceStatus(
 
 class FixedJobsScreen(JobsScreen):
     def start_polling(self) -> None:
-        self.post_message(m.JobsLoaded(JOBS, {k: v[-16:] for k, v in HISTORY.items()}, BUDGETS))
+        self.post_message(messages.JobsLoaded(JOBS, {k: v[-16:] for k, v in HISTORY.items()}, BUDGETS))
 
 
 SAMPLES = [  # samples.jsonl lines of step 37: two prompts, two completions each
@@ -274,30 +274,30 @@ TRAJECTORIES = [  # samples.jsonl lines of step 12 of an agent job: one scenario
 
 class FixedJobScreen(JobScreen):
     def start_polling(self) -> None:
-        self.post_message(m.JobLoaded(DETAIL))
-        self.post_message(m.StepsArrived(DETAIL.id, HISTORY[DETAIL.id]))
-        self.post_message(m.LogLoaded(DETAIL.id, LOG, reset=True))
+        self.post_message(messages.JobLoaded(DETAIL))
+        self.post_message(messages.StepsArrived(DETAIL.id, HISTORY[DETAIL.id]))
+        self.post_message(messages.LogLoaded(DETAIL.id, LOG, reset=True))
 
     def load_tab(self, tab: str | None) -> None:
         if tab == "samples":
-            self.post_message(m.SamplesLoaded(DETAIL.id, 37, [35, 36, 37], SAMPLES))
+            self.post_message(messages.SamplesLoaded(DETAIL.id, 37, [35, 36, 37], SAMPLES))
 
 
 class FixedAgentJobScreen(FixedJobScreen):
     def load_tab(self, tab: str | None) -> None:
         if tab == "samples":
-            self.post_message(m.SamplesLoaded(DETAIL.id, 12, [11, 12], TRAJECTORIES))
+            self.post_message(messages.SamplesLoaded(DETAIL.id, 12, [11, 12], TRAJECTORIES))
 
 
 class FixedCompareScreen(CompareScreen):
     def start_polling(self) -> None:
         ids = ["3f9a1c07de", "0a1b2c3d4e", "5566778899"]
-        self.post_message(m.HistoriesLoaded({i: HISTORY[i] for i in ids}, {job.id: job.name for job in JOBS}))
+        self.post_message(messages.HistoriesLoaded({i: HISTORY[i] for i in ids}, {job.id: job.name for job in JOBS}))
 
 
 class FixedDeviceScreen(DeviceScreen):
     def start_polling(self) -> None:
-        self.post_message(m.DeviceLoaded(DEVICE, {"3f9a1c07de": PLAN}))
+        self.post_message(messages.DeviceLoaded(DEVICE, {"3f9a1c07de": PLAN}))
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multiply.yaml"

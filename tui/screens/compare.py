@@ -9,9 +9,9 @@ from textual.containers import Grid
 from textual.widgets import Static
 
 from tui import feeds, polling, views
-from tui import messages as m
-from tui.screens.base import DaemonScreen
-from tui.widgets import format as fmt
+from tui import messages
+from tui.screens.daemon_screen import DaemonScreen
+from tui.widgets import formatting
 from tui.widgets.reward_chart import LineChart
 
 REFRESH_SECONDS = 5.0
@@ -38,7 +38,7 @@ class CompareScreen(DaemonScreen):
         histories = feeds.HistoriesFeed(self.app.client, self.job_ids)
         polling.poll(self, "compare", histories.poll, REFRESH_SECONDS)
 
-    def on_histories_loaded(self, message: m.HistoriesLoaded) -> None:
+    def on_histories_loaded(self, message: messages.HistoriesLoaded) -> None:
         label = {job_id: f"{message.names[job_id]} {job_id[:4]}" for job_id in message.histories}
         self.query_one("#compare-reward", LineChart).show(
             {
@@ -57,8 +57,8 @@ class CompareScreen(DaemonScreen):
             table.add_row(
                 label[job_id],
                 str(records[-1].step if records else 0),
-                fmt.number(records[-1].reward_mean if records else None),
-                fmt.number(max((r.reward_mean for r in records), default=None)),
-                fmt.percent(accuracy[-1][1] if accuracy else None),
+                formatting.number(records[-1].reward_mean if records else None),
+                formatting.number(max((r.reward_mean for r in records), default=None)),
+                formatting.percent(accuracy[-1][1] if accuracy else None),
             )
         self.query_one("#compare-legend", Static).update(table)

@@ -11,9 +11,9 @@ from textual.widgets import Static
 
 from appliance.service.api import JsonObject, SlotStatus
 from tui import feeds, polling, views
-from tui import messages as m
-from tui.screens.base import DaemonScreen
-from tui.widgets import format as fmt
+from tui import messages
+from tui.screens.daemon_screen import DaemonScreen
+from tui.widgets import formatting
 from tui.widgets.memory_bar import MemoryBar
 
 POLL_SECONDS = 2.0
@@ -32,7 +32,7 @@ class DeviceScreen(DaemonScreen):
     def start_polling(self) -> None:
         polling.poll(self, "device", lambda: feeds.device(self.app.client), POLL_SECONDS)
 
-    async def on_device_loaded(self, message: m.DeviceLoaded) -> None:
+    async def on_device_loaded(self, message: messages.DeviceLoaded) -> None:
         box = self.query_one("#slots", VerticalScroll)
         slots = message.status.slots
         if len(box.query(".slot-head")) != len(slots):
@@ -49,7 +49,7 @@ class DeviceScreen(DaemonScreen):
             plan = message.plans.get(slot.job_id or "", {})
             self.query_one(f"#slot-head-{slot.index}", Static).update(slot_head(slot, plan))
             self.query_one(f"#slot-bar-{slot.index}", MemoryBar).show(views.memory_view(slot))
-        self.query_one("#device-foot", Static).update(f"disk free {fmt.gib(message.status.disk_free_bytes)}")
+        self.query_one("#device-foot", Static).update(f"disk free {formatting.gib(message.status.disk_free_bytes)}")
 
 
 def slot_head(slot: SlotStatus, plan: JsonObject) -> Table:
@@ -58,7 +58,8 @@ def slot_head(slot: SlotStatus, plan: JsonObject) -> Table:
     table.add_column(style="bold")
     table.add_column()
     table.add_row(
-        Text(f"{slot.kind} {slot.index}"), Text(f"{slot.name}  used {fmt.used_of(slot.used_bytes, slot.total_bytes)}")
+        Text(f"{slot.kind} {slot.index}"),
+        Text(f"{slot.name}  used {formatting.used_of(slot.used_bytes, slot.total_bytes)}"),
     )
     table.add_row("job", Text(slot.job_id or "idle"))
     if slot.job_id:

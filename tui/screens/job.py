@@ -15,12 +15,12 @@ from textual.widgets import RichLog, Select, Static, TabbedContent, TabPane, Tex
 from appliance.service.api import PHASES, JobDetail, JsonObject, StepRecord
 from appliance.service.samples import is_trajectory, parse_trajectory
 from tui import feeds, polling, views
-from tui import messages as m
-from tui.screens.base import DaemonScreen
-from tui.widgets import format as fmt
+from tui import messages
+from tui.screens.daemon_screen import DaemonScreen
+from tui.widgets import formatting
 from tui.widgets.memory_bar import MemoryBar
 from tui.widgets.reward_chart import LineChart
-from tui.widgets.trajectory import render_trajectory
+from tui.widgets.trajectory_view import render_trajectory
 
 LOG_SECONDS = 1.0
 LOG_MAX_LINES = 2000
@@ -98,14 +98,14 @@ class JobScreen(DaemonScreen):
 
     # ----- data in -----------------------------------------------------------------------------------
 
-    def on_job_loaded(self, message: m.JobLoaded) -> None:
+    def on_job_loaded(self, message: messages.JobLoaded) -> None:
         first = self.job is None
         self.job = message.job
         self.show_head()
         if first:
             self.show_config()
 
-    def on_steps_arrived(self, message: m.StepsArrived) -> None:
+    def on_steps_arrived(self, message: messages.StepsArrived) -> None:
         if not message.records and self.records:
             return
         known = {record.step for record in self.records}
@@ -113,14 +113,14 @@ class JobScreen(DaemonScreen):
         self.show_head()
         self.show_overview()
 
-    def on_log_loaded(self, message: m.LogLoaded) -> None:
+    def on_log_loaded(self, message: messages.LogLoaded) -> None:
         log = self.query_one("#log", RichLog)
         if message.reset:
             log.clear()
         for line in message.lines:
             log.write(line)
 
-    def on_samples_loaded(self, message: m.SamplesLoaded) -> None:
+    def on_samples_loaded(self, message: messages.SamplesLoaded) -> None:
         self.sample_step = message.step
         select = self.query_one("#sample-step", Select)
         with select.prevent(Select.Changed):
@@ -131,7 +131,7 @@ class JobScreen(DaemonScreen):
             render_samples(message.samples) if message.samples else "no samples yet"
         )
 
-    def on_judge_loaded(self, message: m.JudgeLoaded) -> None:
+    def on_judge_loaded(self, message: messages.JudgeLoaded) -> None:
         self.query_one("#judge-list", Static).update(
             render_judge(message.entries)
             if message.entries
@@ -174,13 +174,13 @@ class JobScreen(DaemonScreen):
         if job is None:
             return
         pace = views.seconds_per_step(self.records)
-        left = None if feeds.is_final(job.state) else fmt.eta(job.step, job.steps_total, pace)
+        left = None if feeds.is_final(job.state) else formatting.eta(job.step, job.steps_total, pace)
         head = Text.assemble(
             (f"{job.name} ", "bold"),
             f"({job.id}) ",
             (job.state, "bold"),
-            f"  step {job.step}/{job.steps_total} {fmt.progress_bar(job.step, job.steps_total, 10)}",
-            f"  {fmt.duration(pace)}/step  ETA {fmt.duration(left)}",
+            f"  step {job.step}/{job.steps_total} {formatting.progress_bar(job.step, job.steps_total, 10)}",
+            f"  {formatting.duration(pace)}/step  ETA {formatting.duration(left)}",
             f"  phase {job.phase}" if job.phase else "",
         )
         if job.reason:
@@ -221,22 +221,22 @@ def render_stats(records: list[StepRecord], job: JobDetail | None) -> Table:
     table.add_row(
         "reward",
         Text(  # reward names are the job file's (plugin paths): plain text, never markup
-            f"{fmt.number(last.reward_mean)} ± {fmt.number(last.reward_std)}  "
-            + "  ".join(f"{name} {fmt.number(stats.mean)}" for name, stats in sorted(last.rewards.items()))
+            f"{formatting.number(last.reward_mean)} ± {formatting.number(last.reward_std)}  "
+            + "  ".join(f"{name} {formatting.number(stats.mean)}" for name, stats in sorted(last.rewards.items()))
         ),
     )
     evaluated = [record.eval for record in records if record.eval is not None]
     if evaluated:
         table.add_row(
             "held-out",
-            f"accuracy {fmt.percent(evaluated[-1].accuracy)}  format "
-            f"{fmt.percent(evaluated[-1].format_compliance)}  ({evaluated[-1].problems} problems)",
+            f"accuracy {formatting.percent(evaluated[-1].accuracy)}  format "
+            f"{formatting.percent(evaluated[-1].format_compliance)}  ({evaluated[-1].problems} problems)",
         )
     table.add_row(
         "train",
-        f"loss {fmt.number(last.loss, 4)}  KL {fmt.number(last.kl, 4)}  "
-        f"clip {fmt.percent(last.clip_ratio)}  length {last.completion_length_mean:.1f} tok  "
-        f"{fmt.rate(last.student_tokens_per_second)} tok/s",
+        f"loss {formatting.number(last.loss, 4)}  KL {formatting.number(last.kl, 4)}  "
+        f"clip {formatting.percent(last.clip_ratio)}  length {last.completion_length_mean:.1f} tok  "
+        f"{formatting.rate(last.student_tokens_per_second)} tok/s",
     )
     phases = [(phase, last.seconds[phase]) for phase in PHASES if last.seconds.get(phase)]
     table.add_row(
@@ -302,14 +302,15 @@ def render_completions(grouped: dict[int, list[list[dict]]]) -> Table:
             )
             for index, sample in enumerate(group, start=1):
                 rewards = "  ".join(
-                    f"{name} {fmt.number(value, 2)}" for name, value in sorted((sample.get("rewards") or {}).items())
+                    f"{name} {formatting.number(value, 2)}"
+                    for name, value in sorted((sample.get("rewards") or {}).items())
                 )
                 table.add_row(
                     str(index),
                     Text(str(sample.get("completion", "")).strip()),
                     Text(
-                        f"{fmt.number(sample.get('reward'), 2)}  {rewards}\n"
-                        f"advantage {fmt.number(sample.get('advantage'), 2)}"
+                        f"{formatting.number(sample.get('reward'), 2)}  {rewards}\n"
+                        f"advantage {formatting.number(sample.get('advantage'), 2)}"
                     ),
                 )
     return table
@@ -326,7 +327,7 @@ def render_judge(entries: list[JsonObject]) -> Table:
         table.add_row(
             Text(str(entry.get("step", ""))),
             Text(str(entry.get("outcome", ""))),
-            Text(" ".join(fmt.number(s, 2) for s in scores) if isinstance(scores, list) else str(scores)),
+            Text(" ".join(formatting.number(s, 2) for s in scores) if isinstance(scores, list) else str(scores)),
             Text(str(entry.get("raw_output", "")).strip()),
         )
         if entry.get("errors"):
@@ -341,7 +342,9 @@ def render_plan(plan: JsonObject) -> Table:
     engines = plan.get("engines") or {}
     choices = plan.get("choices") or {}
     table.add_row("fits", "yes" if plan.get("fits") else "no")
-    table.add_row("peak", f"{fmt.gib(plan.get('peak_bytes'), 2)} of {fmt.gib(plan.get('budget_bytes'), 2)} budget")
+    table.add_row(
+        "peak", f"{formatting.gib(plan.get('peak_bytes'), 2)} of {formatting.gib(plan.get('budget_bytes'), 2)} budget"
+    )
     table.add_row("engines", Text(", ".join(f"{role} {name}" for role, name in engines.items() if name)))
     for key in ("time_share", "micro_batch_size", "gradient_checkpointing", "rollout_weights"):
         if key in choices:

@@ -8,8 +8,8 @@ from textual.widgets import DataTable, Static
 
 from appliance.service.api import JOB_STATES, JobSummary, StepRecord
 from tui import feeds, polling, views
-from tui import messages as m
-from tui.screens.base import DaemonScreen
+from tui import messages
+from tui.screens.daemon_screen import DaemonScreen
 from tui.screens.compare import CompareScreen
 from tui.screens.job import JobScreen
 from tui.widgets.job_table import SORTS, JobTable, sort_rows
@@ -50,7 +50,7 @@ class JobsScreen(DaemonScreen):
         jobs = feeds.JobsFeed(self.app.client)
         polling.poll(self, "jobs", jobs.poll, interval=0.0)  # paced by the events long-poll
 
-    def on_jobs_loaded(self, message: m.JobsLoaded) -> None:
+    def on_jobs_loaded(self, message: messages.JobsLoaded) -> None:
         self.jobs = message.jobs
         self.records = message.records
         self.budgets = message.budgets

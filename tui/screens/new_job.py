@@ -11,8 +11,8 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Input, Select, Static, TextArea
 
 from tui import feeds, polling, views
-from tui import messages as m
-from tui.screens.base import DaemonScreen
+from tui import messages
+from tui.screens.daemon_screen import DaemonScreen
 from tui.screens.job import render_plan
 from tui.widgets.memory_bar import MemoryBar
 
@@ -56,7 +56,7 @@ class NewJobScreen(DaemonScreen):
         folders = example_folders()
         polling.once(self, "examples", lambda: feeds.example_files(folders))
 
-    def on_examples_found(self, message: m.ExamplesFound) -> None:
+    def on_examples_found(self, message: messages.ExamplesFound) -> None:
         select = self.query_one("#example", Select)
         with select.prevent(Select.Changed):
             select.set_options([(path.name, str(path)) for path in message.paths])
@@ -72,7 +72,7 @@ class NewJobScreen(DaemonScreen):
         """Read the file in a worker; on_job_file_read puts it in the editor."""
         polling.once(self, "read", lambda: feeds.read_job_file(path))
 
-    def on_job_file_read(self, message: m.JobFileRead) -> None:
+    def on_job_file_read(self, message: messages.JobFileRead) -> None:
         if message.text is None:
             self.show_result(message.problem or "")
             return
@@ -103,7 +103,7 @@ class NewJobScreen(DaemonScreen):
     def action_submit(self) -> None:
         self.send(dry_run=False)
 
-    def on_validated(self, message: m.Validated) -> None:
+    def on_validated(self, message: messages.Validated) -> None:
         result = self.query_one("#new-result", Static)
         if message.ok:
             result.update(render_plan(message.plan))
@@ -112,10 +112,10 @@ class NewJobScreen(DaemonScreen):
         if message.plan:
             self.query_one("#new-plan-bar", MemoryBar).show(views.plan_memory_view(message.plan))
 
-    def on_action_done(self, message: m.ActionDone) -> None:
+    def on_action_done(self, message: messages.ActionDone) -> None:
         if message.action == "submit":
             self.show_result(message.text)
 
-    def on_action_failed(self, message: m.ActionFailed) -> None:
+    def on_action_failed(self, message: messages.ActionFailed) -> None:
         if message.action == "submit":
             self.show_result(message.text)

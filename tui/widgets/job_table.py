@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import DataTable
 
-from tui.widgets import format as fmt
+from tui.widgets import formatting
 
 WIDE_COLUMNS = 100
 NAME_WIDTH = 16
@@ -79,22 +79,22 @@ def cells(row: JobRow, now: float, compact: bool) -> list:
         return [
             Text(mark) + name,
             state,
-            f"{fmt.progress_bar(row.step, row.steps_total, 5)} {row.step}/{row.steps_total}",
-            f"{fmt.number(row.reward):>5} {fmt.sparkline(row.rewards, 6)}",
-            fmt.rate(row.tokens_per_second),
-            fmt.used_of(row.memory_used_bytes, row.memory_budget_bytes).replace(" GiB", "G"),
+            f"{formatting.progress_bar(row.step, row.steps_total, 5)} {row.step}/{row.steps_total}",
+            f"{formatting.number(row.reward):>5} {formatting.sparkline(row.rewards, 6)}",
+            formatting.rate(row.tokens_per_second),
+            formatting.used_of(row.memory_used_bytes, row.memory_budget_bytes).replace(" GiB", "G"),
         ]
     return [
         mark,
         row.id,
         name,
         state,
-        f"{fmt.progress_bar(row.step, row.steps_total, 8)} {row.step}/{row.steps_total}",
-        fmt.number(row.reward),
-        fmt.sparkline(row.rewards, 8),
-        fmt.rate(row.tokens_per_second),
-        fmt.used_of(row.memory_used_bytes, row.memory_budget_bytes),
-        fmt.age(row.created, now),
+        f"{formatting.progress_bar(row.step, row.steps_total, 8)} {row.step}/{row.steps_total}",
+        formatting.number(row.reward),
+        formatting.sparkline(row.rewards, 8),
+        formatting.rate(row.tokens_per_second),
+        formatting.used_of(row.memory_used_bytes, row.memory_budget_bytes),
+        formatting.age(row.created, now),
     ]
 
 

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.widgets import format as fmt
+from tui.widgets import formatting
 
 # Component order and colors (named colors: readable without truecolor).
 COMPONENT_STYLES = {
@@ -104,16 +104,16 @@ class MemoryBar(Static):
             legend.add_column("used", justify="right")
         for name in dict(_ordered({**view.planned_bytes, **view.used_bytes})):
             style = COMPONENT_STYLES.get(name, OTHER_STYLE)
-            cells = [fmt.gib(view.planned_bytes.get(name), 2)] + (
-                [fmt.gib(view.used_bytes.get(name), 2)] if measured else []
+            cells = [formatting.gib(view.planned_bytes.get(name), 2)] + (
+                [formatting.gib(view.used_bytes.get(name), 2)] if measured else []
             )
             legend.add_row(Text("■ ", style=style) + Text(name), *cells)
-        totals = [fmt.gib(planned_total, 2)] + ([fmt.gib(used_total, 2)] if measured else [])
+        totals = [formatting.gib(planned_total, 2)] + ([formatting.gib(used_total, 2)] if measured else [])
         legend.add_row(Text("total", style="bold"), *totals)
         summary = Text.assemble(
             ("budget ", "bold"),
-            f"{fmt.gib(view.budget_bytes)} {BUDGET_MARK}   ",
+            f"{formatting.gib(view.budget_bytes)} {BUDGET_MARK}   ",
             ("device ", "bold"),
-            fmt.used_of(view.device_used_bytes, view.device_total_bytes),
+            formatting.used_of(view.device_used_bytes, view.device_total_bytes),
         )
         return Group(bars, Text(""), summary, Text(""), legend)

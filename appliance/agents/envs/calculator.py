@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from appliance.agents.environment import Episode, Scenario, Split, ToolEnvironment, ToolResult
 from appliance.agents.toolcalls import format_call, function_tool
 from appliance.agents.trajectory import AssistantMessage, FunctionCall, Message, ToolCall, ToolMessage, UserMessage
+from appliance.conventions import BUILTIN_RESULT_TOKENS
 from appliance.rewards.extract import answers_match
-from appliance.tasks.base import split_held_out
+from appliance.tasks.task import split_held_out
 from appliance.tasks.multiply import multiply_problems
 
 SYSTEM_PROMPT = (
@@ -45,7 +46,7 @@ class CalculatorEnvironment(ToolEnvironment):
     max_turns = 3
     # The longest tool message the loop writes here, an unreadable call's error with its example call, takes
     # 62 tokens with its template and the next turn's header (a product: 14; tests/agents/test_agent_job_config.py).
-    result_tokens = 64
+    result_tokens = BUILTIN_RESULT_TOKENS["builtin:calculator"]
 
     def __init__(self, operand_min: int = 11, operand_max: int = 99, held_out: int = 200, split_seed: int = 0):
         problems = multiply_problems(operand_min, operand_max)

@@ -1,6 +1,6 @@
 """Checks of a job file against the outside world, reported at the key and line they concern.
 
-The schema (schema.py) says what a job file may contain; these checks say
+The schema (config/schema.py) says what a job file may contain; these checks say
 whether this box can run it: the models are in the model store (or are model
 folders), the dataset exists, each reward is registered or is a plugin file
 that defines the named function, and the rewards make sense together.
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from appliance.config.load import ConfigError, JobFileError, ParsedJob, read_job
+from appliance.config.job_file import ConfigError, JobFileError, ParsedJob, read_job
 from appliance.conventions import (
     BUILTIN_DATASET_PREFIX,
     ENVIRONMENT_REWARD,
@@ -102,7 +102,7 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
     environment = _at(data, "task", "environment")
     dataset = parsed.spec.task.dataset if parsed.spec is not None else _at(data, "task", "dataset")
     if isinstance(environment, str) and environment:
-        from appliance.agents.loading import environment_problem
+        from appliance.agents.environment_loader import environment_problem
 
         problem = environment_problem(environment, data_dir)
         if problem:
@@ -248,7 +248,7 @@ def model_problem(reference: str, base_dir: Path, data_dir: Path, store_names: l
 
 def dataset_problem(dataset: str, base_dir: Path, read_rows: bool = True) -> str | None:
     """Why `task.dataset` cannot be read here; with `read_rows` every row of a .jsonl file is checked."""
-    from appliance.tasks.base import TaskError
+    from appliance.tasks.task import TaskError
     from appliance.tasks.jsonl import load_jsonl_problems
     from appliance.tasks.load import BUILTINS
 
@@ -276,7 +276,7 @@ def dataset_problem(dataset: str, base_dir: Path, read_rows: bool = True) -> str
 
 def _task_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
     """Load the task as the trainer will; its errors name task.held_out or concern the dataset."""
-    from appliance.tasks.base import TaskError
+    from appliance.tasks.task import TaskError
     from appliance.tasks.load import load_task
 
     try:

@@ -3,7 +3,7 @@
 The YAML is composed into nodes first so that each key path knows its line;
 pydantic then validates the plain data and its errors are mapped back to
 those lines. Unknown keys get a did-you-mean suggestion. `read_job` keeps the
-plain data and the line index so that `checks.py` can report the problems it
+plain data and the line index so that `appliance/job_checks.py` can report the problems it
 finds (model store, files, reward registry) at the same keys and lines.
 """
 
@@ -293,7 +293,7 @@ def load_job(path: str | Path) -> JobSpec:
     """Read and validate a job file against the schema; raise JobFileError with every problem.
 
     This does not look at the model store or other files: use
-    `appliance.config.checks.load_checked_job` before training.
+    `appliance.job_checks.load_checked_job` before training.
     """
     parsed = read_job(path)
     if parsed.spec is None:

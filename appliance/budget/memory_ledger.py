@@ -11,7 +11,7 @@ In the step loop:
 
     reset_peak(device.kind); run the phase; ledger.phase_peak("generate", peak_bytes(device.kind))
 
-(`reset_peak` and `peak_bytes` are in appliance.budget.device.)
+(`reset_peak` and `peak_bytes` are in appliance.budget.device_probe.)
 """
 
 from __future__ import annotations

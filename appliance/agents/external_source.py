@@ -5,7 +5,7 @@ worker serves the student with its current adapter on an OpenAI-compatible
 `/v1/chat/completions` (loopback unless the daemon's `--agent-endpoint-addr` says
 otherwise, agents/endpoint_bind.py; a per-job bearer token in `<job>/endpoint.json`,
 handed out by `GET /jobs/{id}/endpoint`). Agents submit trajectory groups to
-it; the served-token ledger (agents/ledger.py) checks them and the accepted
+it; the served-token ledger (agents/served_tokens.py) checks them and the accepted
 ones queue for `collect`.
 """
 
@@ -26,11 +26,17 @@ from pydantic import TypeAdapter, ValidationError
 
 from appliance.agents.endpoint_bind import LOOPBACK_ANY_PORT, EndpointBind, EndpointBindError
 from appliance.agents.endpoint_file import ENDPOINT_FILE, SUBMIT_ROUTE, previous_endpoint, write_endpoint
-from appliance.agents.ledger import DEFAULT_CAPACITY, Freshness, ServedLedger, TrajectoryRefused, trained_turn_keys
+from appliance.agents.served_tokens import (
+    DEFAULT_CAPACITY,
+    Freshness,
+    ServedLedger,
+    TrajectoryRefused,
+    trained_turn_keys,
+)
 from appliance.agents.spool import GroupSpool, Spooled
 from appliance.agents.toolcalls import parse_tool_calls, template_messages
 from appliance.agents.trajectory import Message, TrajectoryGroup
-from appliance.engines.base import LocalEngine
+from appliance.engines.engine import LocalEngine
 from appliance.engines.openai_server import ChatService, SamplingPolicy, build_app, serve_app_in_thread
 from appliance.errors import ApplianceError, StopBeforeStep
 from appliance.paths import served_ledger_file, submitted_groups_dir
@@ -140,7 +146,7 @@ class ExternalSource:
 
     Nothing accepted is lost when the worker restarts: a submission is answered "accepted" only once its groups
     are on disk (agents/spool.py), and they leave the disk only once the step that trained them is checkpointed.
-    The ledger (agents/ledger_file.py), the token and, when free, the port (agents/endpoint_file.py) outlive a
+    The ledger (agents/served_tokens_file.py), the token and, when free, the port (agents/endpoint_file.py) outlive a
     restart too, so completions served before it can still be submitted and forged or reused ones are refused.
     """
 

@@ -9,7 +9,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import start_http_server
 
 from appliance.errors import UsageError
-from appliance.metrics.registry import TrainingMetrics
+from appliance.metrics.training_metrics import TrainingMetrics
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from appliance.budget import components as c
-from appliance.budget.device import DeviceInfo
+from appliance.budget import components
+from appliance.budget.device_probe import DeviceInfo
 from appliance.budget.plan import Plan, budget_of, plan_job
 from appliance.budget.shapes import shape_from_config
 from appliance.budget.workload import judge_prompt_tokens, resolve_compute_dtype, resolve_engine
@@ -132,8 +132,8 @@ def _judge_device(job: JobSpec, judge_config: dict | None, device: DeviceInfo) -
     # vLLM: TP over the judge's devices of a box, PP over the boxes (engines/parallel.py).
     tp = job.resources.judge_gpus * job.resources.nodes
     shape = shape_from_config(judge_config, job.judge.model)
-    dtype = c.DTYPE_BYTES[resolve_compute_dtype(job.student.compute_dtype, device.kind)]
-    weights = -(-c.weights_bytes(shape, job.judge.quantization, dtype) // tp)
+    dtype = components.DTYPE_BYTES[resolve_compute_dtype(job.student.compute_dtype, device.kind)]
+    weights = -(-components.weights_bytes(shape, job.judge.quantization, dtype) // tp)
     calls = job.grpo.prompts_per_step if job.judge.mode == "group" else job.grpo.prompts_per_step * job.grpo.group_size
     prompt = judge_prompt_tokens(job, job.grpo.max_prompt_tokens)
     tokens = prompt + job.judge.max_new_tokens
@@ -143,10 +143,12 @@ def _judge_device(job: JobSpec, judge_config: dict | None, device: DeviceInfo) -
     def sized(batch: int) -> dict[str, int]:
         parts = {
             "judge_weights": weights,
-            "judge_kv": -(-c.kv_cache_bytes(shape, batch, tokens, dtype) // tp),
-            "activations": -(-c.generation_working_bytes(shape, batch, prompt, dtype, engine, 0, device.kind) // tp),
+            "judge_kv": -(-components.kv_cache_bytes(shape, batch, tokens, dtype) // tp),
+            "activations": -(
+                -components.generation_working_bytes(shape, batch, prompt, dtype, engine, 0, device.kind) // tp
+            ),
         }
-        parts["runtime"] = c.runtime_bytes(device.kind, 1, sum(parts.values()))
+        parts["runtime"] = components.runtime_bytes(device.kind, 1, sum(parts.values()))
         return parts
 
     batch = calls

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from appliance.budget import components as c
+from appliance.budget import components
 from appliance.budget.reasons import FitReason, describe
 from appliance.budget.workload import Workload
 
@@ -101,17 +101,21 @@ def shared_linear_params(work: Workload, rollout_weights: str) -> int:
         and work.student_shards == 1
         and work.copy_dtype == work.compute_dtype  # a bf16 copy of an fp32 student: the student keeps its own
     )
-    return c.untargeted_linear_params(work.student, list(work.lora_targets)) if shares else 0
+    return components.untargeted_linear_params(work.student, list(work.lora_targets)) if shares else 0
 
 
 def student_weights_bytes(work: Workload, rollout_weights: str) -> int:
     """The student's base (one rank's share under FSDP), with the linear layers it shares with a merged copy
     dequantized in place of their 4-bit storage."""
-    quantized = c.sharded_weights_bytes(
+    quantized = components.sharded_weights_bytes(
         work.student, work.student_quantization, work.dtype_bytes, work.double_quant, work.student_shards
     )
     shared = shared_linear_params(work, rollout_weights)
-    return quantized - c.four_bit_bytes(shared, work.double_quant) + shared * work.dtype_bytes if shared else quantized
+    return (
+        quantized - components.four_bit_bytes(shared, work.double_quant) + shared * work.dtype_bytes
+        if shared
+        else quantized
+    )
 
 
 def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
@@ -129,14 +133,14 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
     if work.rollout_engine == "vllm":
         quantized = work.device_kind == "cuda" and work.student_quantization in ("nf4", "fp4")
         quantization = work.student_quantization if quantized else "none"
-        whole = c.weights_bytes(work.student, quantization, work.dtype_bytes, work.double_quant)
+        whole = components.weights_bytes(work.student, quantization, work.dtype_bytes, work.double_quant)
         return -(-whole // work.student_shards)
     if rollout_weights != "merged_copy":
         return 0
     copied = work.student.total_params - shared_linear_params(work, rollout_weights)
     if work.copy_dtype == work.compute_dtype:  # else its embeddings and head are its own, in its dtype
         copied -= work.student.embedding_params
-    return copied * rollout_dtype_bytes(work, rollout_weights) + c.merge_working_bytes(
+    return copied * rollout_dtype_bytes(work, rollout_weights) + components.merge_working_bytes(
         work.student, list(work.lora_targets)
     )
 
@@ -144,7 +148,7 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
 def rollout_dtype_bytes(work: Workload, rollout_weights: str) -> int:
     """Bytes per element of what the rollout engine computes in: a transformers merged copy's own dtype."""
     if work.rollout_engine == "hf" and rollout_weights == "merged_copy":
-        return c.DTYPE_BYTES[work.copy_dtype]
+        return components.DTYPE_BYTES[work.copy_dtype]
     return work.dtype_bytes
 
 
@@ -152,7 +156,7 @@ def shared_prompt_rows(work: Workload, micro_batch: int) -> int | None:
     """Distinct prompts the update runs once in a micro-batch (grpo/student.py); None for a sharded base."""
     if work.student_shards > 1:
         return None
-    return c.prompt_rows_per_micro_batch(micro_batch, work.group_size)
+    return components.prompt_rows_per_micro_batch(micro_batch, work.group_size)
 
 
 def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
@@ -160,14 +164,14 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
     dtype = work.dtype_bytes
     judge_weights = 0
     if work.judge is not None and not work.judge_shares_student:
-        judge_weights = c.weights_bytes(work.judge, work.judge_quantization, dtype, work.double_quant)
+        judge_weights = components.weights_bytes(work.judge, work.judge_quantization, dtype, work.double_quant)
     judge_shape = work.judge or work.student
     return {
         "student_weights": student_weights_bytes(work, s.rollout_weights),
         "rollout_weights": rollout_weights_bytes(work, s.rollout_weights),
-        "student_lora": c.student_lora_bytes(work.trainable_params),
-        "optimizer": c.optimizer_bytes(work.trainable_params, work.optimizer),
-        "activations": c.activation_bytes(
+        "student_lora": components.student_lora_bytes(work.trainable_params),
+        "optimizer": components.optimizer_bytes(work.trainable_params, work.optimizer),
+        "activations": components.activation_bytes(
             work.student,
             s.micro_batch_size,
             work.sequence_tokens,
@@ -178,13 +182,17 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
             work.device_kind,
             prompt_rows=shared_prompt_rows(work, s.micro_batch_size),
             prompt_tokens=work.prompt_tokens,
-            packed=c.packs_prompts(work.prompt_tokens, work.new_tokens, min(work.group_size, s.micro_batch_size)),
+            packed=components.packs_prompts(
+                work.prompt_tokens, work.new_tokens, min(work.group_size, s.micro_batch_size)
+            ),
         ),
-        "rollout_kv": c.kv_cache_bytes(
+        "rollout_kv": components.kv_cache_bytes(
             work.student, s.rollout_batch, work.sequence_tokens, rollout_dtype_bytes(work, s.rollout_weights)
         ),
         "judge_weights": judge_weights,
-        "judge_kv": c.kv_cache_bytes(judge_shape, s.judge_batch, work.judge_tokens, dtype) if work.judge else 0,
+        "judge_kv": components.kv_cache_bytes(judge_shape, s.judge_batch, work.judge_tokens, dtype)
+        if work.judge
+        else 0,
     }
 
 
@@ -194,7 +202,7 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
     rollout_persistent = work.rollout_engine == "vllm" and not s.time_share
     judge_persistent = work.judge_engine == "vllm" and not s.time_share
     working = {
-        "generate": c.generation_working_bytes(
+        "generate": components.generation_working_bytes(
             work.student,
             s.rollout_batch,
             work.prompt_tokens,
@@ -203,7 +211,7 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
             work.new_tokens,
             work.device_kind,
         ),
-        "judge": c.generation_working_bytes(
+        "judge": components.generation_working_bytes(
             work.judge or work.student,
             s.judge_batch,
             work.judge_prompt_tokens,
@@ -224,6 +232,6 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
         resident["rollout_kv"] = sizes["rollout_kv"] if name == "generate" or rollout_persistent else 0
         resident["judge_kv"] = sizes["judge_kv"] if name == "judge" or judge_persistent else 0
         resident["activations"] = working[name]
-        resident["runtime"] = c.runtime_bytes(work.device_kind, work.engine_processes, sum(resident.values()))
+        resident["runtime"] = components.runtime_bytes(work.device_kind, work.engine_processes, sum(resident.values()))
         phases[name] = PhasePlan(name, {key: resident[key] for key in COMPONENTS})
     return phases

@@ -23,8 +23,8 @@ from appliance.grpo.step_record import PHASES, StepRecord
 from appliance.metrics.engines import EngineSnapshotCollector
 
 if TYPE_CHECKING:
-    from appliance.budget.device import DeviceInfo
-    from appliance.budget.ledger import Ledger
+    from appliance.budget.device_probe import DeviceInfo
+    from appliance.budget.memory_ledger import Ledger
     from appliance.budget.plan import Plan
 
 PREFIX = "appliance_"

@@ -9,7 +9,7 @@ on what comes back; it never knows who played them. Two sources exist:
   runs concurrently (the client batches their turns into engine calls); the
   step number picks the scenarios and the sampling seed, so a resumed run
   plays exactly the steps an uninterrupted one would have.
-- `ExternalSource` (agents/external.py, "external"): groups played elsewhere
+- `ExternalSource` (agents/external_source.py, "external"): groups played elsewhere
   against the job's student endpoint and submitted through the control API.
 
 `make_source` is the one place a job's `task.environment` becomes a source.
@@ -25,11 +25,11 @@ from typing import Callable, Protocol, runtime_checkable
 
 from appliance.agents.engine_client import EngineChatClient
 from appliance.agents.environment import AgentEnvironmentError, Environment, Split, rollout_groups
-from appliance.agents.loading import load_environment
+from appliance.agents.environment_loader import load_environment
 from appliance.agents.trajectory import TrajectoryGroup
 from appliance.config.schema import JobSpec
 from appliance.conventions import EXTERNAL_ENVIRONMENT
-from appliance.engines.base import GenerationEngine, LocalEngine, Sampling
+from appliance.engines.engine import GenerationEngine, LocalEngine, Sampling
 
 
 @runtime_checkable
@@ -128,12 +128,12 @@ def make_source(
     """The trajectory source of an agent job (`task.environment` set): the one place the key is read.
 
     "external" serves the student endpoint over `engine` (the rollout engine: transformers or vLLM) and writes
-    its address and token into `job_dir` (agents/external.py); `stop_requested` lets its `collect` give up
+    its address and token into `job_dir` (agents/external_source.py); `stop_requested` lets its `collect` give up
     waiting when the job is asked to stop.
     """
     if spec.task.environment == EXTERNAL_ENVIRONMENT:
         from appliance.agents.endpoint_bind import bind_from_environment
-        from appliance.agents.external import ExternalSource
+        from appliance.agents.external_source import ExternalSource
         from appliance.engines.openai_server import SamplingPolicy
 
         if job_dir is None:

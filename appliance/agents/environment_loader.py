@@ -13,7 +13,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable
 
-from appliance.agents.environment import RESULT_TOKENS_ASSUMED, AgentEnvironmentError, Environment
+from appliance.agents.environment import AgentEnvironmentError, Environment
 from appliance.agents.envs.calculator import CalculatorEnvironment
 from appliance.agents.envs.email_search import EmailSearchEnvironment
 from appliance.agents.envs.game2048 import Game2048Environment
@@ -27,13 +27,6 @@ BUILTIN: dict[str, Callable[..., Environment]] = {
     "email_search": EmailSearchEnvironment,
     "game2048": Game2048Environment,
 }
-
-
-def planned_result_tokens(name: str) -> int:
-    """Tokens per turn the memory plan allows after a reply in environment `name`: a built-in's own
-    `result_tokens`; for a plugin or an external source, RESULT_TOKENS_ASSUMED (planning runs no plugin code)."""
-    factory = BUILTIN.get(name.removeprefix("builtin:")) if name.startswith("builtin:") else None
-    return getattr(factory, "result_tokens", RESULT_TOKENS_ASSUMED)
 
 
 def load_environment(name: str, data_dir: Path, options: dict[str, Any] | None = None) -> Environment:

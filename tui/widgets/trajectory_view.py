@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from appliance.service.samples import Trajectory, Turn, elide
-from tui.widgets import format as fmt
+from tui.widgets import formatting
 
 TRAINED_STYLE = "bold black on green"
 CONTEXT_STYLE = "dim"
@@ -62,8 +62,10 @@ def render_trajectory(trajectory: Trajectory, number: int) -> RenderableType:
         f"#{number}",
         Text.assemble((trajectory.environment or "trajectory", "bold"), "  scenario ", (trajectory.scenario, "italic")),
     )
-    rewards = "  ".join(f"{name} {fmt.number(value, 2)}" for name, value in sorted(trajectory.rewards.items()))
-    head.add_row("reward", f"{fmt.number(trajectory.reward, 2)}  {rewards}   advantage {_signed(trajectory.advantage)}")
+    rewards = "  ".join(f"{name} {formatting.number(value, 2)}" for name, value in sorted(trajectory.rewards.items()))
+    head.add_row(
+        "reward", f"{formatting.number(trajectory.reward, 2)}  {rewards}   advantage {_signed(trajectory.advantage)}"
+    )
     if trajectory.metrics:
         head.add_row(
             "metrics", "  ".join(f"{name} {_value(value)}" for name, value in sorted(trajectory.metrics.items()))
@@ -94,12 +96,12 @@ def render_trajectory(trajectory: Trajectory, number: int) -> RenderableType:
 
 
 def _count(value: int | None) -> str:
-    return fmt.MISSING if value is None else str(value)
+    return formatting.MISSING if value is None else str(value)
 
 
 def _value(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else fmt.number(value, 2)
+    return str(int(value)) if float(value).is_integer() else formatting.number(value, 2)
 
 
 def _signed(value: float | None) -> str:
-    return fmt.MISSING if value is None else f"{value:+.2f}"
+    return formatting.MISSING if value is None else f"{value:+.2f}"

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from appliance.agents.job_files import write_private
+from appliance.agents.private_files import write_private
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from appliance.agents.ledger_file import LedgerFile, served_line
+from appliance.agents.served_tokens_file import LedgerFile, served_line
 from appliance.agents.toolcalls import parse_tool_calls, template_messages
 from appliance.agents.trajectory import AssistantMessage, TrajectoryGroup
 from appliance.errors import ApplianceError
@@ -62,7 +62,7 @@ class ServedLedger:
     """Bounded record of served completions, optionally kept in a file (`path`); thread-safe.
 
     The oldest entries go first: a job that keeps more completions unsubmitted than `capacity` loses the oldest.
-    Kept in a file (agents/ledger_file.py), it outlives the worker: a restarted worker of the same job still
+    Kept in a file (agents/served_tokens_file.py), it outlives the worker: a restarted worker of the same job still
     accepts what the earlier one served and still refuses what it did not serve or what was already submitted.
     """
 
