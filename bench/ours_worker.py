@@ -35,7 +35,8 @@ DEFAULT_STORE = Path(
 def run(
     rollout_weights: str, warmup: int, measured: int, store: Path, workload: str = "P", memory_budget: str | None = None
 ) -> dict:
-    from appliance.grpo.job import build_trainer, prepare_job_dir
+    from appliance.grpo.distributed import one_process
+    from appliance.grpo.run import build_trainer, prepare_job_dir
 
     torch.set_num_threads(TORCH_THREADS)
     spec = job_spec(rollout_weights, steps=warmup + measured, workload=workload, memory_budget=memory_budget)
@@ -44,7 +45,7 @@ def run(
         link_model_store(store, data_dir)
         job_dir = prepare_job_dir(data_dir, spec, resume=False, restart=False)
         load_started = time.monotonic()
-        trainer = build_trainer(spec, data_dir, data_dir, job_dir)
+        trainer = build_trainer(spec, data_dir, data_dir, job_dir, one_process())
         load_seconds = time.monotonic() - load_started
         steps = []
         try:

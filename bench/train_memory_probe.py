@@ -51,7 +51,7 @@ def measure(data_dir: Path, sequences: int, prompt: int, completion: int, checkp
     from appliance.budget.device_probe import process_rss_bytes
     from appliance.budget.host_allocator import pin_mmap_threshold
     from appliance.config.schema import GrpoSpec, LoraSpec, StudentSpec
-    from appliance.grpo.optim import make_optimizer, make_scheduler
+    from appliance.grpo.update import make_optimizer, make_scheduler
     from appliance.grpo.student import Student
     from appliance.grpo.update import GrpoUpdater, TrainSample
     from appliance.models.store import resolve_model

@@ -3,8 +3,7 @@
     plan = plan_job(job, student_config, judge_config, probe_device())
     plan.fits, plan.choices, plan.render()
 
-`appliance.budget.memory_ledger` (imports torch) records what the run really uses and
-survives out-of-memory steps by halving the micro-batch.
+`appliance.budget.memory_ledger` records what the run really uses, next to the plan.
 """
 
 from appliance.budget.device_probe import DeviceInfo, probe_device

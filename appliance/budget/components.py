@@ -50,7 +50,7 @@ VLLM_MAX_BATCHED_TOKENS = 8192
 
 OPTIMIZER_BYTES_PER_PARAM = {"adamw_32bit": 2 * 4, "paged_adamw_8bit": 2 * 1}
 
-# The trainer computes the sampled tokens' logprobs a chunk of tokens at a time (grpo/token_logprobs.py):
+# The trainer computes the sampled tokens' logprobs a chunk of tokens at a time (grpo/student.py):
 # at most this many bytes of fp32 logits per chunk, by device kind. On a GPU 256 MiB keeps each chunk's
 # matmul large (441 tokens of Qwen's 152k vocabulary); on the CPU 32 MiB (170 tokens of a 49k vocabulary)
 # took the same time for 512 and 2,048 tokens (forward + backward, 2 threads) and keeps 0.27 GiB less of
@@ -197,7 +197,7 @@ def _saved_per_token_per_layer(shape: ModelShape, lora_targets: list[str], dtype
     tests/budget/test_cuda_calibration.py): the two RMSNorm inputs, upcast to fp32
     inside the norm; q and k after RoPE, v and the attention output (k and v at
     kv_heads: SDPA handles grouped-query attention without repeating them); the
-    gated MLP's gate and up, and its activated gate unless grpo/swiglu.py rebuilds it
+    gated MLP's gate and up, and its activated gate unless grpo/student.py rebuilds it
     (SiLU); the LoRA inputs (_lora_input_bytes). A frozen
     4-bit linear keeps no input (bitsandbytes keeps only its packed weight).
     """

@@ -14,9 +14,10 @@ from dataclasses import dataclass, replace
 from appliance.budget import components
 from appliance.budget.device_probe import DeviceInfo
 from appliance.budget.plan import Plan, budget_of, plan_job
+from appliance.budget.reasons import FitReason
 from appliance.budget.shapes import shape_from_config
 from appliance.budget.workload import judge_prompt_tokens, resolve_compute_dtype, resolve_engine
-from appliance.config.schema import JobSpec, ResourcesSpec
+from appliance.config.schema import JobSpec
 from appliance.config.sizes import format_bytes
 
 
@@ -84,11 +85,40 @@ def rank_job(job: JobSpec) -> JobSpec:
     return job.model_copy(update=update)
 
 
-def student_sharding(resources: ResourcesSpec, whole_base_fits: bool) -> str:
-    """ddp (the whole base on every rank) or fsdp (sharded over the ranks): as set, else fsdp only when needed."""
+def plan_rank(
+    job: JobSpec, student_config: dict, judge_config: dict | None, device: DeviceInfo, prompt_tokens: int | None = None
+) -> Plan:
+    """What each student device holds: the job's plan for one rank, with its sharding decided and why.
+
+    The base stays whole on every rank (ddp) unless the job sets `resources.sharding: fsdp`, or sets `auto`
+    and a rank with the whole base would not fit: then it is sharded over the ranks (FSDP-QLoRA).
+    """
+    resources, one_rank = job.resources, rank_job(job)
+    plan = plan_job(one_rank, student_config, judge_config, device, prompt_tokens=prompt_tokens)
     if resources.sharding != "auto":
-        return resources.sharding
-    return "fsdp" if not whole_base_fits and resources.world_size > 1 else "ddp"
+        reason = FitReason("set_in_job", note="resources.sharding")
+        sharding = resources.sharding
+    elif resources.world_size > 1 and not plan.fits:
+        reason = FitReason(
+            "whole_base_too_big", plan.budget_bytes, size=resources.world_size, needs_bytes=plan.peak_bytes
+        )
+        sharding = "fsdp"
+    else:
+        reason = FitReason("whole_base_fits", plan.budget_bytes, size=resources.world_size)
+        sharding = "ddp"
+    if sharding == "fsdp":
+        plan = plan_job(
+            one_rank,
+            student_config,
+            judge_config,
+            device,
+            prompt_tokens=prompt_tokens,
+            student_shards=resources.world_size,
+        )
+    if resources.world_size == 1 and resources.sharding == "auto":
+        return plan  # one rank: nothing to shard over, nothing to say
+    choices = replace(plan.choices, sharding=sharding, reasons={**plan.choices.reasons, "sharding": reason})
+    return replace(plan, choices=choices)
 
 
 def plan_devices(
@@ -100,18 +130,8 @@ def plan_devices(
 ) -> list[DevicePlan]:
     """One DevicePlan per device of every node (the judge spans its devices on every node)."""
     resources = job.resources
-    one_rank = rank_job(job)
-    plan = plan_job(one_rank, student_config, judge_config, device, prompt_tokens=prompt_tokens)
-    sharding = student_sharding(resources, plan.fits)
-    if sharding == "fsdp":
-        plan = plan_job(
-            one_rank,
-            student_config,
-            judge_config,
-            device,
-            prompt_tokens=prompt_tokens,
-            student_shards=resources.world_size,
-        )
+    plan = plan_rank(job, student_config, judge_config, device, prompt_tokens)
+    sharding = plan.choices.sharding
     judge = _judge_device(job, judge_config, device) if resources.judge_gpus else None
     plans = []
     for node in range(resources.nodes):

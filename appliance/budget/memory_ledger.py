@@ -4,8 +4,7 @@ The trainer records a measurement when it loads a component and the peak of
 each phase; the ledger keeps the largest of each, warns when one exceeds its
 plan by more than 10%, and exports both for the Prometheus gauges
 appliance_memory_planned_bytes / appliance_memory_used_bytes{component}.
-`run_with_oom_backoff` keeps a run going through an out-of-memory error by
-halving the micro-batch and retrying the step.
+The trainer's out-of-memory retry (grpo/update.py) records each halving here.
 
 In the step loop:
 
@@ -19,17 +18,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING
 
-import torch
-
-from appliance.errors import ApplianceError
 from appliance.budget.plan import Plan
 from appliance.config.sizes import format_bytes
 
+if TYPE_CHECKING:
+    import torch
+
 OVER_PLAN_TOLERANCE = 0.10
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -56,6 +54,19 @@ class Ledger:
             raise KeyError(f"'{component}' is not a planned component ({', '.join(self.plan.components)})")
         self.used[component] = max(self.used.get(component, 0), int(size_bytes))
         self._check(f"component {component}", int(size_bytes), self.plan.components[component])
+
+    def measure_loaded(self, student: torch.nn.Module, rollout: torch.nn.Module | None) -> None:
+        """What the loaded models hold: the student's frozen base, its adapter (with gradients) and a separate
+        rollout copy of its weights (a merged copy shares the student's embeddings, so they count once)."""
+        lora = [p for p in student.parameters() if p.requires_grad]
+        frozen = [p for p in student.parameters() if not p.requires_grad]
+        self.measure("student_weights", _tensor_bytes(frozen) + _tensor_bytes(student.buffers()))
+        self.measure("student_lora", 2 * _tensor_bytes(lora))  # parameters + gradients
+        if rollout is not None and rollout is not student and "rollout_weights" in self.plan.components:
+            shared = {p.data_ptr() for p in student.parameters()}
+            self.measure(
+                "rollout_weights", _tensor_bytes(p for p in rollout.parameters() if p.data_ptr() not in shared)
+            )
 
     def phase_peak(self, phase: str, size_bytes: int) -> None:
         """Record the peak device memory seen during one phase of a step."""
@@ -104,39 +115,5 @@ class Ledger:
         }
 
 
-class OutOfMemoryAtMinimum(ApplianceError):
-    """The step ran out of memory even at the smallest micro-batch."""
-
-
-def run_with_oom_backoff(
-    step_fn: Callable[[int], T], micro_batch_size: int, min_size: int = 1, ledger: Ledger | None = None
-) -> tuple[T, int]:
-    """Run `step_fn(micro_batch_size)`; on torch.OutOfMemoryError halve the micro-batch and retry.
-
-    Returns the step's result and the micro-batch size that succeeded, which the
-    caller keeps for the following steps. Each halving is recorded in `ledger`.
-    `step_fn` must be safe to retry: it should zero gradients before it starts.
-    """
-    size = micro_batch_size
-    while True:
-        try:
-            return step_fn(size), size
-        except torch.OutOfMemoryError as error:
-            if size <= min_size:
-                raise OutOfMemoryAtMinimum(
-                    f"out of memory even at micro-batch {size}; lower grpo.group_size or grpo.max_new_tokens"
-                ) from error
-            smaller = max(min_size, size // 2)
-            if ledger is not None:
-                ledger.record_halving(size, smaller, error)
-            _release_cached_memory()
-            size = smaller
-
-
-def _release_cached_memory() -> None:
-    """Give cached blocks back so the retry starts from the live tensors only."""
-    import gc
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -43,6 +43,8 @@ class FitChoices:
     judge_batch: int
     judge_kv_bytes: int  # for vLLM: kv_cache_memory_bytes of the judge engine
     reasons: dict[str, FitReason] = field(default_factory=dict)
+    # A data-parallel rank's base: whole on every rank ("ddp") or sharded over the ranks with FSDP ("fsdp").
+    sharding: str = "ddp"
 
     def worded_reasons(self) -> dict[str, str]:
         return {choice: describe(choice, reason) for choice, reason in self.reasons.items()}
@@ -58,6 +60,7 @@ class FitChoices:
             "rollout_kv_bytes": self.rollout_kv_bytes,
             "judge_batch": self.judge_batch,
             "judge_kv_bytes": self.judge_kv_bytes,
+            "sharding": self.sharding,
             "reasons": self.worded_reasons(),
         }
 

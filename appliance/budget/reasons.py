@@ -22,6 +22,8 @@ ReasonKind = Literal[
     "awake_too_big",  # needs_bytes: the peak with every engine awake
     "all_awake",
     "assumed",  # size: the sequence tokens, note: what was assumed
+    "whole_base_fits",  # size: the ranks
+    "whole_base_too_big",  # size: the ranks, needs_bytes: a rank's peak with the whole base
 ]
 
 # What the batch sizes count, for "sequences generated at once: ...".
@@ -79,4 +81,11 @@ def describe(choice: str, reason: FitReason) -> str:
             return "off: every engine stays awake within the budget (no wake/sleep per step)"
         case "assumed":
             return f"{reason.size}: {reason.note}"
+        case "whole_base_fits":
+            return f"ddp: each of the {reason.size} ranks holds the whole base within {budget}"
+        case "whole_base_too_big":
+            return (
+                f"fsdp: with the whole base a rank needs {needs} > {budget}, so the base is sharded over "
+                f"the {reason.size} ranks"
+            )
     raise ValueError(f"no wording for the fit reason {reason.kind!r}")

@@ -55,7 +55,7 @@ class ModelShape:
     # computes them whole (grpo/student.py plain_head) instead of a chunk at a time.
     scaled_logits: bool = False
     # The MLP's gate goes through SiLU: the trainer rebuilds silu(gate) in backward instead of keeping it
-    # (grpo/swiglu.py), so a layer keeps two [tokens x intermediate] tensors of the MLP, not three.
+    # (grpo/student.py), so a layer keeps two [tokens x intermediate] tensors of the MLP, not three.
     silu_gate: bool = True
 
     @property

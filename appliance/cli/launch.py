@@ -3,7 +3,7 @@
 One launcher per box (node) starts `resources` student ranks as
 `python -m appliance train FILE ...` with torchrun's environment (RANK,
 WORLD_SIZE, LOCAL_RANK, the rendezvous); each rank then runs the job through
-grpo/data_parallel.py. One box: a c10d rendezvous on a free loopback port.
+grpo/trainer.py. One box: a c10d rendezvous on a free loopback port.
 Several boxes: --nnodes / --node-rank / --rdzv-endpoint, or the variables
 Slurm sets (SLURM_NNODES, SLURM_NODEID, MASTER_ADDR, MASTER_PORT).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from appliance.config.schema import JobSpec
 from appliance.errors import ApplianceError
-from appliance.grpo.rank_threads import share_cores
+from appliance.ranks import share_cores
 
 
 class LaunchError(ApplianceError):

@@ -17,6 +17,7 @@ from appliance.cli.terminal import Terminal
 from appliance.job_checks import load_checked_job
 from appliance.errors import ApplianceError
 from appliance.metrics.scrape_server import parse_metrics_addr
+from appliance.paths import jobs_dir
 
 
 def register(subparsers) -> None:
@@ -52,7 +53,7 @@ def register(subparsers) -> None:
     from appliance.cli.launch import add_launch_arguments
 
     add_launch_arguments(parser)
-    parser.set_defaults(handler=_train)
+    parser.set_defaults(handler=train)
 
 
 def format_progress(record) -> str:
@@ -77,64 +78,66 @@ def sampled_note(temperature: float, samples: int) -> str:
     return f" ({samples} sample{'s' if samples > 1 else ''} each at temperature {temperature:g})"
 
 
-def _train(args) -> int:
-    # The training stack (torch, transformers) loads only when a job runs, not for `appliance --help`.
-    from appliance.grpo.distributed import end_rank_process, launched_rank
-
-    rank = launched_rank()
-    code = _train_here(args, rank)
-    if rank is not None:
-        end_rank_process(code)
-    return code
-
-
-def _train_here(args, rank) -> int:
-    """The job in the foreground, or this rank of it (`rank`), or the launcher of its ranks."""
+def train(args) -> int:
+    """The job in the foreground: the launcher of its ranks, one rank of it, or the whole job in this process."""
     data_dir = data_dir_of(args)
     try:
         metrics_address = parse_metrics_addr(args.metrics_addr) if args.metrics_addr else None
         spec = load_checked_job(args.file, data_dir)
-        if rank is None and (spec.resources.world_size > 1 or args.nnodes or args.node_rank):
+        # The training stack (torch, transformers) loads only when a job runs, not for `appliance --help`.
+        from appliance.grpo.distributed import LAUNCHER, process_role
+
+        world = process_role(spec.resources.world_size > 1 or bool(args.nnodes or args.node_rank))
+        if world == LAUNCHER:
             return _launch(args, spec, data_dir)
-        job_dir = _rank_job_dir(data_dir, spec, rank) if rank is not None else _job_dir(args, spec, data_dir)
+        job_dir = _job_dir(args, spec, data_dir, world)
     except ApplianceError as error:
         return _refused(error, error.exit_code)
-    progress = Progress(job_dir, spec, rank, args.verbose, metrics_address, data_dir)
-    try:
-        _run(args, spec, data_dir, job_dir, progress)
-    except ApplianceError as error:  # the same kind can be input to correct or, once steps ran, a failed run
-        return _refused(error, error.exit_code if progress.terminal.steps_seen == 0 else EXIT_FAILURE)
-    except Exception as error:  # the last complete checkpoint stays; say how to continue
-        return _crashed(error, args.file, job_dir, progress.terminal.last_step)
-    finally:
-        progress.close()  # a rank's process group goes in end_rank_process
-    if rank is None:  # a rank's launcher reports the job's end
-        print(f"done: checkpoints in {job_dir / 'checkpoints'}, best adapter in {job_dir / 'best'}")
-    return EXIT_OK
-
-
-def _run(args, spec, data_dir: Path, job_dir: Path, progress: "Progress") -> None:
     from appliance.grpo.run import run_job
 
-    with progress.terminal:
-        run_job(
-            spec,
-            data_dir,
-            job_dir,
-            job_file_dir=args.file.resolve().parent,
-            resume=args.resume,
-            evaluate=args.eval,
-            eval_limit=args.eval_limit,
-            on_step=progress.on_step,
-            on_event=progress.on_event,
-        )
+    progress = Progress(job_dir, spec, world, args.verbose, metrics_address, data_dir)
+    code = EXIT_OK
+    try:
+        with progress.terminal:
+            run_job(
+                spec,
+                data_dir,
+                job_dir,
+                job_file_dir=args.file.resolve().parent,
+                world=world,
+                resume=args.resume,
+                evaluate=args.eval,
+                eval_limit=args.eval_limit,
+                on_step=progress.on_step,
+                on_event=progress.on_event,
+            )
+        if world.is_main and world.world_size == 1:  # a rank's launcher reports the job's end
+            print(f"done: checkpoints in {job_dir / 'checkpoints'}, best adapter in {job_dir / 'best'}")
+    except ApplianceError as error:  # the same kind can be input to correct or, once steps ran, a failed run
+        code = _refused(error, error.exit_code if progress.terminal.steps_seen == 0 else EXIT_FAILURE)
+    except Exception as error:  # the last complete checkpoint stays; say how to continue
+        code = _crashed(error, args.file, job_dir, progress.terminal.last_step)
+    finally:
+        progress.close()
+    if world.world_size > 1:  # a rank ends without finalizing the interpreter (distributed.end_rank_process)
+        from appliance.grpo.distributed import end_rank_process
+
+        end_rank_process(code)
+    return code
 
 
-def _job_dir(args, spec, data_dir: Path) -> Path:
-    """The job folder of a one-rank run: made, archived (--restart) or checked for a resume."""
-    from appliance.grpo.data_parallel import check_world_size
-    from appliance.grpo.job import prepare_job_dir
+def _job_dir(args, spec, data_dir: Path, world) -> Path:
+    """The job folder: made, archived (--restart) or checked for a resume; a rank joins the folder its launcher
+    prepared, and the job's process group."""
+    from appliance.grpo.checkpoint import check_world_size
+    from appliance.grpo.distributed import init_process_group
+    from appliance.grpo.run import prepare_job_dir
 
+    if world.world_size > 1:
+        job_dir = jobs_dir(data_dir) / spec.name
+        job_dir.mkdir(parents=True, exist_ok=True)
+        init_process_group(world)
+        return job_dir
     job_dir = prepare_job_dir(data_dir, spec, resume=args.resume, restart=args.restart)
     if args.resume:
         check_world_size(job_dir, 1)
@@ -161,9 +164,9 @@ def _crashed(error: Exception, job_file: Path, job_dir: Path, last_step: int | N
 class Progress:
     """What a run shows: one terminal line per step and the evaluations (rank 0 only), and the metrics port."""
 
-    def __init__(self, job_dir: Path, spec, rank, verbose: bool, metrics_address, data_dir: Path):
-        self.main_rank = rank is None or rank.is_main
-        log_name = "log.txt" if self.main_rank else f"log.rank{rank.rank}.txt"
+    def __init__(self, job_dir: Path, spec, world, verbose: bool, metrics_address, data_dir: Path):
+        self.main_rank = world.is_main
+        log_name = "log.txt" if self.main_rank else f"log.rank{world.rank}.txt"
         self.terminal = Terminal(job_dir / log_name, verbose=verbose, steps=spec.grpo.steps)
         self.exporter = None
         if metrics_address:
@@ -202,21 +205,10 @@ class Progress:
             self.exporter.close()
 
 
-def _rank_job_dir(data_dir: Path, spec, rank) -> Path:
-    """The job folder the launcher prepared; this rank joins the job's process group."""
-    from appliance.grpo.distributed import init_process_group
-    from appliance.paths import jobs_dir
-
-    job_dir = jobs_dir(data_dir) / spec.name
-    job_dir.mkdir(parents=True, exist_ok=True)
-    init_process_group(rank)
-    return job_dir
-
-
 def _launch(args, spec, data_dir: Path) -> int:
     """This box's launcher: prepare the job folder (node 0), start the ranks, report how they ended."""
     from appliance.cli.launch import LaunchError, launch, topology
-    from appliance.grpo.job import prepare_job_dir
+    from appliance.grpo.run import prepare_job_dir
 
     try:
         shape = topology(args, spec)

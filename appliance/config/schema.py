@@ -225,11 +225,11 @@ class GrpoSpec(Spec):
     micro_batch_size: PositiveInt | None = None
     seed: int = 0
     # DAPO dynamic sampling: draw prompts_per_step more prompts while fewer than prompts_per_step groups of the
-    # step have reward spread, at most max_sampling_rounds generation rounds a step (grpo/sampling.py).
+    # step have reward spread, at most max_sampling_rounds generation rounds a step (grpo/rollout.py).
     dynamic_sampling: bool = False
     max_sampling_rounds: Annotated[int, Field(ge=2, le=16)] = 3
     # Skip a prompt whose last N groups had no reward spread for its next N appearances, then try it again;
-    # it is back for good once a group of it has spread. null: never skip (grpo/sampling.py).
+    # it is back for good once a group of it has spread. null: never skip (grpo/rollout.py).
     skip_settled_after: PositiveInt | None = None
 
     @model_validator(mode="after")

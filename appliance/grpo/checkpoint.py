@@ -29,6 +29,7 @@ import torch
 from appliance.durable import fsync_dir
 from appliance.errors import CheckpointError, DiskFullError
 
+
 SCHEMA_VERSION = 2
 STATE_FILE = "state.json"
 BEST_FILE = "best.json"
@@ -264,18 +265,19 @@ class CheckpointManager:
         except (OSError, ValueError):
             return None
 
-    def reconcile_best(self, resumed: CheckpointInfo) -> dict | None:
+    def reconcile_best(self, resumed: CheckpointInfo, repair: bool = True) -> dict | None:
         """On resume: the best state to continue with, repairing `best/` from the checkpoints when it is broken.
 
         best/ may be newer than the checkpoint (best is chosen at any step); an
         exact resume re-runs those steps and reaches the same values, so a
         readable best/ is kept. A missing or dangling one is rebuilt from the
         checkpoint of the best step the resumed state names, when it still exists.
+        repair=False (a data-parallel rank after 0) answers what the repair gives without touching best/.
         """
         state = self.best_state()
         if state is not None and (self.best_dir / "adapter_model.safetensors").is_file():
             return state
-        if self.best_dir.is_symlink():
+        if repair and self.best_dir.is_symlink():
             self.best_dir.unlink()
         recorded = resumed.state.get("best")
         if not recorded:
@@ -283,7 +285,8 @@ class CheckpointManager:
         source = self.root / f"{PREFIX}{int(recorded['step']):06d}" / "adapter"
         if not source.is_dir():
             return None
-        self.update_best(lambda folder: _copy_files(source, folder), recorded)
+        if repair:
+            self.update_best(lambda folder: _copy_files(source, folder), recorded)
         return recorded
 
 
@@ -291,3 +294,59 @@ def _copy_files(source: Path, target: Path) -> None:
     for path in source.iterdir():
         if path.is_file():
             shutil.copy2(path, target / path.name)
+
+
+# ----- what a checkpoint holds of a run: adapter, optimizer, scheduler, RNG (no pickle) ---------------------
+
+
+def adapter_is_finite(student) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in student.trainable_parameters())
+
+
+def write_adapter(student, folder: Path) -> None:
+    """Save the adapter; refuses one holding NaN or inf (nothing non-finite reaches the disk)."""
+    if not adapter_is_finite(student):
+        raise CheckpointError("the adapter holds NaN or inf values; it was not saved (the previous one stays)")
+    student.save_adapter(folder)
+
+
+def write_payload(folder: Path, student, optimizer, scheduler) -> None:
+    write_adapter(student, folder / "adapter")
+    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+    torch.save(scheduler.state_dict(), folder / "scheduler.pt")
+    torch.save(rng_state(), folder / "rng.pt")
+
+
+def load_payload(folder: Path, student, optimizer, scheduler) -> None:
+    """Read every file first, then apply: a damaged file raises before anything changes."""
+    optimizer_state = load_tensors(folder / "optimizer.pt")
+    scheduler_state = load_tensors(folder / "scheduler.pt")
+    rng = load_tensors(folder / "rng.pt")
+    student.load_adapter(folder / "adapter")
+    optimizer.load_state_dict(optimizer_state)
+    scheduler.load_state_dict(scheduler_state)
+    restore_rng_state(rng)
+
+
+# ----- the world size a checkpoint was written by --------------------------------------------------------
+
+WORLD_FILE = "world.json"
+
+
+def rng_file(rank: int) -> str:
+    """Each rank's RNG state in a data-parallel checkpoint (rng.pt is rank 0's too)."""
+    return f"rng-rank{rank}.pt"
+
+
+def check_world_size(job_dir: Path, world_size: int) -> None:
+    """Refuse to resume a checkpoint written by another number of ranks (their RNG and shares differ)."""
+    latest = CheckpointManager(job_dir, 1).latest()
+    if latest is None:
+        return
+    world = latest.path / WORLD_FILE
+    saved = json.loads(world.read_text())["world_size"] if world.is_file() else 1
+    if saved != world_size:
+        raise CheckpointError(
+            f"checkpoint {latest.path.name} was written by {saved} data-parallel rank(s) and this run has "
+            f"{world_size}; resume with resources giving {saved} rank(s), or --restart"
+        )

@@ -1,17 +1,21 @@
-"""Data-parallel GRPO under torch.distributed: the process group, the rank's share, the gradient all-reduce.
+"""Where a process sits in its job, and data-parallel GRPO under torch.distributed.
 
-Ranks are started by torch.distributed.run (cli/launch.py), which sets RANK,
-WORLD_SIZE, LOCAL_RANK and the rendezvous; gloo on the CPU, nccl on CUDA.
-Every rank samples its own groups; the update divides by step-wide counts
-summed over ranks, so the summed LoRA gradients equal one rank's with the whole batch.
+`process_role` decides once, at the entry, whether this process launches the
+ranks, is one of them, or runs the whole job; everything below takes the
+`RankInfo` it returns. Ranks are started by torch's launcher (cli/launch.py),
+which sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous; gloo on the CPU,
+nccl on CUDA. Every rank samples its own groups; the update divides by
+step-wide counts summed over ranks, so the summed LoRA gradients equal one
+rank's with the whole batch. It must never write a record or a checkpoint:
+the trainer's main process does.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -27,7 +31,10 @@ class DistributedError(ApplianceError):
 
 @dataclass(frozen=True)
 class RankInfo:
-    """Where this process sits in the job: its rank, the world size, and its device (from LOCAL_RANK)."""
+    """Where this process sits in its job: its rank, the world size, its device; rank 0 is the main process.
+
+    A one-process run is rank 0 of 1; its gather and barrier are immediate, so the trainer runs one loop.
+    """
 
     rank: int
     world_size: int
@@ -36,10 +43,24 @@ class RankInfo:
 
     @property
     def is_main(self) -> bool:
+        """The one process that writes records, checkpoints and best/."""
         return self.rank == 0
 
+    @property
+    def device_kind(self) -> str:
+        return "cuda" if self.device.startswith("cuda") else "cpu"
 
-SINGLE = RankInfo(rank=0, world_size=1, local_rank=0, device="")
+    @property
+    def part(self) -> tuple[int, int]:
+        """(rank, world size): which contiguous share of a list this rank takes (`share`)."""
+        return self.rank, self.world_size
+
+    def gather(self, value) -> list:
+        """Every rank's `value` (a picklable object), in rank order, on every rank."""
+        return gather(value)
+
+    def barrier(self) -> None:
+        barrier()
 
 
 def rank_visible_devices(visible: str | None, local_rank: int) -> str:
@@ -55,27 +76,37 @@ def rank_visible_devices(visible: str | None, local_rank: int) -> str:
     return devices[local_rank]
 
 
-@functools.cache
-def launched_rank() -> RankInfo | None:
-    """This process's rank when torch.distributed.run started it with more than one rank, else None.
+LAUNCHER = "launcher"
 
-    Pins the process to its device through CUDA_VISIBLE_DEVICES before CUDA starts, so the
-    rank's own children (a vLLM engine) land on that device too; on a CPU box it changes nothing.
+
+def one_process() -> RankInfo:
+    """The whole job in this process: rank 0 of 1 on the default device."""
+    from appliance.models.causal_lm import default_device
+
+    return RankInfo(rank=0, world_size=1, local_rank=0, device=default_device())
+
+
+def process_role(several: bool, environ: MutableMapping[str, str] = os.environ) -> RankInfo | str:
+    """Where this process sits in its job, decided once at the entry (`appliance train`, the daemon's worker).
+
+    A rank that torch's launcher started (WORLD_SIZE > 1 in its environment), pinned to its device through
+    CUDA_VISIBLE_DEVICES before CUDA starts so the rank's own children (a vLLM engine) land there too; else
+    LAUNCHER when the job wants `several` processes; else the whole job in this one (`one_process`).
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return None
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    os.environ["CUDA_VISIBLE_DEVICES"] = rank_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return RankInfo(int(os.environ["RANK"]), world, local_rank, device)
+    world = int(environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        local_rank = int(environ.get("LOCAL_RANK", "0"))
+        environ["CUDA_VISIBLE_DEVICES"] = rank_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), local_rank)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return RankInfo(int(environ["RANK"]), world, local_rank, device)
+    return LAUNCHER if several else one_process()
 
 
 def init_process_group(info: RankInfo) -> None:
     """Join the job's process group (env:// rendezvous set up by torch.distributed.run)."""
     if dist.is_initialized():
         return
-    if info.device.startswith("cuda"):  # the one device launched_rank left visible
+    if info.device.startswith("cuda"):  # the one device process_role left visible
         dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
     else:
         dist.init_process_group("gloo")
@@ -92,7 +123,7 @@ def end_rank_process(code: int) -> NoReturn:
     Everything a rank keeps is already written (atomically) and its files closed. Gloo's worker threads can
     still be releasing their last collective's work when the interpreter finalizes; Python ends a thread that
     then takes the GIL inside a C++ destructor, and the process aborts ("terminate called without an active
-    exception", SIGABRT): a 2-rank job that had finished its steps failed so in CI, beside the image build.
+    exception", SIGABRT) after its steps finished.
     """
     destroy_process_group()
     logging.shutdown()

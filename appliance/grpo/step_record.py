@@ -1,4 +1,5 @@
-"""One finished GRPO step as plain, typed data: what metrics.jsonl, the terminal, Prometheus, the daemon and the TUI read.
+"""One finished GRPO step as plain, typed data: what metrics.jsonl, the terminal, Prometheus, the daemon and the TUI
+read; the hooks a run reports through; and the clock that times a step's phases.
 
 STDLIB ONLY: the daemon's API module and the TUI import this file, and they
 must not pull torch, numpy or pydantic. `StepRecord.to_dict()` is exactly one
@@ -9,8 +10,11 @@ does not know, so lines written by older or newer versions still load.
 from __future__ import annotations
 
 import dataclasses
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Iterator, Literal
+
 
 # The phases of a step whose seconds a record carries; "step" is the whole step.
 PHASES = ("generate", "judge", "reward", "train", "sync", "checkpoint", "eval")
@@ -174,3 +178,91 @@ class RunResult:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# ----- where a run reports: the hooks a trainer is handed ---------------------------------------
+
+StepCallback = Callable[[StepRecord], None]
+EventCallback = Callable[[RunEvent], None]
+StopCallback = Callable[[], "str | None"]
+
+
+def _ignore(_: object) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    on_step: StepCallback = _ignore
+    on_event: EventCallback = _ignore
+
+
+# ----- the phases of a step: timed, announced, their memory peaks recorded -----------------------
+
+# Each timed phase of a step -> the budget plan's phase it runs in, or None where the plan has none.
+# The plan names the scoring phase after the judge, the engine it adds there (and plans it only for
+# a judge); the step, its events and StepRecord.seconds call it "reward".
+PLANNED: dict[str, str | None] = {
+    "generate": "generate",
+    "reward": "judge",
+    "train": "train",
+    "sync": None,
+    "checkpoint": None,
+    "eval": None,
+}
+# The budget plan's phases (grpo/trainer.py's enter_phase wakes the engines each one needs).
+PLANNED_PHASES = tuple(dict.fromkeys(planned for planned in PLANNED.values() if planned))
+
+
+class PhaseClock:
+    """`enter(planned)` puts the engines in the state the plan assumed for a planned phase (time sharing)."""
+
+    def __init__(
+        self,
+        ledger=None,
+        announce: Callable[..., None] | None = None,
+        enter: Callable[[str], None] | None = None,
+    ):
+        self.ledger = ledger
+        self.announce = announce or (lambda kind, **data: None)
+        self.enter = enter or (lambda planned: None)
+        self.seconds: dict[str, float] = {}
+        self.started = time.monotonic()
+
+    def _measures(self, planned: str | None) -> bool:
+        # On CUDA the allocator reports peaks; on the CPU freed memory stays in the process,
+        # so only the whole run's peak RSS is comparable with the plan.
+        return (
+            planned is not None
+            and self.ledger is not None
+            and self.ledger.plan.device.kind == "cuda"
+            and planned in self.ledger.plan.phases
+        )
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if name not in PLANNED:
+            raise ValueError(f"phase {name!r} is not one of {tuple(PLANNED)}")
+        planned = PLANNED[name]
+        self.announce("phase", phase=name, state="start")
+        if planned is not None:
+            self.enter(planned)  # outside the timed part: waking and sleeping engines is not the phase's work
+        measures = self._measures(planned)
+        if measures:
+            from appliance.budget.device_probe import reset_peak
+
+            reset_peak(self.ledger.plan.device.kind)
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - began
+            if measures:
+                from appliance.budget.device_probe import peak_bytes
+
+                self.ledger.phase_peak(planned, peak_bytes(self.ledger.plan.device.kind))
+            self.announce("phase", phase=name, state="end")
+
+    def total(self) -> dict[str, float]:
+        """The phase seconds plus "step", the whole step so far."""
+        return {**self.seconds, "step": time.monotonic() - self.started}

@@ -7,13 +7,15 @@ training mode, where LoRA dropout applies and transformers' gradient
 checkpointing recomputes each layer (it is a no-op on layers in eval mode). Log-probabilities are
 computed only at completion positions and never as a whole logits tensor (batch x positions x
 vocab x 4 bytes, the largest in the step): the decoder's last hidden states go through the LM
-head a chunk at a time (token_logprobs.py).
+head a chunk at a time (`chunked_token_logprobs`), and SwiGLU MLPs keep two of their three
+intermediates for backward (`keep_gate_and_up_only`).
 """
 
 from __future__ import annotations
 
 import appliance.offline  # noqa: F401
 
+import types
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +23,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from appliance.budget.components import packs_prompts, shares_prompts
+from appliance.budget.components import logit_chunk_bytes, logit_chunk_tokens, packs_prompts, shares_prompts
 from appliance.config.schema import StudentSpec
-from appliance.grpo.swiglu import keep_gate_and_up_only
-from appliance.grpo.token_logprobs import chunked_token_logprobs, plain_token_logprobs
 from appliance.models.causal_lm import load_causal_lm, load_tokenizer, resolve_compute_dtype
 
 
@@ -288,3 +288,148 @@ class Student:
             raise CheckpointError(
                 f"adapter in {folder} does not match this student: unexpected {result.unexpected_keys[:3]}"
             )
+
+
+# ----- a SwiGLU MLP that keeps two of its three intermediates for backward ---------------------------------
+# `down(silu(gate(x)) * up(x))` under plain autograd saves gate(x) for silu's backward and both factors of the
+# product for the mul's: three [tokens x intermediate] tensors a layer, the largest part of what a decoder layer
+# keeps. silu(gate) is cheap to rebuild from gate, so `_SiluGate` saves gate and up only and recomputes it in
+# backward with the kernels plain autograd would run: values and gradients stay bit for bit the plain model's
+# (tests/grpo/test_swiglu.py), and the planner counts two intermediates (budget/components.py).
+
+
+class _SiluGate(torch.autograd.Function):
+    """silu(gate) * up, saving gate and up only."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        # The kernels plain autograd runs (mul's backward, then aten's silu_backward) on the same tensors.
+        gate, up = ctx.saved_tensors
+        grad_gate = grad_up = None
+        if ctx.needs_input_grad[1]:
+            grad_up = grad * F.silu(gate)
+        if ctx.needs_input_grad[0]:
+            grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
+        return grad_gate, grad_up
+
+
+def silu_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up; under autograd through `_SiluGate`."""
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        return _SiluGate.apply(gate, up)
+    return F.silu(gate) * up
+
+
+def _lean_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(silu_gate(self.gate_proj(x), self.up_proj(x)))
+
+
+def is_silu_gated_mlp(module: torch.nn.Module) -> bool:
+    """A transformers SwiGLU MLP (Llama, Qwen2, Mistral, SmolLM): gate, up and down projections and a SiLU."""
+    act = getattr(module, "act_fn", None)
+    silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+    return silu and all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj"))
+
+
+def keep_gate_and_up_only(model: torch.nn.Module) -> int:
+    """Run every SwiGLU MLP of `model` through `_SiluGate`; returns how many were changed."""
+    changed = 0
+    for module in model.modules():
+        if is_silu_gated_mlp(module):
+            module.forward = types.MethodType(_lean_forward, module)
+            changed += 1
+    return changed
+
+
+# ----- log-probabilities of the sampled tokens without the full-vocabulary logits tensor -------------------
+# The last hidden states go through the LM head a chunk of tokens at a time; each chunk's logits are reduced to
+# the sampled token's logprob at once and dropped. Backward recomputes each chunk's logits (softmax - one-hot,
+# times the head), so autograd never holds more than one chunk of [tokens x vocab] either.
+
+# fp32 logits per chunk; None: the size for the hidden states' device, which the planner counts
+# (budget/components.py logprob_bytes). Tests pin a small one.
+CHUNK_LOGIT_BYTES: int | None = None
+
+
+def _upcast(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for 16-bit tensors (as the trainer's .float()), float64 kept."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _chunk_logits(hidden, weight, bias, temperature: float) -> torch.Tensor:
+    # The same operations, in the same dtypes, as model.lm_head(hidden).float() / temperature.
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return logits.to(_upcast(logits.dtype)) / temperature
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    """hidden [T, H], weight [V, H], bias [V] or None, targets [T] -> logp [T] (fp32)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, rows: int):
+        out = torch.empty(hidden.shape[0], dtype=_upcast(hidden.dtype), device=hidden.device)
+        for start in range(0, hidden.shape[0], rows):
+            logits = _chunk_logits(hidden[start : start + rows], weight, bias, temperature)
+            chosen = logits.gather(1, targets[start : start + rows, None]).squeeze(1)
+            out[start : start + rows] = chosen - torch.logsumexp(logits, dim=-1)
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.rows = temperature, rows
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, targets = ctx.saved_tensors
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        wide = _upcast(weight.dtype)
+        grad_weight = torch.zeros_like(weight, dtype=wide) if need_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=wide) if need_bias else None
+        for start in range(0, hidden.shape[0], ctx.rows):
+            chunk = hidden[start : start + ctx.rows]
+            upstream = grad_out[start : start + ctx.rows].to(_upcast(grad_out.dtype))
+            # d logp_t / d logits_t = onehot(target_t) - softmax(logits_t)
+            grad_logits = torch.softmax(_chunk_logits(chunk, weight, bias, ctx.temperature), dim=-1)
+            grad_logits.mul_(-upstream[:, None])
+            grad_logits.scatter_add_(1, targets[start : start + ctx.rows, None], upstream[:, None])
+            grad_logits = (grad_logits / ctx.temperature).to(hidden.dtype)
+            if need_hidden:
+                grad_hidden[start : start + ctx.rows] = grad_logits @ weight
+            if need_weight:
+                grad_weight += grad_logits.to(wide).T @ chunk.to(wide)
+            if need_bias:
+                grad_bias += grad_logits.to(wide).sum(0)
+        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
+        grad_bias = grad_bias.to(bias.dtype) if need_bias else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    head: torch.nn.Linear,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_bytes: int | None = None,
+) -> torch.Tensor:
+    """log softmax(head(hidden) / temperature)[targets] for hidden [N, C, H], targets [N, C]: [N, C] (fp32 or wider).
+
+    chunk_bytes: fp32 logits per chunk (default: CHUNK_LOGIT_BYTES, else the size for hidden's device).
+    """
+    batch, width, size = hidden.shape
+    flat = hidden.reshape(batch * width, size)
+    rows = logit_chunk_tokens(
+        head.out_features, chunk_bytes or CHUNK_LOGIT_BYTES or logit_chunk_bytes(hidden.device.type)
+    )
+    logp = _ChunkedTokenLogprobs.apply(flat, head.weight, head.bias, targets.reshape(-1), float(temperature), rows)
+    return logp.view(batch, width)
+
+
+def plain_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The same from materialised logits [N, C, V] (models whose head is not a plain linear layer)."""
+    logits = logits.to(_upcast(logits.dtype)) / temperature
+    chosen = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)

@@ -1,9 +1,13 @@
-"""The GRPO step loop: rollout, reward, update, sync, record, evaluate, checkpoint — and exact resume.
+"""The GRPO step loop: rollout, score, update, sync, record, evaluate, checkpoint, and exact resume.
 
-`Trainer` is built by `job.build_trainer` from a validated JobSpec and driven
-by `run.run_job`, one `train_step()` at a time. The loop knows nothing of the
-daemon: each step ends in one StepRecord, written to metrics.jsonl and handed
-to its `hooks` (grpo/hooks.py), as are phase changes, checkpoints and log lines.
+`Trainer` is built by `run.build_trainer` and driven by `run.run_job`, one
+`train_step()` at a time; read `train_step` top to bottom to follow a step.
+The loop knows nothing of the daemon: each step ends in one StepRecord,
+written to metrics.jsonl and handed to its hooks, as are phase changes,
+checkpoints and log lines. In a data-parallel job every rank runs this same
+loop on its share of the step; `world.is_main` alone writes records,
+checkpoints and best/. It never reads the job file again: everything it
+decides at run time comes from the plan's choices.
 """
 
 from __future__ import annotations
@@ -16,31 +20,54 @@ import resource
 import shutil
 import statistics
 import time
-from dataclasses import dataclass
+from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from appliance.budget.host_allocator import release_freed_heap
+from appliance.budget.memory_ledger import Ledger
+from appliance.budget.plan import Plan
 from appliance.config import best
 from appliance.config.schema import JobSpec
-from appliance.engines.engine import GenerationEngine, Sampling
+from appliance.engines.engine import GenerationEngine
 from appliance.errors import CheckpointError, CheckpointMismatch, JobStopped
-from appliance.grpo.checkpoint import CheckpointInfo, CheckpointManager
-from appliance.grpo.hooks import RunHooks
-from appliance.grpo.judging import Judging, judging_for
-from appliance.grpo.optim import make_optimizer, make_scheduler
-from appliance.grpo.phases import PhaseClock
-from appliance.grpo.records import RunRecords
-from appliance.grpo.rollout import ScoredRollout
-from appliance.grpo.sources import AgentSource, PromptSource, RolloutSource, rule_rewards
-from appliance.grpo.step_record import MemoryReading, RewardStats, RunEvent, StepRecord
+from appliance.grpo.checkpoint import (
+    CheckpointInfo,
+    CheckpointManager,
+    check_world_size,
+    load_payload,
+    load_tensors,
+    restore_rng_state,
+    rng_file,
+    rng_state,
+    write_adapter,
+    write_payload,
+)
+from appliance.grpo.distributed import DistributedError, GradientReducer, RankInfo
+from appliance.grpo.fsdp import generates_with, layer_elements_held, remerges_from, shard_student, whole_weights
+from appliance.grpo.records import RunRecords, judging_for
+from appliance.grpo.rollout import PromptSource, SamplingRounds, ScoredRollout, concat_rollouts
+from appliance.grpo.step_record import (
+    PLANNED_PHASES,
+    MemoryReading,
+    PhaseClock,
+    RewardStats,
+    RunEvent,
+    RunHooks,
+    StepRecord,
+)
 from appliance.grpo.student import Student
-from appliance.grpo.time_share import enter_phase
-from appliance.grpo.training_state import UpdateSnapshot, load_payload, write_adapter, write_payload
-from appliance.grpo.trajectories import AgentJob, ScoredTrajectories
-from appliance.grpo.update import GrpoUpdater, UpdateStats
+from appliance.grpo.trajectories import AgentJob, AgentSource, OneRound, ScoredTrajectories
+from appliance.grpo.update import (
+    GrpoUpdater,
+    UpdateSnapshot,
+    UpdateStats,
+    halved_micro_batch,
+    make_optimizer,
+    make_scheduler,
+)
 from appliance.rewards.registry import WeightedReward
 from appliance.tasks.task import Task
 
@@ -52,26 +79,32 @@ SAMPLES_PER_STEP = 8  # completions recorded in samples.jsonl per step (bounded)
 MAX_NONFINITE_IN_A_ROW = 3
 
 
-def sampling_seed(job_seed: int, step: int) -> int:
-    """Each step samples from its own seed, so a resumed run draws the same completions."""
-    return (job_seed * 1_000_003 + step) % (2**31 - 1)
-
-
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-@dataclass
-class RuntimeChoices:
-    """What the budget manager decided for this run (and why, for the log)."""
+class RolloutSource(Protocol):
+    """Where a step's scored groups come from: a task's prompts (rollout.py) or an agent's trajectories."""
 
-    device: str
-    micro_batch_size: int
-    gradient_checkpointing: bool
-    rollout_weights: str  # "shared" | "merged_copy"
-    reasons: dict
-    # Idle engines sleep in the phases they do not serve (grpo/time_share.py): only when the plan needs it.
-    time_share: bool = False
+    prompts_skipped: int  # prompts the data order passed over this step (skip_settled_after)
+
+    def rounds(self) -> SamplingRounds | OneRound: ...
+
+    def generate(self, step: int, round_index: int): ...
+
+    def score(self, generated, step: int) -> ScoredRollout | ScoredTrajectories: ...
+
+    def has_held_out(self) -> bool: ...
+
+    def evaluate(self, student, engine: GenerationEngine | None, adapter: bool, limit: int | None, how): ...
+
+    def checkpoint_state(self, step: int) -> dict: ...
+
+    def load_state(self, state: dict) -> None: ...
+
+    def checkpointed(self, step: int) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Trainer:
@@ -81,147 +114,121 @@ class Trainer:
         job_dir: Path,
         student: Student,
         engine: GenerationEngine,
-        task: Task | None,
+        work: Task | AgentJob,
         rewards: list[WeightedReward],
-        choices: RuntimeChoices,
+        plan: Plan,
+        world: RankInfo,
         judge: Judge | None = None,
-        ledger=None,
-        plan=None,
-        agent: AgentJob | None = None,
         hooks: RunHooks | None = None,
     ):
-        self.spec = spec
-        self.job_dir = Path(job_dir)
+        self.spec, self.job_dir, self.world, self.plan = spec, Path(job_dir), world, plan
         self.job_dir.mkdir(parents=True, exist_ok=True)
-        self.student = student
-        self.engine = engine
-        self.task = task
-        self.rewards = rewards
-        self.choices = choices
-        self.judging: Judging = judging_for(judge)  # the judge's engine, totals and outcomes, or none
-        self.ledger = ledger
-        self.plan = plan
+        self.student, self.engine = student, engine
+        self.choices = plan.choices
+        self.judging = judging_for(judge)  # the judge's engine, totals and outcomes, or none
+        self.ledger = Ledger(plan)
+        self.ledger.measure_loaded(student.model, getattr(engine, "model", None))  # what the models really hold
         self.hooks = hooks or RunHooks()
-        self.optimizer = make_optimizer(student.trainable_parameters(), spec.grpo, choices.device)
+        self.optimizer = make_optimizer(student.trainable_parameters(), spec.grpo, world.device)
         self.scheduler = make_scheduler(self.optimizer, spec.grpo)
         self.updater = GrpoUpdater(
             student, self.optimizer, self.scheduler, spec.grpo, spec.engine.vllm.importance_sampling_cap
         )
         self.checkpoints = CheckpointManager(self.job_dir, spec.checkpoint.keep_last)
         self.records = RunRecords(self.job_dir, on_log=lambda line: self.on_event("log", line=line))
-        self.source: RolloutSource = (  # an agent job: trajectory groups from agent.source instead of task prompts
-            AgentSource(spec, agent, student.tokenizer, rewards, self.records.log)
-            if agent is not None
-            else PromptSource(spec, task, engine, rewards, self._sampling)
+        self.source: RolloutSource = (  # an agent job: trajectory groups from its source instead of task prompts
+            AgentSource(spec, work, student.tokenizer, rewards, self.log)
+            if isinstance(work, AgentJob)
+            else PromptSource(spec, work, engine, rewards, world)
         )
         self.best_metric, self.best_mode = best.resolve(
             spec.checkpoint.best_metric, spec.checkpoint.best_mode, best.evaluation_every(spec) is not None
         )
         self.step = 0
         self.best: dict | None = None  # {"step", "value", "metric"} of best/
-        self.micro_batch_size = choices.micro_batch_size
+        self.micro_batch_size = self.choices.micro_batch_size
         self.nonfinite_in_a_row = 0
         self.last_record: StepRecord | None = None
-        self.eval_part = (0, 1)  # (rank, world size): the part of the held-out set this process evaluates
+        if world.world_size > 1:
+            self._join_world()
+
+    def _join_world(self) -> None:
+        """One rank of several: sum gradients over the ranks, start from rank 0's adapter, shard the base."""
+        world, resources = self.world, self.spec.resources
+        if world.world_size != resources.world_size:
+            raise DistributedError(
+                f"this run has {world.world_size} ranks but the job's resources give {resources.world_size}; "
+                "start it with 'appliance train', which launches what resources say"
+            )
+        if self.spec.task.environment is not None:
+            raise DistributedError("agent jobs (task.environment) run on one rank; set resources.gpus: 1")
+        if resources.judge_gpus:
+            raise DistributedError(
+                "a judge on devices of its own (resources.judge_gpus) is not shared by several ranks yet; serve it "
+                "with 'vllm serve --tensor-parallel-size N' on those devices and set judge.endpoint, or drop judge_gpus"
+            )
+        sharded = self.choices.sharding == "fsdp"
+        self.updater.reducer = GradientReducer(lockstep=sharded)  # every forward of a sharded base is a collective
+        GradientReducer.broadcast_parameters(self.student.trainable_parameters())
+        if not world.is_main:
+            self.judging.log_to(self.job_dir / f"judge.rank{world.rank}.jsonl")  # judge.jsonl is rank 0's
+        if sharded:
+            shard_student(self.student.model, world)
+            held, whole = layer_elements_held(self.student.model)
+            self.log(
+                f"the student's base is sharded over {world.world_size} ranks with FSDP: each holds {held:,} of the "
+                f"decoder layers' {whole:,} weights (embeddings and head whole); generation gathers them whole"
+            )
 
     def on_event(self, kind: str, **data) -> None:
         self.hooks.on_event(RunEvent(kind=kind, step=self.step, data=data, time=time.time()))
 
-    # ----- resume -------------------------------------------------------------------------------
-
-    def resume(self) -> int | None:
-        """Load the newest loadable checkpoint (falling back past damaged ones); its step, or None when none exists."""
-        candidates = self.checkpoints.candidates()
-        problems = []
-        for info in candidates:
-            missing = self.checkpoints.missing_files(info)
-            try:
-                if missing:
-                    raise CheckpointError(f"missing {', '.join(missing)}")
-                load_payload(info.path, self.student, self.optimizer, self.scheduler)
-                self.source.load_state(info.state)
-            except CheckpointMismatch as error:  # an older checkpoint of the run holds the same data cursor
-                raise CheckpointMismatch(
-                    f"cannot resume from {info.path}: {error}; resume with the same task settings and data, "
-                    "or --restart to begin the run again"
-                ) from None
-            except Exception as error:  # noqa: BLE001 - any unreadable file means: use the previous one
-                problems.append(f"{info.path.name}: {type(error).__name__}: {error}")
-                self.records.log(
-                    f"checkpoint {info.path.name} is damaged ({type(error).__name__}: {error}); "
-                    "falling back to the previous complete checkpoint"
-                )
-                continue
-            self._restore_state(info)
-            return self.step
-        if candidates:
-            raise CheckpointError(
-                f"no checkpoint in {self.checkpoints.root} can be loaded ({'; '.join(problems)}); "
-                "--restart begins the run again"
-            )
-        # An earlier start died before its first checkpoint: its steps run again, so their records go.
-        self.records.rewind_to(0)
-        return None
-
-    def _restore_state(self, info: CheckpointInfo) -> None:
-        self.step = info.step
-        self.micro_batch_size = info.state.get("micro_batch_size", self.micro_batch_size)
-        self.nonfinite_in_a_row = info.state.get("nonfinite_in_a_row", 0)
-        self.best = self._reconciled_best(info)
-        self.records.rewind_to(self.step, info.state.get("record"))
-        self.engine.update_adapter(info.path / "adapter", self.step)
-        self.records.log(f"resumed '{self.spec.name}' at step {self.step} from {info.path}")
-
-    def _reconciled_best(self, info: CheckpointInfo) -> dict | None:
-        state = self.checkpoints.reconcile_best(info)
-        if state is None or state.get("metric") != self.best_metric:
-            return None  # no best yet, or one chosen by another metric: start over with this one
-        if state != info.state.get("best"):
-            self.records.log(
-                f"best/ holds step {state['step']} ({self.best_metric} {state['value']:.4g}); kept as the best so far"
-            )
-        return state
+    def log(self, line: str) -> None:
+        """A line in log.txt (and a "log" event); rank 0 speaks for a data-parallel job."""
+        if self.world.is_main:
+            self.records.log(line)
 
     # ----- one step -----------------------------------------------------------------------------
 
     def train_step(self) -> StepRecord:
+        """One GRPO step, in the order it runs."""
+        step = self.step + 1
         clock = PhaseClock(self.ledger, self.on_event, self._enter)
-        self.judging.set_step(self.step + 1)
+        self.judging.set_step(step)
         before = self._token_totals()
-        scored = self._rollout(clock)
+        rounds = self.source.rounds()  # dynamic sampling: more rounds until enough groups carry signal
+        with self._whole_base(self._generates_through_student()):
+            while rounds.wants_more():
+                with clock.phase("generate"):
+                    generated = self.source.generate(step, len(rounds.rounds))  # prompts x group_size completions
+                with clock.phase("reward"):
+                    rounds.add(self.source.score(generated, step))  # rewards -> weighted sum -> group advantages
+        scored = rounds.rollout()
         release_freed_heap()  # the rollout's freed KV cache and temporaries: the update starts from what is live
         with clock.phase("train"):
-            stats = self._update(scored)
-        self.step += 1
+            stats = self._update(scored)  # micro-batches, loss, backward, optimizer step; OOM halves and retries
+        self.step = step
         with clock.phase("sync"):
-            self._sync_engine()
-        self.records.samples(scored.sample_records(self.step, self.student.tokenizer, SAMPLES_PER_STEP))
+            self._sync_engine()  # the new adapter to the rollout engine
+        everyone = self._whole_step(scored)  # a data-parallel job's record reads as one rank's with the whole batch
+        if self.world.is_main:
+            self.records.samples(everyone.sample_records(self.step, self.student.tokenizer, SAMPLES_PER_STEP))
         evaluation = self._evaluate_if_due(clock)
-        record = self._record(scored, stats, before, clock, evaluation)
+        record = self._record(everyone, stats, before, clock, evaluation, len(rounds.rounds))
         self._keep_best(record)
         if self.step % self.spec.checkpoint.every == 0 or self.step == self.spec.grpo.steps:
             with clock.phase("checkpoint"):
                 self.save_checkpoint(record)
-        record = dataclasses.replace(record, seconds=self._seconds(clock, before), time=time.time())
-        self.records.metrics(record.to_dict())
+        record = dataclasses.replace(
+            record, seconds=self.judging.split_seconds(clock.total(), before), time=time.time()
+        )
+        if self.world.is_main:
+            self.records.metrics(record.to_dict())
         self.last_record = record
         self.hooks.on_step(record)
         self._report_engines()
         self._check_finite(record)
         return record
-
-    def _rollout(self, clock: PhaseClock) -> ScoredRollout | ScoredTrajectories:
-        return self.source.rollout(clock, self.step + 1)
-
-    def _sampling(self, step: int) -> Sampling:
-        grpo = self.spec.grpo
-        return Sampling(
-            max_new_tokens=grpo.max_new_tokens,
-            n=grpo.group_size,
-            temperature=grpo.temperature,
-            top_p=grpo.top_p,
-            seed=sampling_seed(grpo.seed, step),
-        )
 
     def _update(self, scored: ScoredRollout | ScoredTrajectories) -> UpdateStats:
         """The optimizer step; an out-of-memory error halves the micro-batch and retries (the run goes on).
@@ -229,33 +236,34 @@ class Trainer:
         A retry never repeats an applied update: with several iterations an error
         after the first optimizer step restores the adapter and optimizer first.
         """
-        from appliance.budget.memory_ledger import run_with_oom_backoff
-
         samples = scored.train_samples(use_engine_logprobs=not self.engine.samples_like_trainer)
         snapshot = UpdateSnapshot(self.student, self.optimizer) if self.spec.grpo.iterations > 1 and samples else None
-
-        def attempt(micro_batch_size: int) -> UpdateStats:
+        size = self.micro_batch_size
+        while True:
             self.optimizer.zero_grad(set_to_none=True)
             try:
-                return self.updater.step(samples, micro_batch_size)
-            except torch.OutOfMemoryError:
+                stats = self.updater.step(samples, size)
+                break
+            except torch.OutOfMemoryError as error:
                 if self.updater.applied_steps and snapshot is not None:
                     snapshot.restore()
-                    self.records.log(
+                    self.log(
                         f"step {self.step + 1}: undid {self.updater.applied_steps} applied update(s) before the retry"
                     )
-                raise
-
-        stats, used = run_with_oom_backoff(attempt, self.micro_batch_size, ledger=self.ledger)
-        if used != self.micro_batch_size:
-            self.records.log(f"step {self.step + 1}: out of memory, micro-batch {self.micro_batch_size} -> {used}")
-            self.micro_batch_size = used
+                size = halved_micro_batch(size, error, self.ledger)  # raises at micro-batch 1
+        if size != self.micro_batch_size:  # later steps keep the size that fitted
+            self.log(f"step {self.step + 1}: out of memory, micro-batch {self.micro_batch_size} -> {size}")
+            self.micro_batch_size = size
+        if self.updater.reducer is not None:  # the step's figures count every rank's samples
+            sequences, tokens = self.updater.reducer.counts(stats.sequences, stats.tokens)
+            stats = dataclasses.replace(stats, sequences=sequences, tokens=tokens)
         return stats
 
     def _sync_engine(self) -> None:
         """Hand the new adapter to the rollout engine: in memory for transformers, a folder for vLLM."""
         if self.engine.kind != "vllm":
-            self.engine.update_adapter(None, self.step)
+            with self._whole_base(remerges_from(self.engine, self.student.model)):
+                self.engine.update_adapter(None, self.step)
             return
         root = self.job_dir / "rollout-adapter"
         folder = root / f"v{self.step:06d}"
@@ -265,12 +273,24 @@ class Trainer:
             if older != folder:
                 shutil.rmtree(older, ignore_errors=True)
 
+    def _whole_step(self, scored: ScoredRollout | ScoredTrajectories) -> ScoredRollout | ScoredTrajectories:
+        """Every rank's share of the step in rank order: the rollout one rank with the whole batch would have made."""
+        return scored if self.world.world_size == 1 else concat_rollouts(self.world.gather(scored))
+
+    def _whole_base(self, needed: bool):
+        """A base sharded with FSDP gathered whole while ranks generate through it (they stop at different tokens)."""
+        return whole_weights(self.student.model) if needed and self.choices.sharding == "fsdp" else nullcontext()
+
+    def _generates_through_student(self) -> bool:
+        model = self.student.model
+        return generates_with(self.engine, model) or generates_with(self.judging.engine, model)
+
     def _check_finite(self, record: StepRecord) -> None:
         if not record.nonfinite:
             self.nonfinite_in_a_row = 0
             return
         self.nonfinite_in_a_row += 1
-        self.records.log(
+        self.log(
             f"step {record.step}: non-finite loss or gradient (loss {record.loss}, grad norm "
             f"{record.grad_norm}); the update was skipped ({self.nonfinite_in_a_row} in a row)"
         )
@@ -297,11 +317,17 @@ class Trainer:
 
     def evaluate_held_out(self, adapter: bool = True, limit: int | None = None):
         """Evaluation on the held-out split (its first `limit` problems), greedy or sampled as
-        checkpoint.eval_temperature and checkpoint.eval_samples say: an Evaluation."""
+        checkpoint.eval_temperature and checkpoint.eval_samples say: an Evaluation.
+
+        In a data-parallel job each rank evaluates its part of the problems and every rank gets the merge.
+        """
         from appliance.grpo import evaluate
 
         how = evaluate.EvalSampling.of(self.spec.checkpoint, self.spec.grpo.seed)
-        return self.source.evaluate(self.student, self._policy_engine(adapter), adapter, limit, how, self.eval_part)
+        engine = self._policy_engine(adapter)  # None: the student's own weights
+        with self._whole_base(engine is None or generates_with(engine, self.student.model)):
+            local = self.source.evaluate(self.student, engine, adapter, limit, how)
+        return local if self.world.world_size == 1 else evaluate.merge_evaluations(self.world.gather(local))
 
     def _policy_engine(self, adapter: bool) -> GenerationEngine | None:
         """The rollout engine when it holds exactly the policy to evaluate, else None (evaluate the student).
@@ -338,48 +364,46 @@ class Trainer:
         if not best.improves(value, self.best["value"] if self.best else None, self.best_mode):
             return
         self.best = {"step": self.step, "value": value, "metric": self.best_metric, "mode": self.best_mode}
-        path = self.checkpoints.update_best(lambda folder: write_adapter(self.student, folder), self.best)
+        path = self.job_dir / "best"
+        if self.world.is_main:
+            path = self.checkpoints.update_best(lambda folder: write_adapter(self.student, folder), self.best)
         self.on_event("checkpoint", path=str(path), best=True)
-
-    def rewards_for_eval(self) -> list[WeightedReward]:
-        """Rule rewards only: evaluation does not spend judge calls."""
-        return rule_rewards(self.rewards)
 
     # ----- the record ---------------------------------------------------------------------------
 
     def _token_totals(self) -> dict:
-        student = (self.engine.counters.generated_tokens, self.engine.counters.prompt_tokens)
-        return {"student": student, **self.judging.totals()}
-
-    def _seconds(self, clock: PhaseClock, before: dict) -> dict[str, float]:
-        """Phase seconds, with the judge's share of the reward phase shown as its own phase."""
-        return self.judging.split_seconds(clock.total(), before)
+        """The engines' counters so far; a data-parallel job's are summed over its ranks."""
+        totals = {
+            "student": (self.engine.counters.generated_tokens, self.engine.counters.prompt_tokens),
+            **self.judging.totals(),
+        }
+        if self.world.world_size == 1:
+            return totals
+        parts = self.world.gather(totals)
+        return {
+            key: tuple(map(sum, zip(*(part[key] for part in parts))))
+            if isinstance(totals[key], tuple)
+            else sum(part[key] for part in parts)
+            for key in totals
+        }
 
     def memory_reading(self) -> MemoryReading:
         ledger = self.ledger
         return MemoryReading(
             peak_rss_bytes=peak_rss_bytes(),
-            planned_peak_bytes=ledger.plan.peak_bytes if ledger is not None else None,
+            planned_peak_bytes=ledger.plan.peak_bytes,
             device_used_bytes=torch.cuda.memory_allocated() if torch.cuda.is_available() else None,
-            phase_peak_bytes=dict(ledger.phase_peaks) if ledger is not None else {},
-            components_used_bytes=dict(ledger.used) if ledger is not None else {},
+            phase_peak_bytes=dict(ledger.phase_peaks),
+            components_used_bytes=dict(ledger.used),
         )
 
     def _record(
-        self,
-        scored: ScoredRollout | ScoredTrajectories,
-        stats: UpdateStats,
-        before: dict,
-        clock: PhaseClock,
-        evaluation,
+        self, scored, stats: UpdateStats, before: dict, clock: PhaseClock, evaluation, rounds: int
     ) -> StepRecord:
-        lengths = scored.completion_lengths
-        informative = scored.advantages.informative
-        after = self._token_totals()
-        seconds = self._seconds(clock, before)
+        lengths, informative = scored.completion_lengths, scored.advantages.informative
+        after, seconds = self._token_totals(), self.judging.split_seconds(clock.total(), before)
         roles = {"student": "generate", "judge": "judge"}
         generated = {role: after[role][0] - before[role][0] for role in roles if role in before}
-        prompted = {role: after[role][1] - before[role][1] for role in roles if role in before}
         return StepRecord(
             job=self.spec.name,
             step=self.step,
@@ -403,7 +427,7 @@ class Trainer:
             completion_length_mean=_mean(lengths),
             completion_length_max=max(lengths) if lengths else 0,
             generated_tokens=generated,
-            prompt_tokens=prompted,
+            prompt_tokens={role: after[role][1] - before[role][1] for role in roles if role in before},
             tokens_per_second={
                 role: tokens / seconds[roles[role]] if seconds.get(roles[role], 0) > 0 else 0.0
                 for role, tokens in generated.items()
@@ -414,37 +438,47 @@ class Trainer:
             logprob_diff_mean=stats.logprob_diff_mean,
             logprob_diff_max=stats.logprob_diff_max,
             judge_outcomes=self.judging.outcomes(),
-            groups_trained=int((scored.trained if isinstance(scored, ScoredRollout) else informative).sum()),
-            sampling_rounds=self.source.sampling_rounds,
+            groups_trained=int(scored.trained.sum()),
+            sampling_rounds=rounds,
             prompts_skipped=self.source.prompts_skipped,
         )
 
-    # ----- checkpoints --------------------------------------------------------------------------
+    # ----- checkpoints and resume ---------------------------------------------------------------
 
     def save_checkpoint(self, record: StepRecord) -> Path:
+        """The step's checkpoint, written by rank 0 once every rank finished the step; every rank's RNG in it."""
         kept = self.source.checkpoint_state(self.step)
-        path = self.checkpoints.save(
-            self.step,
-            self._write_payload,
-            {
-                "job": self.spec.name,
-                "data_cursor": kept["data_cursor"],
-                "metrics": {k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))},
-                # The step's metrics line is written after its checkpoint: a crash between the two is mended
-                # from this copy on resume (its seconds lack the checkpoint's own).
-                "record": json.loads(json.dumps(record.to_dict(), default=float)),
-                "best": self.best,
-                "micro_batch_size": self.micro_batch_size,
-                "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                "skipped_prompts": kept["skipped_prompts"],
-            },
-        )
+        rng_states = self.world.gather(rng_state())
+        self.world.barrier()  # every rank finished the step before rank 0 writes it
+        path = self.checkpoints.root / f"step-{self.step:06d}"
+        if self.world.is_main:
+            path = self.checkpoints.save(
+                self.step,
+                lambda folder: self._write_payload(folder, rng_states),
+                {
+                    "job": self.spec.name,
+                    "data_cursor": kept["data_cursor"],
+                    "metrics": {k: v for k, v in record.to_dict().items() if isinstance(v, (int, float))},
+                    # The step's metrics line is written after its checkpoint: a crash between the two is mended
+                    # from this copy on resume (its seconds lack the checkpoint's own).
+                    "record": json.loads(json.dumps(record.to_dict(), default=float)),
+                    "best": self.best,
+                    "micro_batch_size": self.micro_batch_size,
+                    "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                    "skipped_prompts": kept["skipped_prompts"],
+                },
+            )
+        self.world.barrier()  # nobody runs ahead of a checkpoint still being written
         self.source.checkpointed(self.step)
         self.on_event("checkpoint", path=str(path), best=False)
         return path
 
-    def _write_payload(self, folder: Path) -> None:
+    def _write_payload(self, folder: Path, rng_states: list[dict]) -> None:
         write_payload(folder, self.student, self.optimizer, self.scheduler)
+        if self.world.world_size > 1:  # each rank resumes its own draws
+            for index, state in enumerate(rng_states):
+                torch.save(state, folder / rng_file(index))
+            (folder / "world.json").write_text(json.dumps({"world_size": self.world.world_size}))
 
     def ensure_checkpoint(self) -> None:
         """Make sure the last finished step has a complete checkpoint (before a pause or shutdown)."""
@@ -454,12 +488,89 @@ class Trainer:
         if latest is None or latest.step != self.step:
             self.save_checkpoint(self.last_record)
 
+    def resume(self) -> int | None:
+        """Load the newest loadable checkpoint (falling back past damaged ones); its step, or None when none exists."""
+        check_world_size(self.job_dir, self.world.world_size)
+        candidates = self.checkpoints.candidates()
+        problems = []
+        for info in candidates:
+            missing = self.checkpoints.missing_files(info)
+            try:
+                if missing:
+                    raise CheckpointError(f"missing {', '.join(missing)}")
+                load_payload(info.path, self.student, self.optimizer, self.scheduler)
+                self.source.load_state(info.state)
+            except CheckpointMismatch as error:  # an older checkpoint of the run holds the same data cursor
+                raise CheckpointMismatch(
+                    f"cannot resume from {info.path}: {error}; resume with the same task settings and data, "
+                    "or --restart to begin the run again"
+                ) from None
+            except Exception as error:  # noqa: BLE001 - any unreadable file means: use the previous one
+                problems.append(f"{info.path.name}: {type(error).__name__}: {error}")
+                self.log(
+                    f"checkpoint {info.path.name} is damaged ({type(error).__name__}: {error}); "
+                    "falling back to the previous complete checkpoint"
+                )
+                continue
+            self._restore_state(info)
+            return self.step
+        if candidates:
+            raise CheckpointError(
+                f"no checkpoint in {self.checkpoints.root} can be loaded ({'; '.join(problems)}); "
+                "--restart begins the run again"
+            )
+        if self.world.is_main:  # an earlier start died before its first checkpoint: its steps run again
+            self.records.rewind_to(0)
+        return None
+
+    def _restore_state(self, info: CheckpointInfo) -> None:
+        self.step = info.step
+        self.micro_batch_size = info.state.get("micro_batch_size", self.micro_batch_size)
+        self.nonfinite_in_a_row = info.state.get("nonfinite_in_a_row", 0)
+        self.best = self._reconciled_best(info)
+        if self.world.is_main:
+            self.records.rewind_to(self.step, info.state.get("record"))
+        self.engine.update_adapter(info.path / "adapter", self.step)
+        if self.world.world_size > 1:
+            restore_rng_state(load_tensors(info.path / rng_file(self.world.rank)))
+        self.log(f"resumed '{self.spec.name}' at step {self.step} from {info.path}")
+
+    def _reconciled_best(self, info: CheckpointInfo) -> dict | None:
+        state = self.checkpoints.reconcile_best(info, repair=self.world.is_main)
+        if state is None or state.get("metric") != self.best_metric:
+            return None  # no best yet, or one chosen by another metric: start over with this one
+        if state != info.state.get("best"):
+            self.log(
+                f"best/ holds step {state['step']} ({self.best_metric} {state['value']:.4g}); kept as the best so far"
+            )
+        return state
+
     def close(self) -> None:
         """Release the engines (vLLM child processes, the judge's model); the trainer is unusable afterwards."""
         self.source.close()
         self.judging.close()
         for engine in self.engines():
             engine.close()
+
+
+def enter_phase(phase: str, rollout: GenerationEngine, judge: GenerationEngine | None, time_share: bool) -> None:
+    """Put the engines in the state the plan assumed for `phase` (a planned phase: generate, judge, train).
+
+    Only when the plan chose time_share: then it counted an engine's weights and cache out of the phases it does
+    not serve, so before each phase the engines of the other phases sleep (vLLM sleep level 1 on CUDA; a
+    transformers engine that owns its weights moves them to host RAM) and the phase's own engine wakes. Without
+    it every engine stays awake: the plan counted them all in every phase, and waking costs seconds per step.
+    """
+    if phase not in PLANNED_PHASES:
+        raise ValueError(f"phase {phase!r} is not one of {PLANNED_PHASES}")
+    if not time_share:
+        return
+    awake = {"generate": rollout, "judge": judge, "train": None}[phase]
+    for engine in (rollout, judge):
+        if engine is not None and engine is not awake:
+            engine.sleep()
+    if awake is not None:
+        awake.wake()
 
 
 def _mean(values) -> float:

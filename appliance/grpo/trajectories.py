@@ -12,15 +12,17 @@ context, and the record says so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from appliance.agents.render import opening_text, transcript_text
 from appliance.agents.tokenize import TokenizedTrajectory, tokenize_trajectory
 from appliance.agents.trajectory import Trajectory, TrajectoryGroup
+from appliance.config.schema import JobSpec
 from appliance.conventions import ENVIRONMENT_REWARD
-from appliance.grpo.advantages import GroupAdvantages, group_advantages
+from appliance.engines.engine import GenerationEngine
+from appliance.grpo.rollout import GroupAdvantages, group_advantages
 from appliance.grpo.update import TrainSample
 from appliance.rewards.registry import RewardSample, RewardScores, WeightedReward, score_samples
 
@@ -129,6 +131,11 @@ class ScoredTrajectories:
     @property
     def truncated(self) -> int:
         return sum(item.truncated for item in self.tokens)
+
+    @property
+    def trained(self) -> torch.Tensor:
+        """[groups] bool: the groups the update trains on (every informative one)."""
+        return self.advantages.informative
 
     def advantage(self, index: int) -> float:
         size = len(self.groups[0].trajectories)
@@ -259,3 +266,80 @@ class AgentJob:
     environment: str  # the job's task.environment, as written in samples.jsonl
     max_tokens: int | None  # the planned trajectory bound; longer trajectories are cut there
     evaluation_environment: object | None = None  # the in-process Environment for held-out evaluation, if any
+
+
+@dataclass
+class OneRound:
+    """The rounds of an agent job's step: exactly one (dynamic sampling is for task prompts)."""
+
+    rounds: list[ScoredTrajectories] = field(default_factory=list)
+
+    def wants_more(self) -> bool:
+        return not self.rounds
+
+    def add(self, part: ScoredTrajectories) -> None:
+        self.rounds.append(part)
+
+    def rollout(self) -> ScoredTrajectories:
+        (only,) = self.rounds
+        return only
+
+
+class AgentSource:
+    """An agent job's step: trajectory groups collected from its source, scored by the job's rewards."""
+
+    prompts_skipped = 0
+
+    def __init__(self, spec: JobSpec, agent: AgentJob, tokenizer, rewards: list[WeightedReward], log):
+        self.spec, self.agent, self.tokenizer, self.rewards, self.log = spec, agent, tokenizer, rewards, log
+
+    def rounds(self) -> OneRound:
+        return OneRound()  # an agent job's step is the groups its source hands over, once
+
+    def generate(self, step: int, round_index: int) -> list[TrajectoryGroup]:
+        grpo = self.spec.grpo
+        return self.agent.source.collect(step, grpo.prompts_per_step, grpo.group_size)
+
+    def score(self, groups: list[TrajectoryGroup], step: int) -> ScoredTrajectories:
+        grpo = self.spec.grpo
+        scored = score_trajectories(
+            self.agent.environment,
+            groups,
+            self.tokenizer,
+            self.rewards,
+            grpo.scale_rewards,
+            self.agent.max_tokens,
+            self.spec.task.mask_truncated,
+            step,
+        )
+        if scored.truncated:
+            self.log(
+                f"step {step}: {scored.truncated} trajectories were longer than the planned "
+                f"{self.agent.max_tokens} tokens and were cut there"
+            )
+        return scored
+
+    def has_held_out(self) -> bool:
+        return self.agent.evaluation_environment is not None
+
+    def evaluate(self, student, engine: GenerationEngine | None, adapter: bool, limit: int | None, how):
+        from appliance.grpo import evaluate
+
+        environment, max_new_tokens = self.agent.evaluation_environment, self.spec.grpo.max_new_tokens
+        scenarios = limit or evaluate.AGENT_EVAL_SCENARIOS
+        if engine is not None:
+            return evaluate.evaluate_environment(environment, engine, scenarios, max_new_tokens, how)
+        return evaluate.evaluate_agent_student(student, environment, scenarios, max_new_tokens, adapter, how)
+
+    def checkpoint_state(self, step: int) -> dict:
+        # An agent job's scenarios follow from the step number alone.
+        return {"data_cursor": {"step": step}, "skipped_prompts": {}}
+
+    def load_state(self, state: dict) -> None:
+        pass
+
+    def checkpointed(self, step: int) -> None:
+        self.agent.source.checkpointed(step)  # submitted groups it trained need not be kept any more
+
+    def close(self) -> None:
+        self.agent.source.close()

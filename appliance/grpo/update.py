@@ -1,4 +1,5 @@
-"""One optimizer step of GRPO on a scored rollout: micro-batches, loss, backward, clip, step.
+"""One optimizer step of GRPO on a scored rollout: micro-batches, loss, backward, clip, step; the optimizer,
+its schedule, and what an out-of-memory retry needs (a smaller micro-batch, an undo of applied updates).
 
 A sample is a prompt and a completion; a multi-turn trajectory is one too (its
 completion is everything from the first assistant token on) with a train mask
@@ -12,12 +13,15 @@ loss or gradient norm skips the optimizer step (`UpdateStats.nonfinite`).
 
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass
 
 import torch
 
+from appliance.budget.memory_ledger import Ledger
 from appliance.config.schema import GrpoSpec
+from appliance.errors import ApplianceError
 from appliance.grpo.loss import StepNormalizer, policy_loss
 from appliance.grpo.student import Student, TokenBatch, pack_batch
 
@@ -257,3 +261,78 @@ class GrpoUpdater:
         )
         output.loss.backward()
         return output
+
+
+# ----- out of memory: retry the step with a smaller micro-batch, undoing what was applied ----------------
+
+
+class OutOfMemoryAtMinimum(ApplianceError):
+    """The step ran out of memory even at the smallest micro-batch."""
+
+
+def halved_micro_batch(size: int, error: BaseException, ledger: Ledger | None = None) -> int:
+    """The micro-batch to retry an out-of-memory step with (recorded in `ledger`); at 1, OutOfMemoryAtMinimum."""
+    if size <= 1:
+        raise OutOfMemoryAtMinimum(
+            f"out of memory even at micro-batch {size}; lower grpo.group_size or grpo.max_new_tokens"
+        ) from error
+    smaller = max(1, size // 2)
+    if ledger is not None:
+        ledger.record_halving(size, smaller, error)
+    gc.collect()  # give cached blocks back so the retry starts from the live tensors only
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return smaller
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _to_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(item) for item in value)
+    return value
+
+
+class UpdateSnapshot:
+    """The trainable parameters and optimizer state at one moment, on the CPU."""
+
+    def __init__(self, student, optimizer):
+        self.student, self.optimizer = student, optimizer
+        self.parameters = [p.detach().to("cpu", copy=True) for p in student.trainable_parameters()]
+        self.optimizer_state = _to_cpu(optimizer.state_dict())
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for parameter, saved in zip(self.student.trainable_parameters(), self.parameters):
+                parameter.copy_(saved.to(parameter.device))
+        self.optimizer.load_state_dict(self.optimizer_state)
+
+
+# ----- the optimizer and its schedule: AdamW over the LoRA parameters --------------------------------------
+
+
+def make_optimizer(parameters, spec: GrpoSpec, device: str) -> torch.optim.Optimizer:
+    """bitsandbytes' paged 8-bit AdamW on CUDA (less memory, spills to host under pressure), torch's on the CPU."""
+    if device.startswith("cuda"):
+        import bitsandbytes as bnb
+
+        return bnb.optim.PagedAdamW8bit(parameters, lr=spec.learning_rate, weight_decay=spec.weight_decay)
+    return torch.optim.AdamW(parameters, lr=spec.learning_rate, weight_decay=spec.weight_decay)
+
+
+def lr_factor(step: int, spec: GrpoSpec) -> float:
+    """Multiplier of the base learning rate for optimizer step `step` (0-based)."""
+    if spec.warmup_steps and step < spec.warmup_steps:
+        return (step + 1) / spec.warmup_steps
+    if spec.lr_schedule == "cosine":
+        span = max(1, spec.steps - spec.warmup_steps)
+        progress = min(1.0, (step - spec.warmup_steps) / span)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, spec: GrpoSpec) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup, then constant or cosine decay to zero at the last step."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, spec))

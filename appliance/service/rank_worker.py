@@ -10,9 +10,6 @@ step and write its checkpoint together.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from pathlib import Path
-
-from appliance.service.worker import Channel, run
 
 
 def agreed_stop(local: dict):
@@ -28,17 +25,12 @@ def agreed_stop(local: dict):
 
 
 @contextmanager
-def rank_process_group():
+def rank_process_group(world):
     """This rank in the job's process group (torchrun's environment), left when the rank ends."""
-    from appliance.grpo.distributed import destroy_process_group, init_process_group, launched_rank
+    from appliance.grpo.distributed import destroy_process_group, init_process_group
 
     try:
-        init_process_group(launched_rank())
+        init_process_group(world)
         yield
     finally:
         destroy_process_group()
-
-
-def run_rank(channel: Channel | None, data_dir: Path, job_dir: Path, resume: bool) -> int:
-    """Join the job's process group and run this rank of it; rank 0 reports over `channel`."""
-    return run(channel, data_dir, job_dir, resume, stop_policy=agreed_stop, around=rank_process_group)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from appliance.grpo.rank_threads import share_cores
+from appliance.ranks import share_cores
 
 
 class HasIndex(Protocol):

@@ -24,13 +24,12 @@ import appliance.offline  # noqa: F401  (before any ML import)
 
 import argparse
 import json
-import os
 import socket
 import sys
 import threading
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Callable
 
 MODULE = "appliance.service.worker"
 EXIT_DONE, EXIT_CRASH, EXIT_BAD_JOB, EXIT_DISK_FULL = 0, 1, 2, 3
@@ -84,21 +83,19 @@ def local_stop(stop: dict) -> Callable[[], str | None]:
     return lambda: stop.get("reason")
 
 
-def run(
-    channel: Channel | None,
-    data_dir: Path,
-    job_dir: Path,
-    resume: bool,
-    stop_policy: Callable[[dict], Callable[[], str | None]] = local_stop,
-    around: Callable[[], ContextManager] = nullcontext,
-) -> int:
-    """Run the job, reporting over `channel` (None: a rank after 0 of a several-slot job reports nothing).
+def run(channel: Channel | None, data_dir: Path, job_dir: Path, resume: bool, world) -> int:
+    """Run the job (or this rank of it), reporting over `channel` (None: a rank after 0 reports nothing).
 
-    `stop_policy` turns the daemon's stop requests into run_job's stop callable; `around` is entered
-    before the job is read (a rank's process group) and left whatever happens."""
+    A rank of several asks rank 0 for the daemon's stop requests once per step, inside the job's process group
+    (service/rank_worker.py); a one-slot job reads them itself."""
     from appliance.config.job_file import parse_job_text
     from appliance.errors import ApplianceError, DiskFullError
     from appliance.grpo.run import run_job
+    from appliance.service.rank_worker import agreed_stop, rank_process_group
+
+    several = world.world_size > 1
+    stop_policy = agreed_stop if several else local_stop
+    around = (lambda: rank_process_group(world)) if several else nullcontext
 
     def send(message: dict) -> None:
         if channel is not None:
@@ -115,6 +112,7 @@ def run(
                 data_dir,
                 job_dir,
                 job_file_dir=job_dir,
+                world=world,
                 resume=resume,
                 on_step=lambda record: send({"type": "step", "record": record.to_dict()}),
                 on_event=lambda event: send({"type": "event", "event": event.to_dict()}),
@@ -140,22 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
-    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if args.fd is None and not several:
+    from appliance.grpo.distributed import end_rank_process, process_role
+
+    world = process_role(several=False)  # the daemon starts every rank itself: a rank, or the whole job
+    if args.fd is None and world.world_size == 1:
         parser.error("--fd is required")
     channel = Channel(socket.socket(fileno=args.fd)) if args.fd is not None else None
     try:
-        if not several:
-            return run(channel, args.data_dir, args.job_dir, args.resume)
-        from appliance.service.rank_worker import run_rank
-
-        code = run_rank(channel, args.data_dir, args.job_dir, args.resume)
+        code = run(channel, args.data_dir, args.job_dir, args.resume, world)
     finally:
         if channel is not None:
             channel.close()
-    from appliance.grpo.distributed import end_rank_process
-
-    end_rank_process(code)
+    if world.world_size > 1:
+        end_rank_process(code)
+    return code
 
 
 if __name__ == "__main__":

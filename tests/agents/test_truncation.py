@@ -128,7 +128,7 @@ def test_a_turn_cut_at_max_new_tokens_is_not_a_malformed_call(tiny_engine):
 def test_an_off_policy_group_gets_importance_weights_from_the_served_logprobs(tiny_model_dir):
     from appliance.config.schema import GrpoSpec, StudentSpec
     from appliance.engines.hf import HFEngine
-    from appliance.grpo.optim import make_optimizer, make_scheduler
+    from appliance.grpo.update import make_optimizer, make_scheduler
     from appliance.grpo.student import Student
     from appliance.grpo.update import GrpoUpdater
 

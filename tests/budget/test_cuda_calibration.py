@@ -69,7 +69,7 @@ MERGED_COPY_NO_LONGER_HELD = (
 @pytest.fixture(autouse=True)
 def as_these_runs_trained(monkeypatch):
     """These runs predate the update's shared prompts (grpo/student.py runs a group's prompt once) and the MLP
-    that rebuilds silu(gate) in backward (grpo/swiglu.py): they ran every sequence whole and kept the activated
+    that rebuilds silu(gate) in backward (grpo/student.py): they ran every sequence whole and kept the activated
     gate, so the plans here count them that way. The same runs today would keep 32 x 14336 x 2 bytes less per
     token (4.7 GB at 32 x 161 tokens): derived, not measured, as no GPU has been lent since."""
     monkeypatch.setattr(phase_memory, "shared_prompt_rows", lambda work, micro_batch: None)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from appliance.budget.device_probe import DeviceInfo
-from appliance.budget.memory_ledger import Ledger, OutOfMemoryAtMinimum, run_with_oom_backoff
+from appliance.budget.memory_ledger import Ledger
+from appliance.grpo.update import OutOfMemoryAtMinimum, halved_micro_batch
 from appliance.budget.plan import plan_job
 from appliance.budget.shapes import fixture_for, load_config
 from appliance.config.job_file import load_job
@@ -64,38 +65,16 @@ def test_unknown_component_or_phase_is_refused_by_name(plan):
         ledger.phase_peak("rollout", 1)
 
 
-def test_an_out_of_memory_step_is_retried_with_half_the_micro_batch(plan):
+def test_an_out_of_memory_step_is_retried_with_half_the_micro_batch_and_recorded(plan):
     ledger = Ledger(plan)
-    attempts = []
-
-    def step(micro_batch: int) -> float:
-        attempts.append(micro_batch)
-        if len(attempts) == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return 0.5 * micro_batch
-
-    result, size = run_with_oom_backoff(step, 16, ledger=ledger)
-    assert (result, size) == (4.0, 8)
-    assert attempts == [16, 8]
-    assert [(h.from_size, h.to_size) for h in ledger.halvings] == [(16, 8)]
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert halved_micro_batch(16, error, ledger) == 8
+    assert halved_micro_batch(3, error, ledger) == 1
+    assert [(h.from_size, h.to_size) for h in ledger.halvings] == [(16, 8), (3, 1)]
     assert "Tried to allocate 2.00 GiB" in ledger.to_dict()["oom_halvings"][0]["error"]
 
 
 def test_out_of_memory_at_the_smallest_micro_batch_gives_up_with_what_to_change():
-    def step(micro_batch: int):
-        raise torch.OutOfMemoryError("out of memory")
-
-    with pytest.raises(OutOfMemoryAtMinimum, match="grpo.group_size"):
-        run_with_oom_backoff(step, 4, min_size=2)
-
-
-def test_other_errors_are_not_retried():
-    calls = []
-
-    def step(micro_batch: int):
-        calls.append(micro_batch)
-        raise ValueError("bad batch")
-
-    with pytest.raises(ValueError):
-        run_with_oom_backoff(step, 8)
-    assert calls == [8]
+    with pytest.raises(OutOfMemoryAtMinimum, match="grpo.group_size") as raised:
+        halved_micro_batch(1, torch.OutOfMemoryError("out of memory"))
+    assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)

@@ -1,4 +1,4 @@
-"""The plan's time-sharing, applied per phase (grpo/time_share.py), on two CUDA vLLM engines at the hardware boundary.
+"""The plan's time-sharing, applied per phase (grpo/trainer.py), on two CUDA vLLM engines at the hardware boundary.
 
 The engines are the real VLLMEngine over test_vllm_call_order's recording fake of
 a CUDA box's vllm.LLM, which refuses to generate while asleep.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.grpo.time_share import enter_phase
+from appliance.grpo.trainer import enter_phase
 from test_vllm_call_order import SAMPLING, cuda_engine, model_dir  # noqa: F401  (model_dir is a fixture)
 
 

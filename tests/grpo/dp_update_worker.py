@@ -21,11 +21,11 @@ from appliance.grpo.distributed import (
     GradientReducer,
     destroy_process_group,
     init_process_group,
-    launched_rank,
+    process_role,
     share,
 )
 from appliance.grpo.fsdp import layer_elements_held, shard_student
-from appliance.grpo.optim import make_optimizer, make_scheduler
+from appliance.grpo.update import make_optimizer, make_scheduler
 from appliance.grpo.student import Student
 from appliance.grpo.update import GrpoUpdater, TrainSample
 
@@ -70,12 +70,13 @@ def student(model_dir: Path, seed: int, quantization: str = "none") -> Student:
 
 
 def main(model_dir: Path, out_dir: Path, mode: str = "reduced") -> None:
-    info = launched_rank()
+    world = process_role(several=False)
+    info = world if world.world_size > 1 else None
     reducer = None
     if info is not None:
         init_process_group(info)
         reducer = GradientReducer(lockstep=mode == "fsdp") if mode != "unreduced" else None
-    rank = info.rank if info else 0
+    rank = world.rank
     for case, grpo in CASES.items() if mode != "unreduced" else [("dapo", CASES["dapo"])]:
         # Ranks start from different seeds: the broadcast must give them rank 0's adapter.
         model = student(model_dir, seed=rank, quantization="nf4" if case in QUANTIZED else "none")

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from appliance.grpo.advantages import EPSILON, group_advantages
+from appliance.grpo.rollout import EPSILON, group_advantages
 
 
 def test_advantages_are_centred_and_scaled_by_sample_std():

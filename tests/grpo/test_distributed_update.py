@@ -101,8 +101,9 @@ def test_each_rank_sees_only_its_own_device():
 def test_a_several_rank_job_run_as_one_process_is_refused_before_loading(tmp_path):
     """The daemon's worker (and any run_job caller) must not quietly train a 2-rank job on one rank."""
     from appliance.config.job_file import parse_job_text
-    from appliance.grpo.job import JobSetupError, build_trainer
+    from appliance.grpo.distributed import one_process
+    from appliance.grpo.run import JobSetupError, build_trainer
 
     spec = parse_job_text("name: j\nstudent: {model: absent}\nrewards: [{name: correctness}]\nresources: {gpus: 2}\n")
-    with pytest.raises(JobSetupError, match="asks for 2 data-parallel ranks"):
-        build_trainer(spec, tmp_path, tmp_path, tmp_path)
+    with pytest.raises(JobSetupError, match="asks for 2 data-parallel rank"):
+        build_trainer(spec, tmp_path, tmp_path, tmp_path, one_process())

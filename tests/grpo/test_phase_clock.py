@@ -2,9 +2,8 @@
 
 import pytest
 
-from appliance.grpo.phases import PLANNED, PhaseClock
+from appliance.grpo.step_record import PLANNED, PLANNED_PHASES, PhaseClock
 from appliance.grpo.step_record import PHASES
-from appliance.grpo.time_share import PHASES as PLANNED_PHASES
 
 
 def _clock():

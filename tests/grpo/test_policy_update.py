@@ -11,7 +11,7 @@ from tiny_model import make_tiny_model
 from appliance.config.schema import GrpoSpec, StudentSpec
 from appliance.engines.engine import Sampling
 from appliance.engines.hf import HFEngine
-from appliance.grpo.optim import make_optimizer, make_scheduler
+from appliance.grpo.update import make_optimizer, make_scheduler
 from appliance.grpo.student import Student, pack_batch
 from appliance.grpo.update import GrpoUpdater, TrainSample
 

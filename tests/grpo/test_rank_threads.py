@@ -9,7 +9,7 @@ import pytest
 from appliance.cli.launch import LaunchError, launch
 from appliance.cli.main import build_parser
 from appliance.config.job_file import parse_job_text
-from appliance.grpo.rank_threads import share_cores, threads_per_rank
+from appliance.ranks import share_cores, threads_per_rank
 
 
 def test_each_rank_gets_its_share_of_the_cores_and_at_least_one():

@@ -13,7 +13,8 @@ from tiny_model import tiny_job
 
 from appliance.job_checks import load_checked_job
 from appliance.errors import JobStopped
-from appliance.grpo.job import build_trainer
+from appliance.grpo.distributed import one_process
+from appliance.grpo.run import build_trainer
 from appliance.grpo.run import run_job
 from appliance.grpo.step_record import StepRecord
 
@@ -149,7 +150,7 @@ def test_an_out_of_memory_error_after_the_first_update_does_not_apply_it_twice(
     tiny_model_dir, tmp_path, fresh_data_dir, monkeypatch
 ):
     spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, grpo={"steps": 1, "iterations": 2, "micro_batch_size": 8})
-    clean = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "clean")
+    clean = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "clean", one_process())
     clean.train_step()
     expected = _adapter(clean)
     clean.close()
@@ -164,7 +165,7 @@ def test_an_out_of_memory_error_after_the_first_update_does_not_apply_it_twice(
         return backward(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "backward", failing_backward)
-    retried = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "retried")
+    retried = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "retried", one_process())
     record = retried.train_step()
     assert record.micro_batch_size == 4 and [(h.from_size, h.to_size) for h in retried.ledger.halvings] == [(8, 4)]
     log = (retried.job_dir / "log.txt").read_text()
@@ -174,11 +175,29 @@ def test_an_out_of_memory_error_after_the_first_update_does_not_apply_it_twice(
     retried.close()
 
 
+def test_an_error_other_than_out_of_memory_is_not_retried(tiny_model_dir, tmp_path, fresh_data_dir, monkeypatch):
+    spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, grpo={"steps": 1, "micro_batch_size": 8})
+    calls = [0]
+
+    def failing_backward(self, *args, **kwargs):
+        calls[0] += 1
+        raise RuntimeError("a kernel failed (injected)")
+
+    monkeypatch.setattr(torch.Tensor, "backward", failing_backward)
+    trainer = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "tiny", one_process())
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            trainer.train_step()
+        assert calls == [1] and trainer.ledger.halvings == [] and trainer.micro_batch_size == 8
+    finally:
+        trainer.close()
+
+
 def test_steps_without_finite_gradients_are_skipped_and_stop_the_job(
     tiny_model_dir, tmp_path, fresh_data_dir, monkeypatch
 ):
     spec = _spec(tiny_model_dir, tmp_path, fresh_data_dir, grpo={"steps": 6}, checkpoint={"every": 1, "keep_last": 6})
-    trainer = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "tiny")
+    trainer = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "tiny", one_process())
     trainer.train_step()  # one healthy step
     healthy = _adapter(trainer)
     backward = torch.Tensor.backward
@@ -241,7 +260,7 @@ def test_held_out_evaluation_through_the_merged_copy_equals_the_students_own(tin
         engine={"rollout": "hf", "rollout_weights": "merged_copy"},
         grpo={"steps": 1, "temperature": 1.0},
     )
-    trainer = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "tiny")
+    trainer = build_trainer(spec, tmp_path, fresh_data_dir, fresh_data_dir / "jobs" / "tiny", one_process())
     assert trainer._policy_engine(adapter=False) is trainer.engine  # step 0: the copy is the base
 
     def same(evaluated, direct) -> None:

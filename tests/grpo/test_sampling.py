@@ -1,4 +1,4 @@
-"""Dynamic sampling and prompt skipping (grpo/sampling.py) on real rollouts and the real data cursor, no model."""
+"""Dynamic sampling and prompt skipping (grpo/rollout.py) on real rollouts and the real data cursor, no model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from appliance.engines.engine import Completion
 from appliance.grpo.rollout import scored_rollout
-from appliance.grpo.sampling import PromptSkipper, SamplingRounds, round_seed
+from appliance.grpo.rollout import PromptSkipper, SamplingRounds, round_seed
 from appliance.rewards.registry import RewardScores
 from appliance.tasks.task import Problem
 from appliance.tasks.stream import ProblemStream

@@ -10,7 +10,7 @@ from appliance.budget import components
 from appliance.budget.shapes import fixture_for, load_config, shape_from_config
 from appliance.config.schema import StudentSpec
 from appliance.grpo.student import Student, TokenBatch
-from appliance.grpo.swiglu import _lean_forward, is_silu_gated_mlp, keep_gate_and_up_only, silu_gate
+from appliance.grpo.student import _lean_forward, is_silu_gated_mlp, keep_gate_and_up_only, silu_gate
 
 
 def _saved_bytes(compute) -> int:

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from appliance.config.schema import StudentSpec
-from appliance.grpo import token_logprobs
 from appliance.grpo.loss import LOSS_TYPES, StepNormalizer, policy_loss
 from appliance.grpo.student import Student, TokenBatch, plain_head
 from appliance.budget.components import logit_chunk_tokens
-from appliance.grpo.token_logprobs import chunked_token_logprobs
+from appliance.grpo.student import _chunk_logits, chunked_token_logprobs
 
 
 def _textbook(hidden, head, targets, temperature):
@@ -53,14 +52,14 @@ def test_a_frozen_head_gets_no_gradient_and_the_chunk_is_never_the_whole_vocabul
     head = torch.nn.Linear(8, 1000).requires_grad_(False)
     hidden = torch.randn(2, 64, 8, requires_grad=True)
     seen = []
-    original = token_logprobs._chunk_logits
-    try:
-        token_logprobs._chunk_logits = lambda *args: seen.append(original(*args).shape) or original(*args)
+    original = _chunk_logits
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            "appliance.grpo.student._chunk_logits", lambda *args: seen.append(original(*args).shape) or original(*args)
+        )
         chunked_token_logprobs(
             hidden, head, torch.randint(0, 1000, (2, 64)), chunk_bytes=16 * 1000 * 4
         ).sum().backward()
-    finally:
-        token_logprobs._chunk_logits = original
     # 128 tokens in chunks of 16, forward and again in backward; never all 128 rows at once.
     assert seen == [(16, 1000)] * 16
     assert hidden.grad is not None and head.weight.grad is None
@@ -71,9 +70,9 @@ def test_on_the_cpu_the_default_chunk_is_the_one_the_planner_counts(monkeypatch)
     head = torch.nn.Linear(8, 65536, bias=False).requires_grad_(False)
     hidden = torch.randn(1, 300, 8, requires_grad=True)
     seen = []
-    original = token_logprobs._chunk_logits
+    original = _chunk_logits
     monkeypatch.setattr(
-        token_logprobs, "_chunk_logits", lambda *args: seen.append(original(*args).shape[0]) or original(*args)
+        "appliance.grpo.student._chunk_logits", lambda *args: seen.append(original(*args).shape[0]) or original(*args)
     )
     chunked_token_logprobs(hidden, head, torch.randint(0, 65536, (1, 300))).sum().backward()
     assert seen == [128, 128, 44] * 2  # forward, then backward
@@ -134,7 +133,7 @@ def test_every_aggregation_gets_the_loss_and_head_input_gradients_of_the_full_lo
     algorithm: in fp32 both paths are about 2e-5 from the float64 logprobs, each by its own summation order.
     """
     batch = _batch()
-    monkeypatch.setattr(token_logprobs, "CHUNK_LOGIT_BYTES", 7 * student.model.config.vocab_size * 4)
+    monkeypatch.setattr("appliance.grpo.student.CHUNK_LOGIT_BYTES", 7 * student.model.config.vocab_size * 4)
     causal_lm = student.model.get_base_model()
     head = copy.deepcopy(causal_lm.get_output_embeddings()).double()
     with torch.no_grad():
@@ -176,7 +175,7 @@ def _lora_grads(student: Student, logprobs, old, reference, batch: TokenBatch) -
 @pytest.mark.model
 def test_old_reference_and_current_logprobs_of_the_student_match_the_full_logits(student, monkeypatch):
     batch = _batch()
-    monkeypatch.setattr(token_logprobs, "CHUNK_LOGIT_BYTES", 7 * student.model.config.vocab_size * 4)
+    monkeypatch.setattr("appliance.grpo.student.CHUNK_LOGIT_BYTES", 7 * student.model.config.vocab_size * 4)
     with torch.no_grad():
         old, reference = _plain_logprobs(student, batch, 0.8), _plain_logprobs(student, batch, 0.8, reference=True)
         assert float((old - reference).abs().max()) > 1e-2  # the adapter matters, so the two are told apart
@@ -219,7 +218,7 @@ def test_a_group_shares_one_prompt_pass_with_the_values_and_gradients_of_whole_s
     if layout == "two passes":
         monkeypatch.setattr(components, "PACKED_SEQUENCE_TOKENS", 38)
     batch = _grouped_batch()
-    monkeypatch.setattr(token_logprobs, "CHUNK_LOGIT_BYTES", 7 * student.model.config.vocab_size * 4)
+    monkeypatch.setattr("appliance.grpo.student.CHUNK_LOGIT_BYTES", 7 * student.model.config.vocab_size * 4)
     rows_seen = []
     layer = student.model.get_base_model().model.layers[0]
     handle = layer.register_forward_pre_hook(

