@@ -64,7 +64,7 @@ class Terminal:
                 TimeRemainingColumn(),
                 console=console,
                 transient=True,
-                # a step takes minutes: estimate the speed over hours, not rich's 30 s
+                # a step takes minutes: estimate the speed over hours, not over rich's default window of seconds
                 speed_estimate_period=6 * 3600,
                 # rich would route sys.stdout/stderr (the libraries) to the terminal
                 redirect_stdout=False,

@@ -1,6 +1,6 @@
 """Bounded reads of the files a worker writes in its job folder: JSON lines from the end or in step order.
 
-Every read stops at a byte cap and a record count, so a 64 MiB judge log costs
+Every read stops at a byte cap and a record count, so a long judge log costs
 one block-sized seek, not the whole file; the routes call these in a thread.
 """
 
