@@ -27,6 +27,8 @@ from appliance.errors import ApplianceError
 from appliance.budget.plan import Plan
 from appliance.config.sizes import format_bytes
 
+# Warn only past this share over the plan: whole-job peaks vary from run to run by a few percent
+# (bench/README.md, "memory_plan.py"), and a warning every step would drown the ones that matter.
 OVER_PLAN_TOLERANCE = 0.10
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,12 +74,13 @@ class Ledger:
                 if planned
                 else f"{what} uses {format_bytes(measured)} but was planned at 0 B"
             )
-            if message not in self.warnings:
+            if message not in self.warnings:  # once per distinct excess, not once per step
                 self.warnings.append(message)
                 log.warning("memory: %s", message)
 
     def record_halving(self, from_size: int, to_size: int, error: BaseException) -> None:
         self.halvings.append(
+            # The first line of torch's message says what failed to allocate; the rest is allocator advice.
             Halving(from_size, to_size, str(error).splitlines()[0] if str(error) else type(error).__name__, time.time())
         )
         log.warning("out of memory at micro-batch %d; retrying the step with %d", from_size, to_size)
@@ -126,6 +129,7 @@ def run_with_oom_backoff(
                 raise OutOfMemoryAtMinimum(
                     f"out of memory even at micro-batch {size}; lower grpo.group_size or grpo.max_new_tokens"
                 ) from error
+            # Halving: each retry frees about half the activations, and few retries reach the minimum.
             smaller = max(min_size, size // 2)
             if ledger is not None:
                 ledger.record_halving(size, smaller, error)
@@ -137,6 +141,8 @@ def _release_cached_memory() -> None:
     """Give cached blocks back so the retry starts from the live tensors only."""
     import gc
 
+    # Tensors of the failed attempt that only reference cycles still hold are freed first, so that emptying
+    # the cache can hand their blocks back too.
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
