@@ -28,6 +28,7 @@ from appliance.service.slot_assignment import unplaceable
 from appliance.service.submission import Accepted, Policy, SubmissionRejected, check_submission
 from appliance.service.supervisor import Slot, Supervisor, probe_slots, slot_device
 
+# An uploaded dataset is refused past this unless the operator allows more (an option of appliance serve).
 DEFAULT_MAX_UPLOAD_BYTES = 64 * 2**20
 
 

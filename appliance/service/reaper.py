@@ -13,7 +13,7 @@ import os
 import subprocess
 import threading
 
-PR_SET_CHILD_SUBREAPER = 36
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 _owned: set[int] = set()  # children other parts of the daemon wait for themselves (exports)
 _owned_lock = threading.Lock()
 
