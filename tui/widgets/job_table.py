@@ -17,7 +17,7 @@ from textual.widgets import DataTable
 from tui.widgets import formatting
 
 WIDE_COLUMNS = 100
-NAME_WIDTH = 16
+NAME_WIDTH = 16  # longer job names are cut with an ellipsis, so the columns after them stay aligned
 
 # Sort keys the operator cycles through with `s`.
 SORTS = ("age", "state", "name", "reward")
