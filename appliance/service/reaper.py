@@ -67,6 +67,8 @@ def _reap(known: set[int]) -> int:
         if found is None:
             return reaped
         pid = found.si_pid
+        # Someone's own child (or one already gone): left for its owner. Peeking again would find it again,
+        # so this pass ends here and the next tick looks anew.
         if pid in known or _group_of(pid) in (own_group, None):
             return reaped
         try:
