@@ -1,8 +1,8 @@
 """Comment lines per 100 code lines, overall and per package, for the review of issue 38.
 
-A comment line is a line that holds only a `#` comment (the measure issue 38 quotes, 2.8 on main
-beside nanoGPT 21, TRL 22, torchtune 14); comments after code on the same line are counted apart. A
-code line is a non-blank line that holds code and is not part of a docstring (any bare string
+A comment line is a line that holds only a `#` comment (the measure issue 38 quotes; its anchors and
+this script's figures are in bench/README.md); comments after code on the same line are counted apart.
+A code line is a non-blank line that holds code and is not part of a docstring (any bare string
 statement).
 
     python bench/comment_density.py [ROOT ...]        # default: appliance tui
