@@ -52,15 +52,13 @@ def findings(text: str) -> list[tuple[int, str, str]]:
 
 
 def prose_blocks(source: str) -> list[tuple[list[int], str]]:
-    """Every docstring and every run of consecutive comment lines, as (line of each text line, text)."""
+    """Every docstring (any bare string statement: module, class, function and attribute docstrings) and every
+    run of consecutive comment lines, as (line of each text line, text)."""
     blocks: list[tuple[list[int], str]] = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                if isinstance(first.value.value, str):
-                    text = first.value.value
-                    blocks.append(([first.lineno + i for i in range(text.count("\n") + 1)], text))
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            text = node.value.value
+            blocks.append(([node.lineno + i for i in range(text.count("\n") + 1)], text))
     run_lines: list[int] = []
     run_text: list[str] = []
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -179,8 +177,11 @@ def test_any_figure_with_a_unit_in_prose_is_caught_and_a_quoted_one_is_not(numbe
 
 
 def test_a_finding_names_the_line_it_is_on(tmp_path):
-    source = '"""A module."""\n\nX = 1\n# why X is 1:\n# it peaked at 3.2 GiB\nY = 2  # fine\n'
+    source = (
+        '"""A module."""\n\nX = 1\n# why X is 1:\n# it peaked at 3.2 GiB\nY = 2  # fine\n'
+        '"""An attribute docstring, on line 7."""\n\n\ndef f():\n    """Does f.\n\n    Took 4 s once."""\n'
+    )
     path = tmp_path / "sample.py"
     path.write_text(source)
 
-    assert scan([path], root=tmp_path) == ["sample.py:5: a size: '3.2 GiB'"]
+    assert scan([path], root=tmp_path) == ["sample.py:13: a timing: '4 s'", "sample.py:5: a size: '3.2 GiB'"]
