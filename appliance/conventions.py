@@ -24,6 +24,8 @@ BUILTIN_DATASET_PREFIX = "builtin:"
 # template's glue and the next turn's header): a built-in environment's own figure, else the assumed one.
 # Planning reads them here, so it runs no environment code (budget/workload.py).
 RESULT_TOKENS_ASSUMED = 128
+# The calculator's longest tool message, an unreadable call's error, takes a little under this with its template
+# (tests/agents/test_agent_job_config.py counts it).
 BUILTIN_RESULT_TOKENS = {"builtin:calculator": 64}
 # How an agent's tool call is written (agents/toolcalls.py); the judge's injection guard lets it through.
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

@@ -27,7 +27,9 @@ def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
     and at worst a temporary file that `is_temporary` recognises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # In the same folder (a rename across file systems is not atomic), named apart per process and call, hidden.
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    # O_EXCL: never write through a file or link someone placed at that name; `mode` is set at creation.
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
@@ -38,7 +40,7 @@ def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_dir(path.parent)  # the rename itself is durable only once the folder is
 
 
 def is_temporary(path: Path) -> bool:

@@ -283,6 +283,7 @@ def _task_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
         load_task(parsed.spec.task, base_dir)
     except TaskError as exc:
         message = _one_line(exc)
+        # Reported at the key the message names: held_out against the dataset's size, else the dataset itself.
         key = ("task", "held_out") if message.startswith("task.held_out") else ("task", "dataset")
         return [parsed.error_at(key, message)]
     except (OSError, UnicodeDecodeError) as exc:
@@ -352,7 +353,7 @@ def _reward_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
         elif ":" in name:
             problem = f"a plugin reward is written {PLUGIN_SYNTAX}, not '{name}'"
         else:
-            if registered is None:
+            if registered is None:  # the registry is imported only when a job names a registered reward
                 registered = registered_reward_names()
             problem = _registered_problem(name, registered)
             if problem is None and name == JUDGE_REWARD and not has_judge:

@@ -14,6 +14,8 @@ OFFLINE_ENVIRONMENT = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
+    # Not a network setting: the tokenizers library's own thread pool, which warns and can deadlock after a
+    # fork (the daemon forks workers, vLLM forks its engine).
     "TOKENIZERS_PARALLELISM": "false",
 }
 
@@ -23,4 +25,4 @@ def enforce_offline() -> None:
     os.environ.update(OFFLINE_ENVIRONMENT)
 
 
-enforce_offline()
+enforce_offline()  # at import: `import appliance.offline` first is all an entry point needs

@@ -63,7 +63,7 @@ def own_data_dir(path: Path) -> Path:
     path.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
     check_owner(path)
     mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o007:
+    if mode & 0o007:  # an existing folder keeps its owner and group bits; only others lose theirs
         os.chmod(path, mode & ~0o007)
     return path
 

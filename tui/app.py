@@ -35,6 +35,7 @@ ACTIONS = {
     "resume": "Resume {name} ({id}) from its last checkpoint?",
     "cancel": "Cancel {name} ({id})? It stops for good; its checkpoints stay on disk.",
 }
+# Any call but the events long-poll (which sets its own): a daemon silent this long is reported, not awaited.
 CLIENT_TIMEOUT_SECONDS = 15.0
 
 

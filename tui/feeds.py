@@ -21,7 +21,7 @@ from tui.views import TREND_STEPS
 RETRY_SECONDS = 2.0
 # The events long-poll: the daemon answers at once when something happens, else after this.
 EVENTS_WAIT_SECONDS = 5.0
-LOG_BYTES = 64 * 1024
+LOG_BYTES = 64 * 1024  # the log's tail shown when a job screen opens; later reads follow from there
 
 
 class Wakeup:

@@ -13,7 +13,7 @@ from tui.widgets.job_table import JobRow
 from tui.widgets.memory_bar import MemoryView
 from tui.widgets.reward_chart import Points
 
-TREND_STEPS = 16
+TREND_STEPS = 16  # steps of reward in a job row's trend: enough to see a direction, few to fetch per refresh
 
 
 def job_row(job: JobSummary, records: Sequence[StepRecord], budget_bytes: int | None, marked: bool) -> JobRow:

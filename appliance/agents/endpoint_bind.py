@@ -24,9 +24,11 @@ ENV_HOST = "APPLIANCE_AGENT_ENDPOINT_HOST"
 LOOPBACK = "127.0.0.1"
 MAX_PORTS = 1024  # a range wider than this is a typo, not a plan
 
+# HOST (a name or IPv4) or [IPv6], then an optional :PORT or :LOW-HIGH.
 _ADDR = re.compile(
     r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]\s]+))(?::(?P<low>\d{1,5})(?:-(?P<high>\d{1,5}))?)?$"
 )
+# RFC 1123 host names: labels of letters, digits and inner hyphens, at most 63 each and 253 in all.
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
@@ -47,7 +49,7 @@ class EndpointBind:
     def port_choices(self, previous: int | None) -> list[int]:
         """Ports to try in order: the job's previous port first (when allowed), then the range; [0] for any."""
         if self.ports is None:
-            return ([previous] if previous else []) + [0]
+            return ([previous] if previous else []) + [0]  # 0: the kernel picks a free port
         low, high = self.ports
         ordered = list(range(low, high + 1))
         if previous in ordered:
@@ -63,6 +65,7 @@ class EndpointBind:
 
     def local_url(self, port: int) -> str:
         """The URL the daemon forwards to: loopback, whatever address the endpoint listens on."""
+        # The loopback of the family the endpoint listens on: an IPv6-only socket does not answer on 127.0.0.1.
         loopback = "[::1]" if ":" in self.host else LOOPBACK
         return f"http://{loopback}:{port}/v1"
 
@@ -125,6 +128,7 @@ def parse_bind(addr: str | None, public_host: str | None = None) -> EndpointBind
             f"--agent-endpoint-host {public_host!r} names this box for other hosts, but --agent-endpoint-addr "
             f"{addr[:80]!r} listens on loopback only: listen on 0.0.0.0 (or an interface's address) too"
         )
+    # 0.0.0.0 is where to listen, not an address a client can be given.
     if address.is_unspecified and public_host is None:
         raise EndpointBindError(
             f"--agent-endpoint-addr {addr[:80]!r} listens on every address: also set --agent-endpoint-host to the "

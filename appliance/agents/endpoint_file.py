@@ -56,7 +56,7 @@ def previous_endpoint(job_dir: Path) -> PreviousEndpoint:
     token = document.get("token")
     if not isinstance(token, str) or len(token) < MIN_TOKEN_LENGTH:
         token = None
-    address = document.get("url") or document.get("last_url")
+    address = document.get("url") or document.get("last_url")  # "url" too: a worker that crashed left it
     try:
         port = urlsplit(address).port if isinstance(address, str) else None
     except ValueError:

@@ -38,6 +38,7 @@ class EngineChatClient:
         prompt = self.engine.render_chat(template_messages(messages, tools))
         future = asyncio.get_running_loop().create_future()
         self._pending.append((prompt, future))
+        # One drainer at a time: prompts queued while it generates go into its next batch.
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
         completion: Completion = await future
@@ -70,5 +71,5 @@ class EngineChatClient:
                         future.set_exception(error)
                 continue
             for (_, future), completions in zip(batch, results):
-                if not future.done():
+                if not future.done():  # a rollout cancelled meanwhile has no one waiting for its reply
                     future.set_result(completions[0])

@@ -90,7 +90,7 @@ class ToolEnvironment(ABC):
     """A tool loop; subclasses give the tools, the opening messages, the tool behaviour and the reward."""
 
     name: str = "tool-environment"
-    max_turns: int = 8
+    max_turns: int = 8  # a subclass's own limit; a job's task.max_turns overrides it
     # What follows one reply before the next, in tokens, as the memory plan budgets it (budget/workload.py).
     # Trajectories longer than the plan's bound are cut there, so a low value costs cut trajectories, not memory.
     result_tokens: int = RESULT_TOKENS_ASSUMED
@@ -125,6 +125,7 @@ class ToolEnvironment(ABC):
         messages: list[Message] = [SystemMessage(content=system), *examples, UserMessage(content=user)]
         episode = Episode()
         while episode.turns < self.max_turns and not episode.done:
+            # A copy: the client may keep the list it was given while this loop appends the reply.
             turn = await client.chat(list(messages), tools)
             episode.turns += 1
             messages.append(turn.message())
@@ -140,12 +141,12 @@ class ToolEnvironment(ABC):
                         tool_call_id=f"malformed_{episode.turns}_{number}", content=f"error: {error}", error=True
                     )
                 )
-            if not turn.tool_calls and not errors:
+            if not turn.tool_calls and not errors:  # a reply without a call is the answer
                 episode.final_text = turn.text
                 break
             for call in turn.tool_calls:
                 messages.append(self._answer(state, tools, call, episode))
-                if episode.done:
+                if episode.done:  # an answer tool ended the episode: later calls of the turn are not run
                     break
         reward, metrics = self.score(state, episode)
         metrics = {
@@ -166,7 +167,7 @@ class ToolEnvironment(ABC):
             reward=reward,
             metrics=metrics,
             metadata={"environment": self.name},
-            context_messages=1 + len(examples),
+            context_messages=1 + len(examples),  # the system prompt and the worked examples are never trained
         )
 
     def _answer(self, state: Any, tools: list[dict], call: ToolCall, episode: "Episode") -> ToolMessage:

@@ -41,7 +41,7 @@ def load_environment(name: str, data_dir: Path, options: dict[str, Any] | None =
         factory = _plugin_class(name, plugins_dir(data_dir))
     try:
         environment = factory(**options)
-    except TypeError as error:
+    except TypeError as error:  # an unknown or missing keyword: the options do not fit the class
         raise AgentEnvironmentError(f"environment {name!r} does not take these options: {error}") from error
     _check_interface(name, environment)
     return environment
@@ -49,6 +49,7 @@ def load_environment(name: str, data_dir: Path, options: dict[str, Any] | None =
 
 def _plugin_class(name: str, folder: Path) -> Callable[..., Environment]:
     file_part = name.rpartition(":")[0]
+    # Resolved before the check, so a symlink or "../" that leads out of the plugins folder is refused too.
     resolved = (folder / file_part).resolve()
     if Path(file_part).expanduser().is_absolute() or not resolved.is_relative_to(folder.resolve()):
         raise AgentEnvironmentError(

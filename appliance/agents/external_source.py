@@ -235,7 +235,7 @@ class ExternalSource:
                             f"stopped ({reason}) while waiting for {scenarios} trajectory groups"
                             f" ({len(self._queue)} submitted)"
                         )
-                    self._arrived.wait(0.5)
+                    self._arrived.wait(0.5)  # woken by a submission, else often enough to see a stop request
                 taken = [self._queue.popleft() for _ in range(scenarios)]
                 self.spool.take(taken, step)
                 return [entry.group for entry in taken]
@@ -282,7 +282,7 @@ class ExternalSource:
             self._closed = True
             self._arrived.notify_all()
         self.service.open = False  # requests waiting for the engine are answered 503, not generated
-        self._open()
+        self._open()  # let the waiting requests reach that answer instead of hanging on the gate
         self.server.close(timeout_seconds=60)
         self.ledger.close()
 
@@ -304,6 +304,8 @@ class ExternalSource:
             # Accepted now, trained at the next collect's step at the earliest.
             freshness = Freshness(self.step + 1, self.max_staleness)
             groups, keys = self.ledger.check(raw_groups, self.group_size, self._tokenizer, freshness)
+            # On disk first, marked used after: a crash between the two is mended at restart from the spool
+            # (__init__), while the other order could lose an accepted group whose turns count as used.
             with self._arrived:
                 entries = self.spool.add(groups)
             self.ledger.mark_used(keys)
@@ -336,6 +338,7 @@ def _served_step(group: TrajectoryGroup) -> int:
 def _serve(app, bind: EndpointBind, previous_port: int | None):
     """Serve on the job's previous port when it is free and allowed, else on the first free one `bind` allows."""
     errors = []
+    # The previous port first: agents started before a restart keep their URL.
     for port in bind.port_choices(previous_port):
         try:
             return serve_app_in_thread(app, bind.host, port)

@@ -49,6 +49,7 @@ class OpenAIChatClient:
         if client is None:
             from openai import AsyncOpenAI
 
+            # No retries: a failed call reaches the environment rather than silently sampling another reply.
             client = AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
         self.client, self.model = client, model
         self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
@@ -67,7 +68,7 @@ class OpenAIChatClient:
             temperature=self.temperature,
             top_p=self.top_p,
             logprobs=True,
-            extra_body={"return_token_ids": True},
+            extra_body={"return_token_ids": True},  # vLLM's extension: the ids the job's ledger checks
         )
         self.latencies.append(time.monotonic() - started)
         choice = response.choices[0]
@@ -93,6 +94,7 @@ class OpenAIChatClient:
                 token_ids=list(token_ids),
                 logprobs=[entry.logprob for entry in choice.logprobs.content],
                 prompt_token_ids=list(prompt_ids),
+                # "tool_calls" ends a turn as a stop does; only "length" means the reply was cut.
                 finish_reason="length" if choice.finish_reason == "length" else "stop",
             ),
         )

@@ -96,6 +96,8 @@ class ServedLedger:
             self._add(key, text, tuple(logprobs), step, sampling)
             if self._file is not None:
                 self._file.append(served_line(key, text, logprobs, step, sampling=sampling))
+                # Compacted once the appended lines reach twice what the ledger holds: the file stays bounded and
+                # a rewrite happens once per capacity's worth of serves.
                 if self._file.lines > 2 * self.capacity:
                     self._file.rewrite(self._lines())
 
@@ -116,6 +118,7 @@ class ServedLedger:
         refused. Each accepted trajectory's metadata gets `served_step` (its oldest turn's step) and
         `served_sampling`, written here from the ledger (whatever the client put there is replaced).
         """
+        # Parsed before the lock: malformed input is refused without holding up the serving threads.
         groups = [_parse_group(index, raw, group_size) for index, raw in enumerate(raw_groups)]
         with self._lock:
             keys: list[bytes] = []
@@ -130,6 +133,7 @@ class ServedLedger:
                     served = []
                     for number, (m, message) in enumerate(turns):
                         turn_where = f"{where}, assistant turn {number} (message {m})"
+                        # The keys taken so far ride along: a turn repeated inside one submission counts twice.
                         keys.append(self._check_turn(turn_where, message, keys))
                         served.append(self._entries[keys[-1]])
                         if freshness is not None:
@@ -163,6 +167,7 @@ class ServedLedger:
 
     def _use(self, key: bytes) -> bool:
         served = self._entries.get(key)
+        # An evicted or fully used key is skipped, not an error: a replayed "used" line may name either.
         if served is None or served.used >= served.served:
             return False
         served.used += 1
@@ -184,7 +189,7 @@ class ServedLedger:
 
     def _insert(self, key: bytes, served: Served) -> None:
         self._entries[key] = served
-        self._entries.move_to_end(key)
+        self._entries.move_to_end(key)  # a serve again makes a completion young again
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 

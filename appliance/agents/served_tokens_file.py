@@ -24,7 +24,7 @@ from appliance.agents.private_files import write_private
 
 log = logging.getLogger(__name__)
 
-KEY_HEX_LENGTH = 64
+KEY_HEX_LENGTH = 64  # a sha256 digest in hex
 
 
 def served_line(
@@ -86,7 +86,7 @@ class LedgerFile:
         except FileNotFoundError:
             return
         lines = data.split(b"\n")
-        if lines and lines[-1] == b"":
+        if lines and lines[-1] == b"":  # the newline that ends the last complete line
             lines.pop()
         for number, raw in enumerate(lines, start=1):
             try:
@@ -115,9 +115,10 @@ class LedgerFile:
 
     def append(self, record: dict[str, Any], durable: bool = False) -> None:
         if self._descriptor is None:
+            # Created owner-only: the file holds served text, which is the job's data.
             self._descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         data = (json.dumps(record) + "\n").encode("utf-8")
-        while data:
+        while data:  # os.write may write less than asked; the rest follows until the line is whole
             data = data[os.write(self._descriptor, data) :]
         self.lines += 1
         if durable:

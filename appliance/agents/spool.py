@@ -26,6 +26,7 @@ from appliance.durable import fsync_dir, is_temporary
 
 log = logging.getLogger(__name__)
 
+# Zero-padded numbers: sorting the names sorts the groups by acceptance.
 _NAME = re.compile(r"^(?P<number>\d{12})(?:\.step-(?P<step>\d{6,}))?\.json$")
 
 
@@ -66,11 +67,11 @@ class GroupSpool:
                 path.unlink(missing_ok=True)  # a write cut short before its rename: never accepted
                 continue
             match = _NAME.match(path.name)
-            if match is None:
+            if match is None:  # not ours (a *.damaged file kept for inspection, or anything else): left alone
                 continue
             number = int(match["number"])
             taken_by = int(match["step"]) if match["step"] else None
-            self._next = max(self._next, number + 1)
+            self._next = max(self._next, number + 1)  # even past a damaged file: its number is never reused
             try:
                 group = TrajectoryGroup.model_validate_json(path.read_bytes())
             except (OSError, ValidationError, ValueError) as error:
@@ -101,6 +102,7 @@ class GroupSpool:
 
     def take(self, entries: list[Spooled], step: int) -> None:
         """Mark `entries` as taken by `step` (durably, before the step trains)."""
+        # A rename per group, then one fsync of the folder: the renames are durable together before training.
         for entry in entries:
             os.replace(self.folder / _name(entry.number, entry.taken_by), self.folder / _name(entry.number, step))
             entry.taken_by = step

@@ -49,10 +49,12 @@ def _render(tokenizer, messages: list[dict[str, str]], generation_prompt: bool) 
 
 
 def _encode(tokenizer, text: str) -> list[int]:
+    # The rendered template already holds its special tokens (BOS included) as text.
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
 def _decode(tokenizer, ids: list[int]) -> str:
+    # Exactly the text the ids stand for: no special tokens dropped, no spaces tidied.
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
@@ -104,6 +106,7 @@ def tokenize_trajectory(tokenizer, trajectory: Trajectory) -> TokenizedTrajector
                 "its tokens cannot be matched to what the model wrote"
             )
         rest = turn_text[len(content) :]
+        # The prompt the endpoint served this turn for is the truth where the client recorded it.
         served = message.sampled.prompt_token_ids if message.sampled is not None else None
         if served is not None and out.input_ids != served:
             if served[:before] == out.input_ids[:before] and _decode(tokenizer, served[before:]) == segment:
@@ -128,12 +131,13 @@ def _trained_tokens(
 ) -> tuple[list[int], str]:
     """The ids of the turn the model produced (appending their logprobs to `out`) and the template glue after."""
     ends_with_eos = bool(eos) and rest.startswith(eos)
-    if message.sampled is None:
+    if message.sampled is None:  # a turn no engine produced (e.g. written by hand): tokenised, no logprobs
         ids = _encode(tokenizer, content + (eos if ends_with_eos else ""))
         out.logprobs += [None] * len(ids)
         return ids, rest[len(eos) :] if ends_with_eos else rest
     sampled = message.sampled
     stopped = bool(sampled.token_ids) and sampled.token_ids[-1] == tokenizer.eos_token_id
+    # Counted, not refused: the sampled ids are what the model produced, and they train as sampled.
     if _encode(tokenizer, content + (eos if stopped else "")) != sampled.token_ids:
         out.drifted_turns += 1
     out.logprobs += list(sampled.logprobs)

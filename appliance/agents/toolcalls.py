@@ -27,7 +27,10 @@ from appliance.conventions import CALL_CLOSE, CALL_OPEN
 from appliance.agents.trajectory import AssistantMessage, FunctionCall, Message, ToolCall, ToolMessage
 from appliance.errors import ApplianceError
 
+# A call ends at its closing tag, at the next opening tag, or at the end of the turn (a reply cut short or a model
+# that never closes): layout is forgiven, content is not.
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
+# Small models often wrap the JSON in a markdown code fence.
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
 CALL_EXAMPLE = '<tool_call>{"name": "TOOL_NAME", "arguments": {"ARG": VALUE}}</tool_call>'
 
@@ -41,8 +44,8 @@ def function_tool(name: str, description: str, properties: dict, required: list[
     parameters = {
         "type": "object",
         "properties": properties,
-        "required": list(required or properties),
-        "additionalProperties": False,
+        "required": list(required or properties),  # every argument unless the tool says otherwise
+        "additionalProperties": False,  # an argument the tool does not know is a mistake to report, not to ignore
     }
     try:
         jsonschema.Draft202012Validator.check_schema(parameters)
@@ -68,6 +71,8 @@ def format_call(call: ToolCall) -> str:
 
 def assistant_text(message: AssistantMessage) -> str:
     """What the model wrote for this turn: its text, with structured calls written out when the text lacks them."""
+    # A client that sends structured tool_calls and empty content (OpenAI's shape) still gets the calls rendered,
+    # so the next prompt shows the model what it called.
     if message.tool_calls and CALL_OPEN not in message.content:
         calls = "\n".join(format_call(call) for call in message.tool_calls)
         return f"{message.content}\n{calls}" if message.content else calls
@@ -86,6 +91,7 @@ def template_messages(messages: list[Message], tools: list[dict]) -> list[dict[s
             out.append({"role": message.role, "content": message.content})
     if tools:
         block = tools_prompt(tools)
+        # Appended to an existing system prompt, else a system message of its own: templates take one system turn.
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{block}"}
         else:
@@ -124,13 +130,14 @@ def _read_call(body: str, number: int) -> tuple[tuple[str, dict] | None, str | N
     if start < 0:
         return None, f"{where} holds no JSON object; write {CALL_EXAMPLE}"
     try:
+        # raw_decode reads one object and ignores what follows it (a model's trailing remark).
         value, _ = json.JSONDecoder().raw_decode(body, start)
     except json.JSONDecodeError as error:
         return None, f"{where} is not valid JSON ({error.msg} at character {error.pos}); write {CALL_EXAMPLE}"
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return None, f'{where} has no "name"; write {CALL_EXAMPLE}'
-    arguments = value.get("arguments", value.get("parameters", {}))
-    if isinstance(arguments, str):
+    arguments = value.get("arguments", value.get("parameters", {}))  # some models say "parameters"
+    if isinstance(arguments, str):  # OpenAI's own shape: arguments as the JSON text of an object
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError:
@@ -151,6 +158,7 @@ def check_arguments(tools: list[dict], call: ToolCall) -> tuple[dict | None, str
     except json.JSONDecodeError as error:
         return None, f"arguments of {call.function.name!r} are not JSON: {error.msg}"
     validator = jsonschema.Draft202012Validator(function.get("parameters", {"type": "object"}))
+    # Sorted by path so the one problem reported is the same on every run.
     problems = sorted(validator.iter_errors(arguments), key=lambda problem: list(problem.path))
     if problems:
         where = ".".join(str(part) for part in problems[0].path)

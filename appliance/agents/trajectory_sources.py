@@ -46,6 +46,7 @@ class TrajectorySource(Protocol):
 
 def step_seed(seed: int, step: int) -> int:
     """The seed of step `step`: scenarios and sampling draw from it, so a resume replays the same step."""
+    # Seed and step mixed by two primes, kept below 2**31 - 1, a seed every generator takes.
     return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
 
 
@@ -79,6 +80,7 @@ class EnvironmentSource:
         if not chosen:
             raise AgentEnvironmentError(f"environment {self.name!r} gave no {self.split} scenarios")
         client = EngineChatClient(self.engine, replace(self.sampling, seed=seed), self.max_batch_size)
+        # A fresh event loop per step: the trainer is synchronous, and nothing of a step's rollouts outlives it.
         groups = asyncio.run(rollout_groups(self.environment, client, chosen, group_size))
         self.batch_sizes = list(client.batch_sizes)
         return groups
@@ -146,6 +148,7 @@ def make_source(
             job_dir,
             spec.grpo.group_size,
             served_name=spec.student.model,
+            # Room for several steps of submissions, so agents can run ahead of the trainer without being refused.
             max_queued_groups=max(16, 4 * spec.grpo.prompts_per_step),
             stop_requested=stop_requested,
             policy=SamplingPolicy(spec.grpo.temperature, spec.grpo.top_p),

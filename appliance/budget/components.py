@@ -8,9 +8,8 @@ constant per 256 blocks), keeps biases, embeddings, norms and lm_head in the
 compute dtype; peft LoRA parameters and their gradients are fp32; AdamW keeps
 two states per trainable parameter.
 
-The CPU constants (`CPU_RUNTIME_BYTES`, the activation factors) were measured
-with bench/memory_plan.py on the bundled SmolLM2-135M-Instruct; see that
-script for the workload.
+Pure arithmetic: nothing here reads a device, a file or the clock. The fitted
+constants say at their line which bench/README.md section holds their runs.
 """
 
 from __future__ import annotations
@@ -22,39 +21,40 @@ from appliance.budget.shapes import ModelShape, ShapeError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FP32 = 4
+# bitsandbytes' defaults: one absmax per 64 weights, and under double quantization one fp32 constant per 256
+# absmax blocks.
 QUANT_BLOCKSIZE = 64
 DOUBLE_QUANT_BLOCKSIZE = 256
 
-# RSS of a Python process that imported torch, transformers, peft and bitsandbytes
-# (measured 450 MiB with the torch 2.13 CPU build) ...
+# The CPU process's own cost, in three parts measured apart on the bundled model: bench/README.md,
+# "Figures behind constants in the code", "The CPU runtime". First, the RSS of a Python process that imported
+# torch, transformers, peft and bitsandbytes ...
 CPU_LIBRARIES_BYTES = 450 * 2**20
-# ... plus what from_pretrained leaves resident besides the weights (mapped
-# safetensors pages, allocator arenas): measured 320 MiB.
+# ... plus what from_pretrained leaves resident besides the weights (mapped safetensors pages, allocator
+# arenas) ...
 CPU_LOAD_RESIDUE_BYTES = 320 * 2**20
-# ... plus what the first forward pass through bitsandbytes' CPU path and oneDNN
-# keeps for the life of the process: measured 280 MiB.
+# ... plus what the first forward pass through bitsandbytes' CPU path and oneDNN keeps for the life of the
+# process.
 CPU_FIRST_USE_BYTES = 280 * 2**20
 CPU_RUNTIME_BYTES = CPU_LIBRARIES_BYTES + CPU_LOAD_RESIDUE_BYTES + CPU_FIRST_USE_BYTES
 # CUDA context, cuBLAS workspaces and kernels of one process on the GPU: nvidia-smi's peak less torch's
-# max_memory_reserved was 0.84 GB in every measured run (H100 2026-11-23, two jobs; H200 2026-11-28, two jobs).
+# max_memory_reserved, the same in all four CUDA runs (bench/README.md, "On CUDA again: an H200"), rounded up.
 CUDA_CONTEXT_BYTES = 800 * 2**20
-# What the caching allocator holds beyond the plan's tensors, as a fraction of everything else in a phase.
-# Measured on an H200 (2026-11-28, tests/budget/test_cuda_calibration.py): from the second step on the train
-# phase reserved 2.78 GB more than at the first, in both rollout modes (expandable segments took back only
-# 0.66 GB of it), and nvidia-smi peaked at 1.049x (4-bit rollouts) and 1.063x (merged copy) of a plan made
-# with 5%; covering both takes 11.3%.
+# What the caching allocator holds beyond the plan's tensors, as a fraction of everything else in a phase:
+# the train phase reserves more from the second step on, and this is the smallest round slack that covers
+# both rollout modes' nvidia-smi peaks (bench/README.md, "On CUDA again: an H200").
 CUDA_ALLOCATOR_SLACK = 0.12
 
 # vLLM's default max_num_batched_tokens with chunked prefill: tokens per forward pass.
 VLLM_MAX_BATCHED_TOKENS = 8192
 
+# AdamW's two states per trainable parameter: fp32 each, or one byte each in bitsandbytes' paged 8-bit form.
 OPTIMIZER_BYTES_PER_PARAM = {"adamw_32bit": 2 * 4, "paged_adamw_8bit": 2 * 1}
 
 # The trainer computes the sampled tokens' logprobs a chunk of tokens at a time (grpo/student.py):
-# at most this many bytes of fp32 logits per chunk, by device kind. On a GPU 256 MiB keeps each chunk's
-# matmul large (441 tokens of Qwen's 152k vocabulary); on the CPU 32 MiB (170 tokens of a 49k vocabulary)
-# took the same time for 512 and 2,048 tokens (forward + backward, 2 threads) and keeps 0.27 GiB less of
-# workload V's update resident ...
+# at most this many bytes of fp32 logits per chunk, by device kind. On a GPU the larger chunk keeps each
+# chunk's matmul large (hundreds of tokens of Qwen's 152k vocabulary); on the CPU the smaller one took the same
+# time and keeps less of the update resident (bench/README.md, "memory_plan.py", "heap-served tensors") ...
 LOGIT_CHUNK_BYTES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
 # ... of which this many chunk-sized tensors are alive at once (backward: the recomputed logits, under a
 # 16-bit head also their fp32 cast, the softmax and the logits' gradient).
@@ -62,34 +62,24 @@ LOGIT_CHUNK_COPIES = 4
 # Models whose logits are not a plain linear head (ModelShape.scaled_logits) materialise them whole: at
 # the loss the logits, their fp32 log-softmax, the gradient of the log-probs and of the logits.
 LOGITS_COPIES_IN_TRAINING = 4
-# On the CPU a step's tensors cost more than autograd keeps: bitsandbytes' CPU
-# path dequantizes each weight into temporaries in forward and again in backward,
-# oneDNN keeps scratch buffers, and tensors under glibc's mmap threshold (pinned
-# at 4 MiB by the trainer, budget/host_allocator.py) stay in its heap. Fitted with
-# bench/train_memory_probe.py (the real Student and GrpoUpdater, SmolLM2-135M nf4
-# + LoRA r16 on q/k/v/o, fp32) at ten shapes, 8 x 64 to 8 x 522 tokens, with and
-# without checkpointing: RSS = 1.10 x the tensor arithmetic + 200 MiB. Re-fitted on eight whole jobs
-# (bench/memory_plan.py, 2026-11-28 15:13-15:22 UTC; bench/README.md): the jobs whose tensors come to 1 GiB
-# or more peaked at 0.89-1.09x them (gsm8k-cpu the most), beyond the heap term below and this working set; the
-# smallest update (workload V under 2.25 GiB, micro-batches of 284 tokens) needs a working set of 260 MiB
-# beside 1.12x its tensors. A single factor over-planned the large jobs, where it scales with the tensors: 1.25
-# planned an agent job of 13k tokens a micro-batch at 1.17x its peak.
+# On the CPU a step's tensors cost more than autograd keeps: bitsandbytes' CPU path dequantizes each weight
+# into temporaries in forward and again in backward, oneDNN keeps scratch buffers, and tensors under glibc's
+# mmap threshold (pinned by the trainer, budget/host_allocator.py) stay in its heap. So the plan is a factor
+# on the tensor arithmetic plus a fixed working set, fitted on whole jobs: the factor from the jobs with the
+# most tensors, the working set from the smallest update (bench/README.md, "memory_plan.py", "re-fitted CPU
+# constants"). A single larger factor over-planned the large jobs.
 CPU_ACTIVATION_OVERHEAD = 1.12
 CPU_STEP_WORKING_BYTES = 280 * 2**20
 # Saved tensors of the hidden size (the residual stream: norm inputs, q, the attention output, LoRA inputs)
 # and of the k/v size under glibc's mmap threshold come from its heap, and at the update's peak they cost this
-# much more than their bytes: workload V-shaped jobs of 1,080-1,136 tokens a micro-batch (hidden-size tensors
-# of 2.4-2.5 MiB, the SwiGLU ones above the threshold) peaked 0.54-0.57 GiB above the plan without this term,
-# and workload F in two micro-batches of 3,000 tokens (k/v tensors of 2.2 MiB) 0.15 GiB; 568 tokens (the
-# SwiGLU ones under it too) 0.08 GiB (bench/README.md, "memory_plan.py", 2026-11-28). The factor holds the
-# largest of them; the SwiGLU tensors showed no such excess and are not counted.
+# much more than their bytes. The factor holds the largest excess of the jobs it was fitted on; the SwiGLU
+# tensors showed no such excess and are not counted (bench/README.md, "memory_plan.py", "heap-served tensors";
+# "Figures behind constants in the code", "The heap term").
 CPU_HEAP_EXTRA = 1.4
-# A checkpointed update on the CPU needs this much more, whatever its size: workload V with checkpointing
-# (1,136 tokens a micro-batch, 0.61 GiB of activations planned without it) grew the RSS by 0.84-1.11 GiB in
-# seven steps of five runs, 32 x 135 tokens (0.85 GiB planned) by 0.85 GiB, and V under a 2.2 GiB budget
-# (checkpointing, 4-bit rollouts) peaked at 1.79-2.16 GiB over seven runs, bimodally. The recomputation's
-# temporaries (each layer's 4-bit weights dequantized again, its forward rebuilt) come and go from the heap.
-# Fitted as 380 MiB beside a 200 MiB step working set: 300 MiB beside today's 280 keeps that sum.
+# A checkpointed update on the CPU needs this much more, whatever its size: the recomputation's temporaries
+# (each layer's 4-bit weights dequantized again, its forward rebuilt) come and go from the heap. Fitted beside
+# the older, smaller step working set; raised with it, this value keeps the sum it was fitted as
+# (bench/README.md, "memory_plan.py", "re-fitted CPU constants").
 CPU_CHECKPOINTING_WORKING_BYTES = 300 * 2**20
 
 
@@ -310,10 +300,9 @@ def shares_prompts(distinct_prompts: int, rows: int) -> bool:
 
 # The update packs each distinct prompt and its rows' completions into one sequence, one decoder pass instead
 # of a prompt pass and a completion pass (grpo/student.py), when that sequence is at most this long: its
-# attention spans the whole packed sequence (at 512 tokens of SmolLM2 a sixth of a layer's work per token),
-# against the second pass it saves. One update of the bundled model, packed against two passes, 2 threads:
-# 166 tokens a sequence (workload V, micro-batches of 4) 3.38 s against 3.88 s; 289 (the demo) 4.05 against
-# 4.25 s; 599 (workload F) 4.51 against 4.66 s; 1,290 (gsm8k-cpu) 12.64 against 10.34 s.
+# attention spans the whole packed sequence, which grows with its square, against the second pass it saves.
+# Packing was faster up to the demo's and workload F's lengths and slower at gsm8k-cpu's (bench/README.md,
+# "Figures behind constants in the code", "Packed prompts").
 PACKED_SEQUENCE_TOKENS = 512
 
 
@@ -384,11 +373,10 @@ def activation_bytes(
 SAMPLING_COPIES = 8
 
 
-# transformers' generate on CUDA reserves more than the tensors above: on an H200 (2026-11-28, an 8B-shaped
-# model, merged rollout copy, bench/cuda/run.sh) the generate phase reserved 0.48, 0.67, 0.83 and 3.04 GB
-# above them over 64, 128, 256 and 512 decode steps (64, 32, 16 and 16 sequences): freed blocks of a step's
-# grown KV cache and scores that the caching allocator cannot hand to the next, larger ones. A fixed part and
-# a part per decode step hold all four (the longest one exactly); past 512 steps it is not measured.
+# transformers' generate on CUDA reserves more than the tensors above: freed blocks of a step's grown KV cache
+# and scores that the caching allocator cannot hand to the next, larger ones. A fixed part and a part per decode
+# step hold all four runs of an 8B-shaped model, the longest one exactly; longer generations are not measured
+# (bench/README.md, "memory_plan.py", "The generate phase on CUDA").
 HF_CUDA_GENERATE_RESERVE_BYTES = 450 * 10**6
 HF_CUDA_GENERATE_STEP_BYTES = int(5.1 * 10**6)
 

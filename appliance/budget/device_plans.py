@@ -78,9 +78,11 @@ class DevicePlan:
 def rank_job(job: JobSpec) -> JobSpec:
     """The job one student rank runs: its share of the prompts; the judge only when it is colocated."""
     resources = job.resources
+    # job_checks refuses prompts that do not split evenly over the ranks; max(1, ...) keeps an unchecked job's
+    # plan from counting zero prompts a rank.
     grpo = job.grpo.model_copy(update={"prompts_per_step": max(1, job.grpo.prompts_per_step // resources.world_size)})
     update = {"grpo": grpo}
-    if resources.judge_gpus:
+    if resources.judge_gpus:  # the judge has devices of its own: the student's ranks hold none of it
         update["judge"] = None
     return job.model_copy(update=update)
 
@@ -94,6 +96,7 @@ def plan_rank(
     and a rank with the whole base would not fit: then it is sharded over the ranks (FSDP-QLoRA).
     """
     resources, one_rank = job.resources, rank_job(job)
+    # A whole base on every rank is tried first: DDP needs no gathers, so it is kept whenever it fits.
     plan = plan_job(one_rank, student_config, judge_config, device, prompt_tokens=prompt_tokens)
     if resources.sharding != "auto":
         reason = FitReason("set_in_job", note="resources.sharding")
@@ -136,7 +139,7 @@ def plan_devices(
     plans = []
     for node in range(resources.nodes):
         for index in range(resources.student_devices):
-            rank = node * resources.student_devices + index
+            rank = node * resources.student_devices + index  # ranks count the student devices of node 0 first
             plans.append(
                 DevicePlan(node, index, "student", rank, dict(plan.components), plan.budget_bytes, sharding, plan=plan)
             )
@@ -152,10 +155,11 @@ def _judge_device(job: JobSpec, judge_config: dict | None, device: DeviceInfo) -
     # vLLM: TP over the judge's devices of a box, PP over the boxes (engines/parallel.py).
     tp = job.resources.judge_gpus * job.resources.nodes
     shape = shape_from_config(judge_config, job.judge.model)
+    # The judge computes in the student's dtype: one compute dtype per job.
     dtype = components.DTYPE_BYTES[resolve_compute_dtype(job.student.compute_dtype, device.kind)]
     weights = -(-components.weights_bytes(shape, job.judge.quantization, dtype) // tp)
     calls = job.grpo.prompts_per_step if job.judge.mode == "group" else job.grpo.prompts_per_step * job.grpo.group_size
-    prompt = judge_prompt_tokens(job, job.grpo.max_prompt_tokens)
+    prompt = judge_prompt_tokens(job, job.grpo.max_prompt_tokens)  # a judge device is planned at the job's bound
     tokens = prompt + job.judge.max_new_tokens
     engine = resolve_engine(job.engine.judge, device.kind)
     budget = budget_of(job, device)
@@ -171,6 +175,7 @@ def _judge_device(job: JobSpec, judge_config: dict | None, device: DeviceInfo) -
         parts["runtime"] = components.runtime_bytes(device.kind, 1, sum(parts.values()))
         return parts
 
+    # The step's judge calls at once if they fit, else halved until they do (or one call is left to refuse).
     batch = calls
     while batch > 1 and sum(sized(batch).values()) > budget:
         batch //= 2

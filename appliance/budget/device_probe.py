@@ -2,7 +2,8 @@
 multiplies bf16 natively.
 
 This is the hardware boundary of the budget manager: tests substitute a
-DeviceInfo (or pass `--device-memory`) instead of probing.
+DeviceInfo (or pass `--device-memory`) instead of probing. It only reads; it never
+allocates on the device, and the daemon can call it without importing torch on a CPU box.
 """
 
 from __future__ import annotations
@@ -42,14 +43,15 @@ class DeviceInfo:
 
 def cpu_bf16_matmul(cpuinfo: Path = CPUINFO) -> bool:
     """Whether this CPU computes bf16 dot products in hardware (AVX512-BF16 or AMX-BF16, the instructions torch's
-    oneDNN kernels use). Without them torch emulates bf16 and a bf16 matmul is slower than fp32; with them (this
-    project's dev box, AVX512-BF16) a bf16 linear layer of a decode step ran 3.5-6x faster than fp32
-    (bench/README.md). Read from the kernel's CPU flags, so that the daemon need not import torch."""
+    oneDNN kernels use). Without them torch emulates bf16 and a bf16 matmul is slower than fp32; with them it is
+    faster (bench/README.md, "Figures behind constants in the code", "bf16 on the CPU"). Read from the kernel's
+    CPU flags, so that the daemon need not import torch."""
     try:
         text = cpuinfo.read_text()
     except OSError:
         return False
     for line in text.splitlines():
+        # Every core lists the same flags; the first "flags" line answers for the machine.
         if line.startswith("flags"):
             return bool(BF16_CPU_FLAGS & set(line.partition(":")[2].split()))
     return False
@@ -69,7 +71,7 @@ def cgroup_limit_bytes(v2: Path = CGROUP_V2_LIMIT, v1: Path = CGROUP_V1_LIMIT) -
             text = path.read_text().strip()
         except OSError:
             continue
-        if text == "max":
+        if text == "max":  # cgroup v2's way of saying no limit
             return None
         limit = int(text)
         return None if limit >= _NO_LIMIT else limit
@@ -98,7 +100,9 @@ def probe_device(kind: str | None = None) -> DeviceInfo:
         import torch
 
         if torch.cuda.is_available():
+            # mem_get_info sees every process on the device, not only this one's allocations.
             free, total = torch.cuda.mem_get_info()
+            # Read only for a CPU (engine.rollout_dtype auto); a GPU's copy follows the compute dtype.
             return DeviceInfo("cuda", int(total), int(total - free), torch.cuda.get_device_name(), bf16_matmul=True)
         if kind == "cuda":
             raise RuntimeError("no CUDA device is visible; plan with --device-memory SIZE or use --device cpu")
@@ -112,8 +116,8 @@ def reset_peak(kind: str) -> None:
 
         # Hand the previous phase's cached blocks back first. Otherwise the allocator keeps the train phase's
         # memory reserved through generation, so the device holds the sum of phases the plan time-shares and
-        # the reserved peak reads the phase before (seen on an H100: the generate peak of step N was the train
-        # peak of step N-1, 43.8 GB against 8.6 GB at step 1).
+        # the reserved peak reads the phase before (bench/README.md, "Figures behind constants in the code",
+        # "Phase peaks on CUDA").
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     else:

@@ -12,6 +12,8 @@ weights (faster generation, worth the memory once nothing more important
 needs it). On the CPU, where generating through 4-bit weights is slowest, the copy ranks above
 training throughput while the micro-batch keeps half the saturating tokens. Values the
 job file sets are taken as given. Each choice records why it was made.
+
+It never overrides what the job file set and never returns a plan above the budget as fitting.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from appliance.budget.reasons import FitReason
 from appliance.budget.workload import Workload
 
 CHECKPOINTING_COMPUTE_COST = 0.75  # throughput kept with gradient checkpointing (one extra forward)
-# Micro-batch tokens past which a forward + backward runs no faster per token, by device kind. On the CPU
-# (bench/micro_batch_speed.py, 16 x 70 tokens of workload V, 2 threads): 560 tokens ran at 0.94x the speed of
-# 1,120, 280 at 0.75x; so a micro-batch of 512+ tokens without checkpointing ranks above any with it.
+# Micro-batch tokens past which a forward + backward runs no faster per token, by device kind. On the CPU the
+# speed per token flattens by about 512 tokens (bench/README.md, "grpo_step.py", "stops at saturation"), so a
+# micro-batch of 512+ tokens without checkpointing ranks above any with it.
 SATURATING_MICRO_BATCH_TOKENS = {"cpu": 512, "cuda": 16384}
 REASON_KEYS = (
     "micro_batch_size",
@@ -60,9 +62,9 @@ def _rank(s: Sizing, work: Workload) -> tuple:
     tokens = min(s.micro_batch_size * work.sequence_tokens, saturating)
     train = tokens * (CHECKPOINTING_COMPUTE_COST if s.gradient_checkpointing else 1.0)
     copy = s.rollout_weights == "merged_copy"
-    # On the CPU a merged copy outweighs a micro-batch of at least half the saturating tokens: workload V under
-    # 2.25 GiB generated in 1.8-2.2 s from a bf16 copy against 5.3 s from the 4-bit weights, while micro-batch 4
-    # (284 tokens, 0.75x the speed) trained in 3.4-4.6 s against micro-batch 8's 3.4 s.
+    # On the CPU a merged copy outweighs a micro-batch of at least half the saturating tokens: generating from
+    # the 4-bit weights costs a lean step more than the smaller micro-batch does (bench/README.md, "Figures
+    # behind constants in the code", "A merged copy before a larger micro-batch").
     copy_first = copy and work.device_kind == "cpu" and 2 * tokens >= saturating
     return (s.rollout_batch, s.judge_batch, copy_first, train, not s.time_share, copy)
 
@@ -113,6 +115,7 @@ def candidates(
         weights = weights[:1]
     judge_batches = halvings(work.judge_calls) if work.judge is not None else [0]
     peaks = peaks or Peaks(work)
+    # Every yes/no setting is tried; only the batch sizes are searched, largest first, within each.
     for ts, w, gc in itertools.product((False, True), weights, checkpointings):
 
         def fits(rb: int, jb: int, mb: int) -> bool:
@@ -120,7 +123,7 @@ def candidates(
 
         smallest_mb, smallest_jb = micro_batches[-1], judge_batches[-1]
         rb = _largest(halvings(work.sequences), lambda value: fits(value, smallest_jb, smallest_mb))
-        if rb is None:
+        if rb is None:  # not even one sequence at a time fits: kept, so a plan that fits nothing can be shown
             yield Sizing(smallest_mb, gc, w, ts, 1, smallest_jb)
             continue
         jb = _largest(judge_batches, lambda value: fits(rb, value, smallest_mb))

@@ -26,6 +26,8 @@ from appliance.config.sizes import format_bytes
 if TYPE_CHECKING:
     import torch
 
+# Warn only past this share over the plan: whole-job peaks vary from run to run by a few percent
+# (bench/README.md, "memory_plan.py"), and a warning every step would drown the ones that matter.
 OVER_PLAN_TOLERANCE = 0.10
 log = logging.getLogger(__name__)
 
@@ -83,12 +85,13 @@ class Ledger:
                 if planned
                 else f"{what} uses {format_bytes(measured)} but was planned at 0 B"
             )
-            if message not in self.warnings:
+            if message not in self.warnings:  # once per distinct excess, not once per step
                 self.warnings.append(message)
                 log.warning("memory: %s", message)
 
     def record_halving(self, from_size: int, to_size: int, error: BaseException) -> None:
         self.halvings.append(
+            # The first line of torch's message says what failed to allocate; the rest is allocator advice.
             Halving(from_size, to_size, str(error).splitlines()[0] if str(error) else type(error).__name__, time.time())
         )
         log.warning("out of memory at micro-batch %d; retrying the step with %d", from_size, to_size)

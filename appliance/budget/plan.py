@@ -18,6 +18,7 @@ from appliance.budget.workload import Workload, assumptions, workload_of
 from appliance.config.schema import JobSpec
 from appliance.config.sizes import format_bytes, parse_memory_budget
 
+# A combination of more changes than this is not offered: the job would be another job.
 MAX_COMBINED_CHANGES = 6
 
 
@@ -123,6 +124,7 @@ class Plan:
 
 
 def budget_of(job: JobSpec, device: DeviceInfo) -> int:
+    # A size above the device (a budget written for another box) is capped at what the device has.
     return min(parse_memory_budget(job.device.memory_budget, device.total_bytes), device.total_bytes)
 
 
@@ -156,15 +158,17 @@ def plan_job(
     work = workload_of(
         job, student_config, judge_config, device.kind, optimizer, double_quant, prompt_tokens, device.bf16_matmul
     )
+    # The FSDP sharding is the launcher's decision, not the job file's, so it is set on the workload here.
     work = replace(work, student_shards=student_shards)
     choices, phases = _fit(job, work, budget)
+    # Agent jobs plan assumed trajectory lengths: said beside the choices they drove.
     if assumptions(job):
         choices.reasons["sequence_tokens"] = FitReason("assumed", size=work.sequence_tokens, note=assumptions(job))
     peak = _peak(phases)
     fits = peak <= budget
     components = {name: max(p.resident[name] for p in phases.values()) for name in COMPONENTS}
     overflow, suggestions = [], []
-    if not fits:
+    if not fits:  # suggestions re-plan the job many times: only a refused plan pays for them
         overflow = _overflow(phases, budget)
         suggestions = suggest_changes(
             job, student_config, judge_config, device, optimizer, double_quant, prompt_tokens, student_shards
@@ -191,6 +195,7 @@ def _overflow(phases: dict[str, PhasePlan], budget: int) -> list[str]:
     """The largest components of the worst phase whose bytes together cover its excess."""
     worst = max(phases.values(), key=lambda p: p.peak_bytes)
     excess, names = worst.peak_bytes - budget, []
+    # Largest first, so the list names the fewest components that explain the excess.
     for name, size in sorted(worst.resident.items(), key=lambda item: -item[1]):
         if excess <= 0 or size == 0:
             break
@@ -220,7 +225,7 @@ def _knobs(job: JobSpec) -> list[tuple[str, list]]:
     """Job-file keys that reduce memory, each with its values from the mildest change to the strongest."""
     g = job.grpo
     knobs = [
-        ("grpo.group_size", _halved(g.group_size, 2)),
+        ("grpo.group_size", _halved(g.group_size, 2)),  # a group of one has no advantage to learn from
         ("grpo.prompts_per_step", _halved(g.prompts_per_step, 1)),
         ("grpo.max_new_tokens", _halved(g.max_new_tokens, 32)),
         ("grpo.max_prompt_tokens", _halved(g.max_prompt_tokens, 64)),
@@ -233,10 +238,12 @@ def _knobs(job: JobSpec) -> list[tuple[str, list]]:
         knobs.append(("grpo.micro_batch_size", _halved(g.micro_batch_size, 1)))
     if job.engine.rollout_weights == "merged_copy":
         knobs.append(("engine.rollout_weights", ["shared"]))
+    # A judge at an endpoint costs this device nothing, and one sharing the student's base has no weights of
+    # its own to shrink.
     if job.judge is not None and not job.judge.share_student_base and job.judge.endpoint is None:
         if job.judge.quantization != "nf4":
             knobs.append(("judge.quantization", ["nf4"]))
-        if job.judge.model == job.student.model:
+        if job.judge.model == job.student.model:  # only the same model can share the student's weights
             knobs.append(("judge.share_student_base", [True]))
     if job.judge is not None and job.judge.endpoint is None:
         knobs.append(("judge.max_new_tokens", _halved(job.judge.max_new_tokens, 16)))
@@ -271,7 +278,7 @@ def suggest_changes(
 
     singles = []
     for key, values in _knobs(job):
-        for value in values:
+        for value in values:  # mildest first: the first that fits is the one suggested for this key
             if peak_with(_replace(job, key, value)) <= budget:
                 singles.append(_format(key, value))
                 break
@@ -279,6 +286,7 @@ def suggest_changes(
         return singles
     # No single change is enough: take, step by step, the one-step change that lowers the peak most.
     current, chosen = job, {}
+    # A key may be halved again in a later round and still count as one change, hence more rounds than changes.
     for _ in range(MAX_COMBINED_CHANGES * 3):
         steps = [(peak_with(_replace(current, key, values[0])), key, values[0]) for key, values in _knobs(current)]
         if not steps:

@@ -89,11 +89,12 @@ def _require(config: dict, key: str, source: str) -> int:
 
 def _layer_windows(config: dict, model_type: str, layers: int) -> tuple[int | None, ...]:
     window = config.get("sliding_window")
+    # Qwen2 configs carry a sliding_window and switch it off with use_sliding_window: false.
     if not window or config.get("use_sliding_window") is False:
         return (None,) * layers
     window = int(window)
     layer_types = config.get("layer_types")
-    if layer_types:
+    if layer_types:  # newer configs name each layer's attention; older ones need the family's pattern below
         return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
     if model_type == "gemma2":  # even layers local, odd layers global
         return tuple(window if index % 2 == 0 else None for index in range(layers))
@@ -121,8 +122,8 @@ def shape_from_config(config: dict, name: str = "model") -> ModelShape:
     layers = _require(config, "num_hidden_layers", name)
     hidden = _require(config, "hidden_size", name)
     heads = _require(config, "num_attention_heads", name)
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or hidden // heads)
+    kv_heads = int(config.get("num_key_value_heads") or heads)  # absent: plain multi-head attention
+    head_dim = int(config.get("head_dim") or hidden // heads)  # Gemma and Qwen3 set it apart from hidden / heads
     intermediate = _require(config, "intermediate_size", name)
     vocab = _require(config, "vocab_size", name)
     # transformers' default is to tie unless the config says otherwise.
@@ -148,11 +149,11 @@ def shape_from_config(config: dict, name: str = "model") -> ModelShape:
         bias += layers * (2 * intermediate + hidden)
 
     norms_per_layer = 4 if model_type in _SANDWICH_NORM_FAMILIES else 2
-    norm = layers * norms_per_layer * hidden + hidden
+    norm = layers * norms_per_layer * hidden + hidden  # and the final norm before the head
     if model_type in _QK_NORM_FAMILIES:
         norm += layers * 2 * head_dim
 
-    embedding = vocab * hidden * (1 if tied else 2)
+    embedding = vocab * hidden * (1 if tied else 2)  # untied: lm_head is a second vocab x hidden matrix
     return ModelShape(
         name=name,
         model_type=model_type,
@@ -199,7 +200,7 @@ def fixture_for(reference: str) -> Path | None:
     for suffix in _VARIANT_SUFFIXES:
         if last.endswith(suffix):
             last = last[: -len(suffix)]
-            break
+            break  # one suffix only: "-instruct" of "x-base-instruct" leaves "x-base"
     for name in fixture_names():
         if name.lower() == last:
             return FIXTURES_DIR / f"{name}.json"

@@ -158,13 +158,14 @@ def workload_of(
     """prompt_tokens: the longest training prompt as measured (job.prompt_lengths); else grpo.max_prompt_tokens.
     bf16_matmul: the device multiplies bf16 in hardware (DeviceInfo), for engine.rollout_dtype auto."""
     student = shape_from_config(student_config, job.student.model)
+    # Without measured prompts (no dataset at hand) the job's bound, which the trainer truncates prompts to.
     prompt_tokens = prompt_tokens or job.grpo.max_prompt_tokens
     targets = tuple(job.student.lora.target_modules)
     grpo = job.grpo
     sequences = grpo.prompts_per_step * grpo.group_size
     judge_shape, judge_quant, shares, calls, judge_prompt, judge_new = None, "none", False, 0, 0, 0
     rollout_engine = resolve_engine(job.engine.rollout, device_kind)
-    judge_engine = rollout_engine
+    judge_engine = rollout_engine  # a judge on the student's base generates through the rollout engine
     if job.judge is not None and job.judge.endpoint is None:  # a judge at an endpoint holds no memory here
         shares = job.judge.share_student_base
         if shares:

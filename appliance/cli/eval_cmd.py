@@ -85,6 +85,7 @@ def _eval(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
     problems = [p for p in problems if p.answer is not None][: args.limit]  # no reference: no accuracy
+    # The judge is left out: evaluation loads no judge model, and accuracy comes from the references.
     rewards = build_rewards([r for r in spec.rewards if r.name != JUDGE_REWARD], args.file.resolve().parent)
     result = evaluate_student(
         student, task, problems, rewards, spec.grpo.max_new_tokens, use_adapter=adapter is not None, how=how

@@ -121,6 +121,8 @@ def _run(args, handler) -> int:
             print(line, file=sys.stderr)
         if not error.errors:
             print(f"error: {error}", file=sys.stderr)
+        # The same exit codes as the local commands: 3 when the plan does not fit, 2 when the request was
+        # wrong (4xx), 1 when the daemon failed.
         if error.status == 409 and error.plan is not None:
             return EXIT_DOES_NOT_FIT
         return EXIT_BAD_INPUT if error.status is not None and 400 <= error.status < 500 else EXIT_FAILURE
@@ -167,6 +169,7 @@ def _list(client, args) -> int:
         )
         for job in jobs
     ]
+    # Every column padded to its widest cell but the reason, which is last and may be long.
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
@@ -236,7 +239,7 @@ def _samples(client, args) -> int:
     steps = sorted({record.get("step") for record in records if isinstance(record.get("step"), int)})
     if args.step is not None:
         records = [record for record in records if record.get("step") == args.step]
-    elif not args.all and steps:
+    elif not args.all and steps:  # by default the newest step only: one step's groups read as a whole
         records = [record for record in records if record.get("step") == steps[-1]]
     if args.json:
         print(json.dumps(records, indent=2))
@@ -257,7 +260,7 @@ def _metrics(client, args) -> int:
     print(f"{'STEP':>5}  {'REWARD':>8}  {'STD':>6}  {'LOSS':>9}  {'KL':>8}  {'TOK/S':>7}  {'SECONDS':>7}")
     for record in records:
         rate = record.get("tokens_per_second") or {}
-        rate = rate.get("student", 0.0) if isinstance(rate, dict) else rate
+        rate = rate.get("student", 0.0) if isinstance(rate, dict) else rate  # per engine; a number is the student's
         print(
             f"{record.get('step', 0):>5}  {record.get('reward_mean', 0):>+8.3f}  {record.get('reward_std', 0):>6.3f}  "
             f"{record.get('loss', 0):>+9.4f}  {record.get('kl', 0):>8.4f}  {rate:>7.1f}  "
@@ -287,7 +290,7 @@ def _read_groups(path: Path) -> list:
         raise ClientError(f"cannot read {path}: {error.strerror or error}", status=400) from error
     try:
         document = json.loads(text)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError:  # not one JSON document: JSON Lines, one group per line
         groups = []
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
@@ -301,9 +304,9 @@ def _read_groups(path: Path) -> list:
                     status=400,
                 ) from None
         return groups
-    if isinstance(document, dict) and "groups" in document:
+    if isinstance(document, dict) and "groups" in document:  # the API's own body shape
         document = document["groups"]
-    if isinstance(document, dict):
+    if isinstance(document, dict):  # a single group
         document = [document]
     if not isinstance(document, list) or not document:
         raise ClientError(f"{path}: holds no trajectory groups; give a JSON list of groups", status=400)

@@ -16,6 +16,8 @@ import sys
 from appliance import __version__
 from appliance.paths import default_data_dir
 
+# Imported by name as the parser is built: each module keeps its heavy imports inside its handler, so
+# `appliance --help` loads no torch. The order is the order of `appliance --help`.
 COMMANDS = [
     "appliance.cli.config_cmd",
     "appliance.cli.models_cmd",
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ def _overrides(items: list[str]) -> dict[str, Path]:
 
 
 def _matches(reference: str, name: str) -> bool:
+    # NAME may be the job's whole reference or a path's last component ("models/qwen" matches "qwen").
     return name == reference or name == reference.rstrip("/").rsplit("/", 1)[-1]
 
 
@@ -68,6 +69,8 @@ def resolve_config(key: str, reference: str, data_dir: Path, overrides: dict[str
     from appliance.budget.shapes import fixture_for, fixture_names, load_config
     from appliance.models.store import ModelStoreError, resolve_model
 
+    # The operator's override first, then what is on this box, then a shipped shape by name: each is a surer
+    # source of the real config than the next.
     for name, path in overrides.items():
         if _matches(reference, name):
             return load_config(path), str(path)
@@ -93,7 +96,7 @@ def _device(args):
         total = size_option("--device-memory", args.device_memory)
         if total <= 0:
             raise UsageError("--device-memory: the device size must be above zero")
-        kind = args.device or "cuda"
+        kind = args.device or "cuda"  # a sized device is planned as a GPU unless --device says otherwise
         bf16 = kind == "cuda" or cpu_bf16_matmul()  # a CPU of that size: this one's instructions
         return DeviceInfo(kind, total, 0, "(--device-memory)", bf16)
     try:

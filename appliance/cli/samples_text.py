@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from appliance.service.samples import Trajectory, elide, group_records, is_trajectory, parse_trajectory
 
+# A turn shown cut to this many characters (its start and end); context segments shorter still, since the trained
+# segments, shown whole, are what the mask is read for.
 TURN_CHARS = 400
 CONTEXT_CHARS = 160
 MASK_MARKS = {True: "TRAIN |", False: "ctx   |"}

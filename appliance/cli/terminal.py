@@ -33,13 +33,15 @@ class Terminal:
     def __enter__(self) -> "Terminal":
         from rich.console import Console
 
+        # Flushed before the descriptors move: what Python buffered so far belongs to the terminal.
         sys.stdout.flush()
         sys.stderr.flush()
-        terminal_fd = os.dup(1)
+        terminal_fd = os.dup(1)  # a copy of the terminal that survives fd 1 pointing at log.txt
         self._out = os.fdopen(terminal_fd, "w", buffering=1, encoding="utf-8", errors="replace")
         if not self.verbose:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            # dup2 on the descriptors themselves, not sys.stdout: C code and child processes write there too.
             for fd in (1, 2):
                 self._saved[fd] = os.dup(fd)
                 os.dup2(log_fd, fd)
@@ -64,7 +66,7 @@ class Terminal:
                 TimeRemainingColumn(),
                 console=console,
                 transient=True,
-                # a step takes minutes: estimate the speed over hours, not rich's 30 s
+                # a step takes minutes: estimate the speed over hours, not over rich's default window of seconds
                 speed_estimate_period=6 * 3600,
                 # rich would route sys.stdout/stderr (the libraries) to the terminal
                 redirect_stdout=False,

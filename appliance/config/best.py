@@ -16,9 +16,11 @@ if TYPE_CHECKING:
 STEP_METRICS = ("reward_mean", "reward_std", "loss", "kl", "clip_ratio", "completion_length_mean", "groups_informative")
 EVAL_METRICS = ("eval.accuracy", "eval.format_compliance", "eval.reward_mean")
 # checkpoint.eval_every: auto evaluates this often, on at most this many held-out problems (unless eval_limit
-# says): a small, cheap evaluation that best/ can follow (on the CPU demo about 3 s every 10 steps of ~25 s).
+# says): a small evaluation that best/ can follow, costing the CPU demo about a percent of its training time
+# (bench/README.md, "Figures behind constants in the code", "The automatic evaluation").
 AUTO_EVAL_EVERY = 10
 AUTO_EVAL_LIMIT = 32
+# Metrics where lower is better; every other one is maximised.
 MINIMIZED = ("loss", "kl", "reward_std", "completion_length_mean", "clip_ratio")
 
 

@@ -37,7 +37,8 @@ class StudentSpec(Spec):
     model: Annotated[str, Field(min_length=1)]
     quantization: Literal["nf4", "fp4", "none"] = "nf4"
     lora: LoraSpec = LoraSpec()
-    # auto: bf16 on CUDA, fp32 on the CPU (bf16 is ~17x slower without bf16 units).
+    # auto: bf16 on CUDA, fp32 on the CPU, where bf16 without bf16 units is many times slower (bench/README.md,
+    # "Figures behind constants in the code", "bf16 on the CPU").
     compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # null: the budget manager decides.
     gradient_checkpointing: bool | None = None

@@ -57,7 +57,7 @@ def parse_memory_budget(value: str | int, device_total_bytes: int) -> int:
 
 
 def format_bytes(size: int | float) -> str:
-    """For people: 1.50 GiB, 300.0 MiB, 12 B."""
+    """For people: "1.50 GiB", "300.00 MiB", "12 B"."""
     size = float(size)
     for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(size) >= factor:

@@ -18,11 +18,14 @@ sampling. Prompts are right-padded (the last real token is read, and with a
 causal mask the padding after it changes nothing); when the prompts share a
 long token prefix (a group judged by one prompt, one id each) the prefix is run
 once and its KV cache repeated over the batch.
+
+It never changes the weights it generates through, and hands the model back in the
+training mode it found it in.
 """
 
 from __future__ import annotations
 
-import appliance.offline  # noqa: F401
+import appliance.offline  # noqa: F401  (before transformers: no network lookups)
 
 import time
 from pathlib import Path
@@ -82,9 +85,8 @@ def group_batches(
 
 def _contiguous_input(module, args):
     """The LM head's input made contiguous. transformers hands it the prefill's last position, a strided view
-    of [rows, 1, hidden], and torch's CPU matmul expands a frozen weight per row for such an input: with a bf16
-    copy of SmolLM2 (49k-token vocabulary) that was 2.7 s and 3.4 GB for 64 rows, against 9 ms contiguous (and
-    0.25 s in fp32), and an evaluation of 100 problems peaked at 4.90 GiB instead of 2.07."""
+    of [rows, 1, hidden], and torch's CPU matmul expands a frozen weight per row for such an input, at a cost
+    of seconds and gigabytes per batch (bench/README.md, "memory_plan.py", "shared prompts in the update")."""
     return (args[0].contiguous(),) + tuple(args[1:])
 
 
@@ -93,6 +95,7 @@ def give_head_contiguous_input(model) -> None:
     head = model.get_output_embeddings()
     if head is not None and not getattr(head, "_appliance_contiguous_input", False):
         head.register_forward_pre_hook(_contiguous_input)
+        # Marked on the module: the evaluation builds a new engine over the student at every run.
         head._appliance_contiguous_input = True
 
 
@@ -154,8 +157,10 @@ class HFEngine:
         self.wake()
         started = time.monotonic()
         if sampling.seed is not None:
+            # The draws come from torch's global generator (step_sampler.draw), so seeding it repeats them.
             torch.manual_seed(sampling.seed)
         results: list[list[Completion]] = [[] for _ in prompts]
+        # eval() for generation (no dropout), restored after: the trainer's model may be in training mode.
         was_training = self.model.training
         self.model.eval()
         try:
@@ -175,11 +180,13 @@ class HFEngine:
         prefix occupies the same columns in every row and each row's last prompt token is in the last
         column, where generate() continues. Without a shared prefix this is plain left padding.
         """
+        # The prompts are rendered chat text that already holds any BOS the template writes.
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         shared = shared_prefix_length(ids) if len(ids) > 1 else 0
         if shared < MIN_SHARED_PREFIX_TOKENS:
             shared = 0
         width = max(len(row) for row in ids)
+        # Some tokenizers have no pad token; any id does, since the mask hides it.
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         input_ids = [row[:shared] + [pad] * (width - len(row)) + row[shared:] for row in ids]
         mask = [[1] * shared + [0] * (width - len(row)) + [1] * (len(row) - shared) for row in ids]
@@ -195,12 +202,16 @@ class HFEngine:
         generate prefills as usual.
         """
         ids, mask = encoded["input_ids"], encoded["attention_mask"]
+        # generate() must still run each row's last prompt token itself, so a one-token prompt has nothing to
+        # prefill here.
         if (copies < 2 and not shared) or ids.shape[1] < 2:
             return None
         # The position ids generate() derives from the mask (_prepare_position_ids_for_generation).
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
         past = None
         if shared:
+            # One row's prefix: every row holds the same tokens in the same columns. logits_to_keep=1: only the
+            # cache is wanted, so the head runs on one position.
             past = self.model(input_ids=ids[:1, :shared], use_cache=True, logits_to_keep=1).past_key_values
             past.batch_repeat_interleave(ids.shape[0])
         if ids.shape[1] - 1 > shared:
@@ -219,6 +230,7 @@ class HFEngine:
     def _generate_batch(self, batch: list[tuple[int, str]], copies: int, sampling: Sampling) -> list[Completion]:
         encoded, shared = self._encode_batch([prompt for _, prompt in batch])
         past = self._prefill(encoded, shared, copies)
+        # Each prompt's copies sit next to each other, in the order the cache was repeated in.
         encoded = {key: value.repeat_interleave(copies, dim=0) for key, value in encoded.items()}
         rows = [entry for entry in batch for _ in range(copies)]
         # Our last processor picks each token and keeps its logprob (step_sampler.py); generate() appends it.
@@ -227,6 +239,8 @@ class HFEngine:
             **encoded,
             past_key_values=past,
             max_new_tokens=sampling.max_new_tokens,
+            # Greedy over what StepSampler returns: the sampler has already drawn the token. The model's own
+            # temperature and top_p are cleared, since the processors above apply ours.
             do_sample=False,
             temperature=None,
             top_p=None,
@@ -248,6 +262,7 @@ class HFEngine:
     def _completion(self, prompt_index: int, encoded, generated, chosen, row: int) -> Completion:
         tokens = generated[row].tolist()
         length, finish = len(tokens), "length"
+        # generate pads finished rows after their stop token; the completion ends at the first stop, kept.
         for position, token in enumerate(tokens):
             if token in self._stop_ids:
                 length, finish = position + 1, "stop"
@@ -274,6 +289,7 @@ class HFEngine:
             return []
         self.wake()
         started = time.monotonic()
+        # Every prompt is scored over the same candidate ids, tokenized in the context of the first prompt.
         candidate_ids = torch.tensor(single_token_ids(self._encode, prompts[0], candidates), device=self.device)
         encoded = [self._encode(prompt) for prompt in prompts]
         results: list[dict[str, float]] = []
@@ -301,6 +317,7 @@ class HFEngine:
             past.batch_repeat_interleave(len(batch))
         else:
             shared = 0
+        # Right padding: the last real token is read, and under a causal mask the padding after it changes nothing.
         suffixes = [ids[shared:] for ids in batch]
         width = max(len(ids) for ids in suffixes)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

@@ -44,12 +44,15 @@ def truncated_importance_weights(
             "trainer_logprobs, engine_logprobs and mask must have the same shape, got "
             f"{tuple(trainer_logprobs.shape)}, {tuple(engine_logprobs.shape)}, {tuple(mask.shape)}"
         )
+    # A weight above 1 is where the engine under-sampled a token; the cap only limits how far it counts up.
     if cap < 1.0:
         raise ValueError(
             f"the importance sampling cap must be >= 1.0 (a cap below 1 down-weights every token), got {cap}"
         )
+    # Weights scale the loss; they are not trained through (gradients flow through the ratio, not through these).
     with torch.no_grad():
         keep = mask.to(torch.bool)
+        # In fp32 whatever the inputs' dtype: two close logprobs differ by less than bf16 resolves at their size.
         log_ratio = trainer_logprobs.detach().float() - engine_logprobs.detach().float()
         # Padding may hold any value (even -inf); zero it before exp.
         log_ratio = torch.where(keep, log_ratio, torch.zeros_like(log_ratio))

@@ -21,7 +21,7 @@ at every forward and backward, and without keeping their 4-bit form as well.
 
 from __future__ import annotations
 
-import appliance.offline  # noqa: F401
+import appliance.offline  # noqa: F401  (before transformers: no network lookups)
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +36,7 @@ def _dequantized(module) -> torch.Tensor:
     import bitsandbytes.functional as bnb_functional
 
     weight = module.weight
+    # Only bitsandbytes' 4-bit parameters carry a quant_state; anything else is already plain.
     if getattr(weight, "quant_state", None) is not None:
         return bnb_functional.dequantize_4bit(weight.data, weight.quant_state).float()
     return weight.data.float()
@@ -115,6 +116,7 @@ class MergedCopyEngine(HFEngine):
         from transformers import AutoModelForCausalLM
 
         dtype = dtype or student.compute_dtype
+        # In another dtype the copy samples from a rounded policy: the trainer then corrects by importance weights.
         self.samples_like_trainer = dtype == student.compute_dtype
         copy = AutoModelForCausalLM.from_pretrained(
             str(model_dir), local_files_only=True, dtype=dtype, device_map={"": student.device}
@@ -132,6 +134,8 @@ class MergedCopyEngine(HFEngine):
             if isinstance(module, LoraLayer) and base is not None:
                 self._lora_layers[name] = module
             elif name in copy_modules and getattr(getattr(module, "weight", None), "quant_state", None) is not None:
+                # The dequantized 4-bit weight, not the checkpoint's: the copy must sample the policy the trainer
+                # optimizes, whose base is what 4-bit quantization kept.
                 copy_modules[name].weight.data.copy_(_dequantized(module).to(copy_modules[name].weight.dtype))
                 frozen.append(name)
         # FSDP shards the student's own 4-bit layers (grpo/fsdp.py); a copy in another dtype would change the
@@ -140,7 +144,7 @@ class MergedCopyEngine(HFEngine):
             self._shared += _share_linears(student_root, copy, frozen)
         self._copy_modules = copy_modules
         super().__init__(copy, student.tokenizer, name, max_batch_size, owns_weights=True)
-        self.update_adapter(None, 0)
+        self.update_adapter(None, 0)  # the targets still hold the checkpoint's weights until the first merge
 
     @torch.no_grad()
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
@@ -150,6 +154,7 @@ class MergedCopyEngine(HFEngine):
         merged weight copied to the copy's device.
         """
         self.wake()
+        # One target at a time: at most one fp32 weight and its delta are alive (components.merge_working_bytes).
         for name, layer in self._lora_layers.items():
             merged = _dequantized(layer.get_base_layer())
             for adapter in layer.active_adapters:
@@ -159,6 +164,8 @@ class MergedCopyEngine(HFEngine):
             del merged
         self.adapter_version = version
 
+    # Sleeping moves the copy off the device; the slots it shares with the student are emptied first so the
+    # student's own tensors stay where the trainer uses them.
     def sleep(self) -> None:
         with _without(self._shared):
             super().sleep()

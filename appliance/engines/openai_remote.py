@@ -30,6 +30,7 @@ from appliance.errors import ApplianceError
 
 ENVELOPE = "\x00"  # json.dumps escapes NUL, so it never occurs inside the JSON
 TOP_LOGPROBS = 20  # the most alternatives OpenAI's API returns per position
+# Answers that say "not now" rather than "not this request": timeout, rate limit, and the server's own faults.
 RETRY_STATUSES = {408, 429, 500, 502, 503, 504}
 
 
@@ -102,7 +103,7 @@ class OpenAIRemoteEngine:
         self.backoff_seconds = backoff_seconds
         self.counters = EngineCounters()
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.failures = {"timeout": 0, "error": 0}
+        self.failures = {"timeout": 0, "error": 0}  # requests that failed after their retries, for the judge's totals
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # trust_env=False: no proxy from the environment, so the only host reached is the configured one.
         self._client = httpx.Client(
@@ -110,7 +111,7 @@ class OpenAIRemoteEngine:
             headers=headers,
             timeout=timeout_seconds,
             trust_env=False,
-            follow_redirects=False,
+            follow_redirects=False,  # a redirect could carry the bearer token to another host
             limits=httpx.Limits(max_connections=self.concurrency),
         )
         self._lock = threading.Lock()
@@ -150,6 +151,7 @@ class OpenAIRemoteEngine:
         A candidate outside the endpoint's top `TOP_LOGPROBS` gets -inf (its probability is below every
         listed one, small by construction). A prompt whose request failed gets an `UnansweredLogprobs`.
         """
+        # One greedy token: the answer is the alternatives listed at that position, not the token itself.
         sampling = Sampling(max_new_tokens=1, temperature=0.0)
         bodies = [{**self._body(prompt, sampling), "top_logprobs": TOP_LOGPROBS} for prompt in prompts]
         readings = []
@@ -192,6 +194,7 @@ class OpenAIRemoteEngine:
     def update_adapter(self, adapter_dir: Path | None, version: int) -> None:
         raise NotImplementedError("a remote endpoint serves its own weights; it takes no adapter from this box")
 
+    # The endpoint's memory is its own box's: there is nothing here to sleep or wake.
     def sleep(self) -> None:
         pass
 
@@ -218,6 +221,7 @@ class OpenAIRemoteEngine:
             "return_token_ids": True,
         }
         if prefill:
+            # The prefill is an unfinished assistant turn: the template must not open a new one after it.
             body.update(add_generation_prompt=False, continue_final_message=True)
         if self.chat_template_kwargs:
             body["chat_template_kwargs"] = self.chat_template_kwargs  # vLLM: e.g. Qwen3's enable_thinking
@@ -254,7 +258,7 @@ class OpenAIRemoteEngine:
 
         last: _Failure | None = None
         for attempt in range(self.retries + 1):
-            if attempt:
+            if attempt:  # exponential backoff: a busy server gets more room at each retry
                 time.sleep(self.backoff_seconds * 2 ** (attempt - 1))
             try:
                 response = self._client.post("/chat/completions", json=body)
@@ -281,6 +285,7 @@ class OpenAIRemoteEngine:
 
     def _parse(self, index: int, document: dict, n: int) -> list[Completion]:
         try:
+            # The index, not the list order, says which sample a choice is.
             choices = sorted(document["choices"], key=lambda choice: choice.get("index", 0))
             if len(choices) != n:
                 raise ValueError(f"{len(choices)} choices for n={n}")
@@ -313,5 +318,6 @@ class OpenAIRemoteEngine:
             token_ids=token_ids,
             text=text,
             logprobs=[float(entry["logprob"]) for entry in content],
+            # Anything but a stop (length, content filter, an unknown reason) is treated as cut off.
             finish_reason="stop" if choice.get("finish_reason") == "stop" else "length",
         )

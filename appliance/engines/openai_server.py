@@ -27,6 +27,7 @@ from appliance.engines.engine import LocalEngine, Sampling
 
 
 class ChatMessage(BaseModel):
+    # OpenAI clients send fields this server has no use for (name, refusal, ...): ignored, not refused.
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool"]
@@ -42,12 +43,12 @@ class ChatRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    n: int = Field(default=1, ge=1, le=64)
+    n: int = Field(default=1, ge=1, le=64)  # bounded: a request's n completions are one engine call under the lock
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)  # OpenAI's own maximum
     stream: bool = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -69,7 +70,7 @@ class SamplingPolicy:
 
     def refusal(self, request: "ChatRequest") -> str | None:
         """Why `request` asks for other sampling than the job's, or None."""
-        asked = request.model_fields_set
+        asked = request.model_fields_set  # only values the client sent are checked; defaults are not asks
         stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
         if ("temperature" in asked and request.temperature != self.temperature) or (
             "top_p" in asked and request.top_p != self.top_p
@@ -128,6 +129,8 @@ class TokenLogprobs:
         was_training = self.model.training
         self.model.eval()
         try:
+            # The logits before each generated token: from the prompt's last position to the second-to-last
+            # token's; the last position predicts past the completion and is dropped.
             logits = self.model(input_ids=ids, logits_to_keep=len(token_ids) + 1).logits[0, :-1].float()
         finally:
             self.model.train(was_training)
@@ -196,6 +199,7 @@ class ChatService:
         refusal = self.policy.refusal(request) if self.policy is not None else None
         if refusal is not None:
             raise ValueError(refusal)
+        # Rendered and checked before the lock: a bad request never waits behind a generation.
         prompt = self.render(request)
         sampling, stop = self._sampling(request)
         # Under a policy the text keeps the stop string: the served text is always the sampled tokens' text.
@@ -220,6 +224,7 @@ class ChatService:
         """The request's sampling (a policy fixes temperature, top-p and stop), and its own stop strings."""
         stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
         sampling = Sampling(
+            # max_completion_tokens is OpenAI's newer name for max_tokens; the fallback keeps a reply bounded.
             max_new_tokens=request.max_completion_tokens or request.max_tokens or 256,
             n=request.n,
             temperature=request.temperature if self.policy is None else self.policy.temperature,
@@ -298,6 +303,7 @@ def build_app(service: ChatService, token: str | None = None):
     async def authorize(request: Request, call_next):
         if token is not None:
             offered = request.headers.get("authorization", "")
+            # Constant-time comparison: the answer's timing says nothing about how much of the token matched.
             if not secrets.compare_digest(offered.encode(), f"Bearer {token}".encode()):
                 return error(401, "missing or wrong bearer token", "authentication_error")
         return await call_next(request)
@@ -357,6 +363,8 @@ def serve_app_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> RunningS
     """Serve an ASGI `app` on host:port (0: a free port) in a background thread; returns once it accepts."""
     import uvicorn
 
+    # The socket is bound here, not by uvicorn, so that a taken port fails in the caller and port 0's choice is
+    # known before the server thread starts.
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -368,7 +376,7 @@ def serve_app_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> RunningS
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="openai-server", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 30  # seconds; binding is done, so only a broken app takes this long
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             sock.close()

@@ -32,6 +32,6 @@ def judge_parallelism(resources) -> VllmParallelism:
     """TP over the judge's devices of a box; PP over the boxes with Ray when the job has several."""
     if resources.judge_gpus == 0 or (resources.judge_gpus == 1 and resources.nodes == 1):
         return VllmParallelism()  # colocated with each rank, or one device of its own
-    if resources.nodes > 1:
+    if resources.nodes > 1:  # vLLM spans boxes only through Ray
         return VllmParallelism(resources.judge_gpus, resources.nodes, "ray")
     return VllmParallelism(resources.judge_gpus)

@@ -24,6 +24,8 @@ def single_token_ids(encode: Callable[[str], list[int]], context: str, candidate
     ids = []
     for candidate in candidates:
         full = encode(context + candidate)
+        # One more token, and the prompt's own tokens unchanged: a candidate that merged with the prompt's last
+        # token changes the prefix, and its id would be read at the wrong position.
         if len(full) != len(base) + 1 or full[: len(base)] != base:
             raise NotSingleTokenError(
                 f"{candidate!r} is not a single token after {context[-20:]!r} for this tokenizer "
@@ -42,6 +44,7 @@ def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     shortest = min(len(sequence) for sequence in sequences)
     length = 0
     first = sequences[0]
+    # Each sequence keeps its last token out of the prefix: that token's logits are what is read after it.
     while length < shortest - 1 and all(sequence[length] == first[length] for sequence in sequences):
         length += 1
     return length

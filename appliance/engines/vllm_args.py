@@ -185,6 +185,8 @@ def _granted_kv_bytes(kv_cache_bytes: int | None, device: str, plan_key: str) ->
         return kv_cache_bytes
     if device == "cpu":
         return DEFAULT_CPU_KV_CACHE_BYTES
+    # On a GPU vLLM would otherwise size its cache by gpu_memory_utilization, a share of the whole device that
+    # no plan counted.
     raise ValueError(f"a vLLM engine on {device} needs its KV cache size from the budget plan ({plan_key})")
 
 

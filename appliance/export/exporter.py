@@ -28,6 +28,7 @@ from appliance.export.source import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterSour
 from appliance.models.store import MANIFEST, ModelStore, ModelStoreError, file_table
 
 MERGED_DTYPES = ("bfloat16", "float16", "float32")
+# Every file a Hugging Face tokenizer may be saved as; those the base has are copied beside the weights.
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -154,7 +155,7 @@ def export_job(
     adapter = find_adapter(job, checkpoint)
     base = base_model_of(job, Path(data_dir))
     out = Path(out).expanduser().resolve()
-    if merged:
+    if merged:  # refused before anything is loaded: an export that cannot fit must not OOM the training box
         check_merged_export_fits(base.path, dtype, available_host_bytes())
     staging = _staging_for(out)
     kind = "merged" if merged else "adapter"
@@ -166,7 +167,7 @@ def export_job(
         _copy_tokenizer(base, staging)
         (staging / "README.md").write_text(render_card(_card_input(job, adapter, base, kind, checkpoint, dtype)))
         manifest = write_export_manifest(staging, _manifest_fields(job, adapter, base, kind, checkpoint, dtype))
-        _finish_folder(staging)
+        _finish_folder(staging)  # fsynced before the rename, so the rename publishes a complete folder
         if out.is_dir():
             out.rmdir()  # empty (checked above)
         os.replace(staging, out)

@@ -58,6 +58,7 @@ def verify_export(folder: Path) -> dict:
             problems.append(f"{path} is missing")
         elif path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:
             problems.append(f"{path} was changed (size or sha256 differs from {EXPORT_MANIFEST})")
+    # Added files count too: an export with a stray file is not the export the manifest describes.
     for path in sorted(folder.iterdir()):
         if path.is_file() and path.name != EXPORT_MANIFEST and path.name not in manifest["files"]:
             problems.append(f"{path} is not listed in {EXPORT_MANIFEST}")

@@ -1,7 +1,7 @@
 """Host memory a merged export needs, checked before it loads anything.
 
 A merged export holds the base in fp32 (the merge loses nothing) and writes it cast to the asked dtype:
-for a 7B base that is about 28 GB and 14 GB more. The daemon runs exports on the box that trains, so an
+four bytes a parameter, and two more for a bf16 copy. The daemon runs exports on the box that trains, so an
 export that cannot fit is refused up front, naming both figures, instead of being OOM-killed halfway.
 """
 
@@ -38,6 +38,7 @@ def available_host_bytes() -> int | None:
     """MemAvailable from /proc/meminfo (None where it cannot be read)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
+            # MemAvailable, not MemFree: page cache the kernel would hand back counts as available. In KiB.
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):

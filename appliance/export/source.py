@@ -51,6 +51,7 @@ def find_job(reference: str | Path, data_dir: Path) -> JobSource:
     """A job folder from a path, or a name/id under `<data-dir>/jobs/`."""
     reference = str(reference)
     as_path = Path(reference).expanduser()
+    # A path is tried first; a bare word is also a job name or id under the data dir.
     candidates = [as_path] if ("/" in reference or as_path.is_dir()) else []
     candidates.append(jobs_dir(data_dir) / reference)
     for folder in candidates:
@@ -81,13 +82,13 @@ def _complete_checkpoints(job: Path) -> dict[int, Path]:
     if root.is_dir():
         for folder in root.iterdir():
             match = STEP_PATTERN.match(folder.name)
-            if match and (folder / "state.json").is_file():
+            if match and (folder / "state.json").is_file():  # state.json is written last: the checkpoint is whole
                 found[int(match.group(1))] = folder
     return found
 
 
 def _adapter_in(folder: Path) -> Path | None:
-    for candidate in (folder / "adapter", folder):
+    for candidate in (folder / "adapter", folder):  # a checkpoint keeps it in adapter/; best/ may hold it at its top
         if (candidate / ADAPTER_WEIGHTS).is_file() and (candidate / ADAPTER_CONFIG).is_file():
             return candidate
     return None

@@ -106,9 +106,8 @@ def _packed_prompt_hidden(decoder, inputs: dict, width: int, first_row: torch.Te
     see its prompt and itself only, at the positions it has in its own row.
 
     One pass instead of two halves the per-pass work of a small micro-batch (every layer's 4-bit weights
-    dequantized in forward and backward, and each op's dispatch): workload V's update (16 x 38 + 32 tokens) in
-    micro-batches of 4 takes 3.38 s packed against 3.88 s in two passes. Its attention spans the packed
-    sequence, so the caller packs only short ones (budget.components.packs_prompts).
+    dequantized in forward and backward, and each op's dispatch; bench/README.md, "Packed prompts"). Its
+    attention spans the packed sequence, so the caller packs only short ones (budget.components.packs_prompts).
     """
     ids, mask, positions = inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"]
     prompt_width = ids.shape[1] - width

@@ -276,10 +276,13 @@ def halved_micro_batch(size: int, error: BaseException, ledger: Ledger | None = 
         raise OutOfMemoryAtMinimum(
             f"out of memory even at micro-batch {size}; lower grpo.group_size or grpo.max_new_tokens"
         ) from error
+    # Halving: each retry frees about half the activations, and few retries reach the minimum.
     smaller = max(1, size // 2)
     if ledger is not None:
         ledger.record_halving(size, smaller, error)
-    gc.collect()  # give cached blocks back so the retry starts from the live tensors only
+    # Tensors of the failed attempt that only reference cycles still hold are freed first, so that emptying
+    # the cache can hand their blocks back too: the retry starts from the live tensors only.
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return smaller

@@ -20,6 +20,7 @@ Value = TypeVar("Value")
 
 def cache_key(*parts: object) -> str:
     """A stable digest of JSON-serialisable parts (order matters)."""
+    # Compact separators and no ASCII escaping: one encoding per value, so equal inputs give equal digests.
     encoded = json.dumps(parts, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
 

@@ -35,7 +35,9 @@ FAMILY_PATTERNS = (
     r"<</?SYS>>",  # Llama 2's system block
     r"<extra_id_\d+>",  # T5
 )
+# An added token that looks like markup (<...> or [...]) is escaped even when the tokenizer does not flag it special.
 _MARKUP = re.compile(r"^[<\[].*[>\]]$", re.DOTALL)
+# Overlapping tokens need a second pass; more than a few means a text built to defeat the escape.
 MAX_PASSES = 8
 
 
@@ -57,6 +59,7 @@ class TokenEscaper:
     """Escapes the given token strings and the common families in a text; `escape(text)`."""
 
     def __init__(self, tokens: Iterable[str] = ()):
+        # Longest first: the regex alternation takes the first that matches, and a long token may contain a short one.
         literals = sorted({t for t in tokens if len(t) >= 2}, key=len, reverse=True)
         alternatives = [re.escape(t) for t in literals] + list(FAMILY_PATTERNS)
         self.pattern = re.compile("|".join(alternatives))
@@ -78,6 +81,7 @@ class TokenEscaper:
 
 def _break(match: re.Match) -> str:
     token = match.group(0)
+    # A joiner after the first character and one before the last (one in the middle of a two-character token).
     if len(token) == 2:
         return token[0] + WORD_JOINER + token[1]
     return token[0] + WORD_JOINER + token[1:-1] + WORD_JOINER + token[-1]

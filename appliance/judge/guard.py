@@ -2,7 +2,7 @@
 
 Escaping and the prompt's layout stop a response from *being* the judge's
 instructions, but not from *persuading* a model judge: on the bundled
-SmolLM2-135M, grader-directed text raised every one of 36 wrong answers
+SmolLM2-135M, grader-directed text raised the scores of wrong answers
 (tests/judge/test_adversarial.py). So a response with such a signal is not
 judged, gets 0, and the reason is recorded (judge.jsonl `injections`).
 `judge.injection_guard: off` turns it off for tasks that talk about scores.

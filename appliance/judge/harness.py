@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from appliance.errors import ApplianceError
 
-DEFAULT_THRESHOLD = 0.5
+DEFAULT_THRESHOLD = 0.5  # the middle of the 0..1 score: accuracy counts a score above it as "right"
 
 
 class LabelledSetError(ApplianceError):
@@ -94,6 +94,7 @@ def auc(scores: list[float], labels: list[float]) -> float | None:
     ranks = _ranks(scores)
     positive_rank_sum = sum(r for r, y in zip(ranks, labels) if y >= 0.5)
     n_pos, n_neg = len(positives), len(negatives)
+    # The Mann-Whitney U statistic over the pairs: AUC is the chance a positive outranks a negative.
     return (positive_rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
@@ -141,7 +142,7 @@ def _percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    position = (len(ordered) - 1) * q
+    position = (len(ordered) - 1) * q  # linear interpolation between the two nearest ranks
     low, high = math.floor(position), math.ceil(position)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 

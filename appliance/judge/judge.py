@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 OUTCOMES = ("ok", "parse_error", "timeout")
 # The scorings whose score is read from the next-token distribution over the 0-9 scale.
 READS_PROBABILITIES = ("probabilities", "reasoned")
-NEUTRAL_SCORE = 0.5
+NEUTRAL_SCORE = 0.5  # the middle of 0..1: a group with no judged member gets no advantage either way
 
 
 class JudgeScoringError(ApplianceError):
@@ -213,6 +213,7 @@ class Judge:
         seed: int = 0,
     ):
         self.spec = spec
+        # A remote engine passes the kwargs to its server; a local one renders with them here.
         local_template = getattr(engine, "tokenizer", None) is not None and not hasattr(engine, "chat_template_kwargs")
         if spec.chat_template_kwargs and local_template:
             engine = TemplateKwargsEngine(engine, spec.chat_template_kwargs)
@@ -241,6 +242,7 @@ class Judge:
         self.window = engine_window(engine, spec.max_prompt_tokens)
         self.count_tokens = token_counter(engine)
         self.probe: ProbeResult | None = None
+        # Checked when the judge is built, not at the first step: a scale it cannot read fails the job at start.
         if self.scoring in READS_PROBABILITIES:
             # Reasoned scoring is probed on the plain opening: the same score tokens after `"score": `.
             self._check_scale()
@@ -264,6 +266,7 @@ class Judge:
         if not samples:
             return []
         started = self.clock()
+        # Samples the guard stopped are never shown to the judge; they rejoin with the lowest score at the end.
         all_samples, samples = samples, self._guarded(samples)
         group_keys = [_group_key(sample) for sample in samples]
         if self.spec.mode == "group":
@@ -282,7 +285,7 @@ class Judge:
                 self.outcomes["parse_error"] += 1
                 self.prompts_too_long += 1
             if request.scores is not None:
-                if request.outcome == "ok":
+                if request.outcome == "ok":  # a partial reading is used once but never cached
                     self.cache.put(request.key, request.scores)
                 for shared, score in zip(request.members, request.scores):
                     for index in shared:
@@ -336,6 +339,7 @@ class Judge:
         if self.window is None:
             return build(responses), None
         budget = self.window - reserve - PREFILL_TOKENS
+        # A retry's prompt is longer than the first (it echoes the answer): fit the longest the request can send.
         if self.scoring == "generate" and self.spec.retries:
             budget -= RETRY_ECHO_CHARS // 2 + 64  # a retry adds the echoed answer and a request
         fitted, cut = fit_responses(
@@ -348,7 +352,7 @@ class Judge:
     def _reserve(self, count: int) -> int:
         """Tokens the answer needs in the judge's window: the score, a rationale and the score, or the answers."""
         if self.scoring == "probabilities":
-            return 1
+            return 1  # one score token
         if self.scoring == "reasoned":
             return self.spec.max_new_tokens + PREFILL_TOKENS
         return self.spec.max_new_tokens * count
@@ -363,7 +367,7 @@ class Judge:
             cached = self.cache.get(key)
             if cached is not None:
                 scores[index] = cached[0]
-            elif self.spec.cache and key in requests:
+            elif self.spec.cache and key in requests:  # the same response twice in one step: judged once
                 requests[key].members[0].append(index)
             else:
                 messages, cut = self._fitted(
@@ -373,6 +377,7 @@ class Judge:
                     [sample.completion],
                     self._reserve(1),
                 )
+                # Without the cache every sample is its own request, even an identical one.
                 requests[key if self.spec.cache else f"{key}:{index}"] = _Request(
                     key=key,
                     messages=messages,
@@ -380,7 +385,7 @@ class Judge:
                     max_new_tokens=self.spec.max_new_tokens,
                     members=[[index]],
                     prefill=POINTWISE_PREFILL,
-                    stop=("}",),
+                    stop=("}",),  # the pointwise answer is one flat object: its first brace closes it
                     regex=pointwise_answer_regex(),
                     cut=cut,
                     outcome="too_long" if cut is not None and not cut.fits else "ok",
@@ -397,7 +402,7 @@ class Judge:
         by_text: dict[str, list[int]] = {}
         for index in indices:
             by_text.setdefault(samples[index].completion, []).append(index)
-        texts = sorted(by_text)
+        texts = sorted(by_text)  # sorted first, so the shuffle depends on the texts, not on the sampler's order
         first = samples[indices[0]]
         random.Random(cache_key("order", self.seed, first.prompt, first.reference, texts)).shuffle(texts)
         return [by_text[text] for text in texts]
@@ -454,7 +459,7 @@ class Judge:
         sampling = Sampling(
             max_new_tokens=self.spec.max_new_tokens,
             temperature=self.spec.temperature,
-            stop=('"',),
+            stop=('"',),  # the rationale is a JSON string: its closing quote ends it
             regex=REASON_REGEX,
         )
         outputs, elapsed = self._generate(prompts, sampling)
@@ -490,6 +495,7 @@ class Judge:
             if not batch:
                 continue
             prompts = [prompt for request in batch for prompt in request.score_prompts]
+            # Read from the engine's own counters: next_token_logprobs returns no token counts.
             tokens_before = self.engine.counters.prompt_tokens
             started = self.clock()
             logprobs = self.engine.next_token_logprobs(prompts, list(PROBABILITY_SCALE))
@@ -518,6 +524,7 @@ class Judge:
                 request.scores = [reading.score for reading in request.readings]
                 if request.errors:
                     request.outcome = "parse_error"
+                    # Some ids read in a group keep their scores; none read is the same as no answer.
                     if all(score is None for score in request.scores):
                         request.scores = None
         for request in requests:
@@ -533,6 +540,7 @@ class Judge:
         return outputs, elapsed
 
     def _temperature(self, attempt: int) -> float:
+        # Halved at each retry: a judge that wandered off the format is pushed toward its likeliest answer.
         return self.spec.temperature * 0.5**attempt
 
     def _run(self, requests: list[_Request]) -> None:

@@ -13,6 +13,7 @@ import logging
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
+# Enough for many steps of judged prompts and their answers, bounded so a long job cannot fill the disk with it.
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_BACKUPS = 3
 
@@ -38,7 +39,7 @@ class JudgeLog:
         line = json.dumps(record, ensure_ascii=False, default=str)
         log_record = logging.makeLogRecord({"msg": line, "levelno": logging.INFO, "levelname": "INFO"})
         self._handler.handle(log_record)
-        self._handler.flush()
+        self._handler.flush()  # on disk when the call returns: the daemon reads the log while the job runs
         if self._truncate_only:
             self.path.with_name(self.path.name + ".1").unlink(missing_ok=True)
 

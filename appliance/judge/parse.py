@@ -55,6 +55,7 @@ def _sources(text: str) -> list[str]:
         part.split("\n", 1)[1] if "\n" in part and part.split("\n", 1)[0].strip().isidentifier() else part
         for part in parts[1:-1:2]
     ]
+    # An even count of parts means a fence was opened and never closed: its text counts as outside, fence kept.
     outside = "\n".join(parts[0::2]) if len(parts) % 2 == 1 else "\n".join(parts[0:-1:2] + ["```" + parts[-1]])
     return fenced + [outside]
 
@@ -114,7 +115,7 @@ def _scan(text: str) -> tuple[list[tuple[int, int]], bool]:
             stack.append((_OPENERS[character], index))
         elif character in "}]" and stack:
             closer, start = stack.pop()
-            if character != closer:
+            if character != closer:  # "{ ]": nothing open so far can close well
                 stack.clear()
             else:
                 while spans and spans[-1][0] > start:  # now inside this span: not maximal
@@ -151,6 +152,7 @@ def _has_anchors(span: str) -> bool:
     )
 
 
+# Safe loading only (no Python objects), in C where libyaml is present.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -181,7 +183,7 @@ def validate_score(value: Any, where: str = "score") -> float:
         raise JudgeOutputError(f"{where} must be a number from 0 to 10, got {_shown(value)}")
     if isinstance(value, str):
         try:
-            value = float(value.strip().removesuffix("/10").strip())
+            value = float(value.strip().removesuffix("/10").strip())  # small judges write "7/10"
         except ValueError:
             raise JudgeOutputError(f"{where} must be a number from 0 to 10, got {_shown(value)}") from None
     if not isinstance(value, (int, float)):

@@ -28,6 +28,8 @@ from appliance.judge.prompts import (
     pointwise_messages,
 )
 
+# An easy question with one right and one wrong answer: any judge that follows the format puts its mass on the
+# scale for both, whatever it thinks of them.
 CALIBRATION_QUESTION = "What is 12 + 30? Give the answer as <answer>N</answer>."
 CALIBRATION_REFERENCE = "42"
 CALIBRATION_RESPONSES = ("12 + 30 = 42, so the answer is <answer>42</answer>.", "<answer>17</answer>")
@@ -72,7 +74,7 @@ def probe_score_mass(engine, mode: str, rubric: str | None, min_mass: float, esc
             )
     results = [read_score(reading, PROBABILITY_MAX, min_mass) for reading in readings]
     masses = [result.mass for result in results]
-    if min(masses) < min_mass:
+    if min(masses) < min_mass:  # the weakest reading decides: every response must be readable
         raise JudgeProbeError(_refusal(engine, prompts[masses.index(min(masses))], min(masses), min_mass))
     return ProbeResult(masses, [result.score for result in results])
 

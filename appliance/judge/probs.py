@@ -34,9 +34,10 @@ class ScoreReading:
 
 def read_score(logprobs: dict[str, float], scale_max: int, min_mass: float) -> ScoreReading:
     """The expected score from the log-probabilities of the scale's values ("0".."9")."""
+    # -inf (a value outside a remote engine's top logprobs) is probability 0, not an error.
     probabilities = {value: math.exp(lp) if math.isfinite(lp) else 0.0 for value, lp in logprobs.items()}
     mass = sum(probabilities.values())
-    if not mass > 0:
+    if not mass > 0:  # also catches NaN
         return ScoreReading(None, 0.0, {}, "no probability on any score token")
     normalised = {value: p / mass for value, p in probabilities.items()}
     distribution = {

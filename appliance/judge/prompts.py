@@ -54,8 +54,9 @@ POINTWISE_FORMAT = {
 
 # The judge's answer is started for it: the prompt ends with the opening of the
 # JSON, so even a small model continues with a score instead of answering the
-# question itself (measured on SmolLM2-135M: 13 of 16 pointwise answers had no
-# JSON without it). The parsers read prefill + generated text.
+# question itself, as most of the bundled model's answers did without it
+# (bench/README.md, "Figures behind constants in the code", "The judge's prefill").
+# The parsers read prefill + generated text.
 POINTWISE_PREFILL = '{"score": '
 GROUP_PREFILL = '{"scores": [{"id": "1", "score": '
 # Reasoned scoring: the rationale is generated after this opening, up to its closing quote.

@@ -19,6 +19,8 @@ PROBABILITY_MAX = 9
 GENERATE_MAX = 10
 
 _SCORE_WORD = r"(?:scores?|scored|scoring|grades?|graded|rate|rated|rating|give|gives|gets?|award|awarded|marks?)"
+# The contexts that make a number a score: "7/10", "score 10" (or "give it 0-10", within a few words of the verb),
+# "a scale of 1 to 10", "10 points". The character classes stop at a sentence end so two sentences never pair.
 _PATTERNS = (
     re.compile(r"\b(\d+)\s*(?:/|out of)\s*(\d+)\b", re.IGNORECASE),
     re.compile(rf"\b{_SCORE_WORD}\b[^.\n\d]{{0,24}}?\b(\d+)\b(?:\s*(?:-|–|to)\s*(\d+)\b)?", re.IGNORECASE),

@@ -25,7 +25,9 @@ from typing import Callable
 BYTES_PER_TOKEN = 3
 # Room kept for the answer's opening after the rendered chat (a group item's prefill is about 10 tokens).
 PREFILL_TOKENS = 16
+# A response is never cut below this: its start and end stay readable beside the cut line.
 MIN_KEPT_CHARS = 64
+# Each round doubles the pressure; a prompt still too long after this many is refused, not cut forever.
 MAX_ROUNDS = 8
 
 
@@ -95,6 +97,7 @@ def fit_responses(
         cap = _water_level(lengths, max(sum(lengths) - excess_chars, 0))
         current = [cut_middle(text, max(cap, MIN_KEPT_CHARS)) for text in current]
         tokens = count(render(current))
+        # Every response at its floor (the kept characters and the cut line): cutting more cannot help.
         if tokens <= budget or all(len(text) <= MIN_KEPT_CHARS + 80 for text in current):
             break
         # The prompt outside the responses is denser than they are: cut harder next round.
@@ -106,7 +109,7 @@ def fit_responses(
 def _water_level(lengths: list[int], total: int) -> int:
     """The largest cap c with sum(min(length, c)) <= total: the longest texts are cut first."""
     low, high = 0, max(lengths, default=0)
-    while low < high:
+    while low < high:  # binary search: the kept total only grows with the cap
         middle = (low + high + 1) // 2
         if sum(min(length, middle) for length in lengths) <= total:
             low = middle

@@ -1,14 +1,17 @@
 """Load a causal LM and its tokenizer from a local folder, quantized as the job asks.
 
 Quantization is bitsandbytes (NF4/FP4 4-bit, int8) or none. The compute dtype
-follows the device: bf16 on CUDA, fp32 on the CPU, where bf16 has no hardware
-support and is many times slower (measured 253 s vs 15 s for one NF4+LoRA
-forward/backward on 16x72 tokens on this project's CI CPU).
+follows the device: bf16 on CUDA, fp32 on the CPU, where bf16 without hardware
+support is many times slower (bench/README.md, "Figures behind constants in the
+code", "bf16 on the CPU").
+
+It only reads the model folder (local files, never the network) and returns frozen
+weights; making them trainable is the trainer's job.
 """
 
 from __future__ import annotations
 
-import appliance.offline  # noqa: F401
+import appliance.offline  # noqa: F401  (before transformers: no network lookups)
 
 from pathlib import Path
 
@@ -31,8 +34,9 @@ def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    tokenizer.padding_side = "left"
+    tokenizer.padding_side = "left"  # generation continues from the last column of every row
     if tokenizer.pad_token_id is None:
+        # Padding is masked out wherever it is used, so any token serves; EOS is always there.
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
@@ -47,6 +51,7 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype, shardable
             bnb_4bit_quant_type=quantization,
             bnb_4bit_compute_dtype=compute_dtype,
             bnb_4bit_use_double_quant=False,
+            # FSDP shards tensors of one dtype: packed 4-bit words stored as the compute dtype shard with the rest.
             bnb_4bit_quant_storage=compute_dtype if shardable else torch.uint8,
         )
     if quantization == "int8":
@@ -70,7 +75,7 @@ def load_causal_lm(
         local_files_only=True,
         dtype=compute_dtype,
         quantization_config=quantization_config(quantization, compute_dtype, shardable),
-        device_map={"": device},
+        device_map={"": device},  # the whole model on one device: a rank never spreads layers over devices
     )
     model.eval()
     for parameter in model.parameters():
@@ -89,7 +94,7 @@ def keep_trainable_4bit_layout(model) -> None:
     """
     try:
         from bitsandbytes.nn import Linear4bit
-    except ImportError:
+    except ImportError:  # without bitsandbytes there is no 4-bit layer to protect
         return
     for module in model.modules():
         if isinstance(module, Linear4bit):

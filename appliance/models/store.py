@@ -21,6 +21,8 @@ from appliance.paths import models_dir
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 1
+# What a Hugging Face model folder needs: weights, configs and tokenizer files, chat templates, remote code.
+# Anything else (a .bin checkpoint, a README, optimizer state) is left behind on import.
 MODEL_FILE_SUFFIXES = (".safetensors", ".json", ".jinja", ".txt", ".model", ".py")
 
 
@@ -50,7 +52,7 @@ class StoredModel:
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+        for block in iter(lambda: handle.read(1 << 20), b""):  # in blocks: a shard can be larger than memory
             digest.update(block)
     return digest.hexdigest()
 
@@ -111,6 +113,7 @@ class ModelStore:
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
+        # A folder without a manifest is an import in progress (a hidden staging folder) or not ours.
         return sorted(p.name for p in self.root.iterdir() if (p / MANIFEST).is_file())
 
     def get(self, name: str) -> StoredModel:
@@ -133,6 +136,7 @@ class ModelStore:
                 raise ModelStoreError(
                     f"model '{name}': file {path} listed in its manifest is missing; re-import the model"
                 )
+            # Size first: a half-copied file is caught without hashing it.
             if path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:
                 raise ModelStoreError(
                     f"model '{name}': file {path} does not match its manifest (altered or partly copied); re-import the model"
@@ -156,6 +160,8 @@ class ModelStore:
                 f"model '{name}' already exists in the store; choose another --name or remove {target}"
             )
         self.root.mkdir(parents=True, exist_ok=True)
+        # Copied into a hidden folder beside the target and renamed into place: a model is in the store whole
+        # (with its manifest) or not at all.
         staging = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{name}."))
         try:
             for path in source.iterdir():
@@ -194,7 +200,7 @@ def validate_hf_folder(folder: Path) -> None:
 def resolve_model(reference: str, data_dir: Path, verify: bool = True) -> Path:
     """A job's `model:` value (a store name or a folder path) -> a local folder."""
     as_path = Path(reference).expanduser()
-    if "/" in reference or as_path.is_dir():
+    if "/" in reference or as_path.is_dir():  # a path, not a store name (names hold no slash)
         if not (as_path / "config.json").is_file():
             raise ModelStoreError(f"model path {as_path} has no config.json")
         return as_path

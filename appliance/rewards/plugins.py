@@ -41,6 +41,7 @@ def load_from_file(name: str, base_dir: Path, what: str, error: type[Exception],
     if not path.is_file():
         raise error(f"{what} {name!r}: file {path} does not exist (paths are {relative_to})")
 
+    # Named by the file's resolved path: the same file is one module, two files called rewards.py are two.
     module_name = "appliance_reward_plugin_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -50,7 +51,7 @@ def load_from_file(name: str, base_dir: Path, what: str, error: type[Exception],
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        sys.modules.pop(module_name, None)
+        sys.modules.pop(module_name, None)  # a half-imported module must not be found by the next attempt
         raise error(f"{what} {name!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
 
     function = getattr(module, function_name, None)

@@ -60,7 +60,7 @@ class RuleReward:
                 scores.append(
                     self.function(sample.prompt, sample.completion, sample.reference, sample.metadata, **self.params)
                 )
-            except Exception as error:
+            except Exception as error:  # a plugin's bug: one error naming the reward and sample, not a traceback
                 raise RewardError(
                     f"reward {self.name!r} failed on sample {position}: {type(error).__name__}: {error}"
                 ) from error
@@ -129,7 +129,7 @@ def build_rewards(
                 f"{', '.join(known_reward_names())}, or a plugin '{PLUGIN_SYNTAX}'"
             )
         _check_params(where, function, dict(spec.params))
-        if spec.name in RULES:
+        if spec.name in RULES:  # only our own rules are called at build time; a plugin's code runs in the step
             _try_rule(where, function, dict(spec.params))
         built.append(WeightedReward(spec.name, spec.weight, RuleReward(spec.name, function, dict(spec.params))))
     return built
@@ -142,7 +142,7 @@ def _check_params(where: str, function: Callable[..., float], params: dict) -> N
     except (TypeError, ValueError):
         return  # builtins without a signature: checked on first call
     try:
-        signature.bind("prompt", "completion", "reference", {}, **params)
+        signature.bind("prompt", "completion", "reference", {}, **params)  # the four arguments every reward takes
     except TypeError as error:
         accepted = [
             parameter.name
@@ -172,6 +172,7 @@ def score_samples(rewards: Sequence[WeightedReward], samples: list[RewardSample]
             raise RewardError(f"reward {reward.name!r} returned {len(values)} scores for {len(samples)} samples")
         checked = []
         for position, value in enumerate(values):
+            # A bool is an int to Python, and NaN or inf would poison the group's advantages: all refused.
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise RewardError(
                     f"reward {reward.name!r} returned {value!r} for sample {position}; it must return a finite number"
@@ -179,6 +180,7 @@ def score_samples(rewards: Sequence[WeightedReward], samples: list[RewardSample]
             checked.append(float(value))
         per_function[reward.name] = checked
     total = [
+        # fsum: the weighted sum does not depend on the order the rewards are listed in.
         math.fsum(reward.weight * per_function[reward.name][position] for reward in rewards)
         for position in range(len(samples))
     ]

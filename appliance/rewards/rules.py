@@ -13,6 +13,8 @@ import re
 
 from appliance.rewards.extract import NUMBER, answers_match, extract_value
 
+# Strict: each tag on its own line, as the recipes' system prompt shows it. Soft: the two blocks in order, any
+# spacing; the softer reward is what a small model earns first.
 _STRICT_LAYOUT = re.compile(r"<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\s*", re.DOTALL)
 _SOFT_LAYOUT = re.compile(r"<reasoning>.*?</reasoning>\s*<answer>.*?</answer>", re.DOTALL)
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -54,7 +56,7 @@ def answer_format(prompt: str, completion: str, reference: str | None, metadata:
 
     The short layout of the multiply demo: any reasoning may come before the block.
     """
-    if completion.count("<answer>") != 1 or completion.count("</answer>") != 1:
+    if completion.count("<answer>") != 1 or completion.count("</answer>") != 1:  # several answers: none counts
         return 0.0
     block = _ANSWER_BLOCK.search(completion)
     if block is None or completion[block.end() :].strip():
@@ -84,7 +86,7 @@ def xmlcount(prompt: str, completion: str, reference: str | None, metadata: dict
         score += 0.125
     if completion.count("\n</answer>") == 1:
         score += 0.125
-        trailing = completion.split("\n</answer>", 1)[1].strip()
+        trailing = completion.split("\n</answer>", 1)[1].strip()  # text after the answer: rambling, penalised
         score -= 0.001 * len(trailing)
     return score
 
@@ -100,7 +102,7 @@ def length(prompt: str, completion: str, reference: str | None, metadata: dict, 
     tokens = metadata.get("completion_tokens")
     if not isinstance(tokens, int):
         tokens = len(completion) / CHARACTERS_PER_TOKEN
-    excess = (tokens - target) / target
+    excess = (tokens - target) / target  # 0 at the target, 1 at twice it
     return -min(1.0, max(0.0, excess))
 
 

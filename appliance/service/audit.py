@@ -31,8 +31,10 @@ def user_name(uid: int) -> str:
         return str(uid)
 
 
+# The audit log rotates like the judge log: bounded, whatever the callers send.
 MAX_BYTES = 16 * 1024 * 1024
 BACKUPS = 5
+# A flood of unauthenticated refusals is written in full only WRITTEN_PER_WINDOW times per window.
 WINDOW_SECONDS = 10.0
 WRITTEN_PER_WINDOW = 5  # unauthenticated TCP refusals written in full per window; the rest are counted
 MAX_FIELD = 256  # a path or message longer than this is cut: a caller chooses it

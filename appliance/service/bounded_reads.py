@@ -1,6 +1,6 @@
 """Bounded reads of the files a worker writes in its job folder: JSON lines from the end or in step order.
 
-Every read stops at a byte cap and a record count, so a 64 MiB judge log costs
+Every read stops at a byte cap and a record count, so a long judge log costs
 one block-sized seek, not the whole file; the routes call these in a thread.
 """
 
@@ -15,7 +15,7 @@ from typing import Callable
 
 from appliance.service.api import CheckpointInfo, LogChunk
 
-BLOCK = 64 * 1024
+BLOCK = 64 * 1024  # files are read backwards from their end in blocks of this size
 CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
 MAX_SCAN_BYTES = 16 * 1024 * 1024  # the most one request reads of a job file
 MAX_LINE_BYTES = 1024 * 1024  # a longer line is read (and skipped) in parts
@@ -65,10 +65,11 @@ def _tail(path: Path, limit: int, keep, contains: bytes, max_bytes: int) -> list
             data = handle.read(position - start) + carry
             position = start
             lines = data.split(b"\n")
+            # The block's first line may begin in the block before: carried over and completed by the next read.
             carry = lines.pop(0) if position > floor else b""
             rows = [row for row in _rows([x for x in lines if contains in x]) if keep is None or keep(row)]
             found = rows + found
-        if carry and len(found) < limit:
+        if carry and len(found) < limit:  # the file's (or the scan's) first line, never completed by a later read
             found = [row for row in _rows([carry]) if keep is None or keep(row)] + found
     return found[-limit:]
 
@@ -166,7 +167,7 @@ def read_log(job_id: str, path: Path, offset: int, max_bytes: int) -> LogChunk:
 
 def complete_utf8(data: bytes) -> tuple[str, int]:
     """The text of `data` and the bytes it used: a character cut at the end waits for the next read."""
-    for cut in range(0, 4):
+    for cut in range(0, 4):  # a UTF-8 character is at most four bytes: at most three of it can be missing
         try:
             return data[: len(data) - cut].decode("utf-8"), len(data) - cut
         except UnicodeDecodeError:

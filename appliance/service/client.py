@@ -52,7 +52,7 @@ def default_socket() -> str:
 
 def tcp_base_url(control_addr: str) -> str:
     """'HOST:PORT' (or '[::1]:PORT') of a daemon's --control-addr -> its base URL; a clear error otherwise."""
-    host, sep, port = control_addr.rpartition(":")
+    host, sep, port = control_addr.rpartition(":")  # the last colon: an IPv6 host has colons of its own
     if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
         raise ClientError(f"--control-addr '{control_addr}' is not HOST:PORT (for example 10.0.0.5:9470)")
     if ":" in host and not host.startswith("["):
@@ -110,7 +110,10 @@ class Client:
         self._where = self.socket_path
         self._hint = "start it with 'appliance serve', or pass --socket PATH (or set APPLIANCE_SOCKET)"
         self._http = httpx.Client(
-            transport=httpx.HTTPTransport(uds=self.socket_path), base_url="http://appliance", timeout=timeout
+            # The host is a placeholder: the transport connects to the socket whatever the URL names.
+            transport=httpx.HTTPTransport(uds=self.socket_path),
+            base_url="http://appliance",
+            timeout=timeout,
         )
 
     def __enter__(self) -> "Client":
@@ -138,7 +141,7 @@ class Client:
         if response.status_code >= 400:
             try:
                 body = ErrorResponse.model_validate(response.json())
-            except ValueError:
+            except ValueError:  # not our error shape (a proxy's page, a crash): its text is the message
                 body = ErrorResponse(error=response.text.strip() or f"HTTP {response.status_code}")
             raise ClientError(body.error, response.status_code, body)
         return response.json()
@@ -164,8 +167,10 @@ class Client:
         uploads = {}
         dataset = _dataset_reference(text)
         if dataset is not None:
+            # Resolved as the job file's own folder would: a relative dataset sits beside the job file.
             local = (path.absolute().parent / Path(dataset).expanduser()).resolve()
             roots = [Path(root) for root in self.status().dataset_roots]
+            # A file the daemon can read in place is named, not sent; any other readable file is uploaded.
             if local.is_file() and not any(local.is_relative_to(root) for root in roots):
                 try:
                     uploads[dataset] = local.read_text(encoding="utf-8")
@@ -221,6 +226,7 @@ class Client:
         params: dict = {"after": after, "timeout": timeout}
         if job_id:
             params["job"] = job_id
+        # The HTTP timeout outlasts the long poll itself, so a quiet poll ends with an answer, not an error.
         return EventsPage.model_validate(self._request("GET", "/events", params=params, timeout=timeout + 10.0))
 
     def follow_log(self, job_id: str, poll_seconds: float = 1.0, start: int = 0) -> Iterator[str]:
@@ -231,7 +237,7 @@ class Client:
             if chunk.text:
                 yield chunk.text
             offset = chunk.next_offset
-            if chunk.next_offset < chunk.size:
+            if chunk.next_offset < chunk.size:  # more is already written: read on before asking about the job
                 continue
             job = self.job(job_id)
             if job.state in ("succeeded", "failed", "cancelled", "paused", "interrupted"):
@@ -298,7 +304,7 @@ def _segment(job_id: str) -> str:
         raise ClientError(
             f"'{job_id}' is not a job id (ten lowercase hex digits, as 'appliance jobs list' shows)", status=400
         )
-    return quote(job_id, safe="")
+    return quote(job_id, safe="")  # checked above; quoted anyway, so no id can reach another route
 
 
 def _reason(error: Exception) -> str:

@@ -48,6 +48,7 @@ class EventBus:
         self._waiters: set[asyncio.Future] = set()
 
     def notify(self, _event_id: int = 0) -> None:
+        # Called from the supervisor's threads: the futures belong to the event loop, so the wake is handed to it.
         if self.loop is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self._wake)
 
@@ -82,7 +83,7 @@ class PeerCredentials:
             await self.app(scope, receive, send)
             return
         state = scope.get("state") or {}
-        if state.get("peer"):
+        if state.get("peer"):  # a Unix-socket caller: the kernel vouches for its uid
             await self.app(scope, receive, send)
             return
         remote = state.get("remote")
@@ -117,7 +118,7 @@ class PeerCredentials:
         values = [value for name, value in scope.get("headers", []) if name == b"authorization"]
         if not values:
             return "no bearer token"
-        scheme, _, given = values[-1].partition(b" ")
+        scheme, _, given = values[-1].partition(b" ")  # the last header, as the ASGI server would read it
         if scheme.lower() != b"bearer" or not given.strip():
             return "no bearer token"
         if not secrets.compare_digest(given.strip(), self.token):
@@ -125,7 +126,7 @@ class PeerCredentials:
         return None
 
 
-MAX_AUDIT_PATH = 200
+MAX_AUDIT_PATH = 200  # a request path is the caller's choice: cut before it reaches the audit line
 
 
 class _BodyTooLarge(Exception):
@@ -144,6 +145,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = [value for name, value in scope.get("headers", []) if name == b"content-length"]
+        # A declared length is trusted only to refuse early; the streamed count below holds whatever it says.
         if declared and (not declared[-1].isdigit() or int(declared[-1]) > self.max_bytes):
             await self._refuse(scope, receive, send)
             return
@@ -258,7 +260,9 @@ async def bad_request(_request: Request, error: RequestValidationError) -> JSONR
 def create_app(daemon: "Daemon", control_token: str | None = None, admin_gid: int | None = None) -> FastAPI:
     app = FastAPI(title="appliance control API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.daemon, app.state.admin_gid = daemon, admin_gid
+    # A submission's JSON body carries the upload as an escaped string beside the job file: room for both.
     app.add_middleware(BodyLimit, max_bytes=2 * daemon.policy.max_upload_bytes + (1 << 20))
+    # Added last, run first (Starlette wraps in reverse): credentials are checked before any body is read.
     app.add_middleware(AuditRefusals, audit=daemon.audit)
     app.add_middleware(PeerCredentials, token=control_token, audit=daemon.audit)
     app.add_exception_handler(ApplianceError, appliance_error)

@@ -28,6 +28,7 @@ from appliance.service.slot_assignment import unplaceable
 from appliance.service.submission import Accepted, Policy, SubmissionRejected, check_submission
 from appliance.service.supervisor import Slot, Supervisor, probe_slots, slot_device
 
+# An uploaded dataset is refused past this unless the operator allows more (an option of appliance serve).
 DEFAULT_MAX_UPLOAD_BYTES = 64 * 2**20
 
 
@@ -62,6 +63,7 @@ class Daemon:
             folder.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
         self._lock_fd = os.open(self.data_dir / "appliance.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
+            # Non-blocking: a second daemon is refused at once; the kernel drops the lock when this process dies.
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock_fd)
@@ -82,7 +84,7 @@ class Daemon:
         self.audit = AuditLog(self.data_dir / "audit.jsonl")
         self.bus = EventBus()
         self.exports = ExportRunner()
-        self.store.listeners.append(self.bus.notify)
+        self.store.listeners.append(self.bus.notify)  # every stored event wakes the long-polls waiting for one
         self.metrics = TrainingMetrics(version=__version__, student_model="", judge_model=None)
         self.metrics.observe_disk(self.data_dir)
         _known_series(self.metrics)

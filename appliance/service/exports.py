@@ -22,7 +22,7 @@ from appliance.export.process import MODULE
 from appliance.service.reaper import popen_owned, release
 
 
-MAX_WAITING = 2
+MAX_WAITING = 2  # each waiting export holds a worker thread the other routes need too (see the docstring)
 
 
 class ExportCancelled(ExportError):

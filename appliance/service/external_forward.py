@@ -90,6 +90,7 @@ def forward_trajectories(daemon: "Daemon", job_id: str, groups: list[dict]) -> T
             message = response.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = response.text[:500]
+        # The worker's own refusals (4xx) pass through as they are; its failures are the gateway's (502).
         raise EndpointRefused(response.status_code if 400 <= response.status_code < 500 else 502, message)
     body = response.json()
     return TrajectoriesAccepted(job_id=job_id, accepted=body["accepted"], queued=body["queued"], step=body["step"])

@@ -11,7 +11,7 @@ from appliance.service.worker import MODULE
 
 
 def describe_exit(returncode: int) -> str:
-    if returncode < 0:
+    if returncode < 0:  # Popen's convention: -N means killed by signal N
         try:
             return f"signal {signal.Signals(-returncode).name}"
         except ValueError:
@@ -23,17 +23,17 @@ def kill_group(pgid: int | None, sig: int = signal.SIGKILL) -> None:
     if pgid:
         try:
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
+        except (ProcessLookupError, PermissionError):  # already gone, or the id now belongs to someone else
             pass
 
 
 def group_alive(pgid: int) -> bool:
     try:
-        os.killpg(pgid, 0)
+        os.killpg(pgid, 0)  # signal 0: only asks whether the group exists
         return True
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # it exists, as another user's
         return True
 
 
@@ -44,6 +44,7 @@ def is_worker_group(pgid: int) -> bool:
             continue
         try:
             stat = (entry / "stat").read_text()
+            # The command name in parentheses may hold spaces and parentheses: fields start after the last ")".
             fields = stat[stat.rindex(")") + 2 :].split()
             if int(fields[2]) == pgid and MODULE.encode() in (entry / "cmdline").read_bytes():
                 return True

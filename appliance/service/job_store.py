@@ -101,7 +101,7 @@ class JobRow:
 
 
 def new_job_id() -> str:
-    return secrets.token_hex(5)
+    return secrets.token_hex(5)  # short to type; the UNIQUE id column refuses the rare repeat
 
 
 class JobStore:
@@ -120,8 +120,8 @@ class JobStore:
         self._read_lock = threading.Lock()
         self.listeners: list[Callable[[int], None]] = []
         with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer, nor it them
+            self._db.execute("PRAGMA synchronous=FULL")  # a committed transition survives a power cut
             self._db.execute("PRAGMA busy_timeout=10000")
             self._db.executescript(DDL)
             found = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -131,7 +131,7 @@ class JobStore:
                 raise StoreError(f"{self.path} has job store schema {found[0]}; this appliance reads {SCHEMA_VERSION}")
         self._read_db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
         self._read_db.row_factory = sqlite3.Row
-        self._read_db.execute("PRAGMA query_only=1")
+        self._read_db.execute("PRAGMA query_only=1")  # the read connection can never write by mistake
 
     def close(self) -> None:
         with self._lock, self._read_lock:
@@ -186,6 +186,7 @@ class JobStore:
             if row is None:
                 raise UnknownJob(f"no job '{job_id}'; 'appliance jobs list' shows the jobs")
             state = row["state"]
+            # `expect`: the target states this caller accepts, narrower than the table.
             allowed = TRANSITIONS[state] if expect is None else TRANSITIONS[state] & set(expect)
             if to not in allowed:
                 raise BadTransition(f"job '{job_id}' is {state}; it cannot become {to}")
@@ -209,7 +210,7 @@ class JobStore:
     def add_event(self, job_id: str, kind: str, data: dict, step: int | None = None, at: float | None = None) -> int:
         with self._tx() as db:
             event = self._append(db, job_id, kind, step, data, at or time.time())
-            if kind == "step" and step is not None:
+            if kind == "step" and step is not None:  # the job's progress moves in the same transaction as its event
                 db.execute("UPDATE jobs SET step=? WHERE id=?", (step, job_id))
         self._notify(event)
         return event
@@ -301,6 +302,7 @@ class _Transaction:
     def __enter__(self) -> sqlite3.Connection:
         self.store._lock.acquire()
         try:
+            # IMMEDIATE: the write lock is taken now, so a busy database fails here, before any change is made.
             self.store._db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as error:
             self.store._lock.release()

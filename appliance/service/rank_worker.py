@@ -18,6 +18,7 @@ def agreed_stop(local: dict):
 
     def stop_requested() -> str | None:
         box = [local.get("reason")]
+        # A collective: every rank must reach it once per step, or the ranks would hang waiting for each other.
         dist.broadcast_object_list(box, src=0)
         return box[0]
 

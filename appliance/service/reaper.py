@@ -13,7 +13,7 @@ import os
 import subprocess
 import threading
 
-PR_SET_CHILD_SUBREAPER = 36
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 _owned: set[int] = set()  # children other parts of the daemon wait for themselves (exports)
 _owned_lock = threading.Lock()
 
@@ -67,6 +67,8 @@ def _reap(known: set[int]) -> int:
         if found is None:
             return reaped
         pid = found.si_pid
+        # Someone's own child (or one already gone): left for its owner. Peeking again would find it again,
+        # so this pass ends here and the next tick looks anew.
         if pid in known or _group_of(pid) in (own_group, None):
             return reaped
         try:

@@ -46,7 +46,7 @@ from appliance.service.bounded_reads import checkpoints, json_file, read_log, re
 if TYPE_CHECKING:
     from appliance.service.daemon import Daemon
 
-MAX_LONG_POLL_SECONDS = 60.0
+MAX_LONG_POLL_SECONDS = 60.0  # a long poll holds a request open: a caller's wait is capped, not trusted
 MAX_RECORDS = 1000  # the most records one page of samples or judge calls holds
 TCP_UID = -1  # the owner recorded for a job submitted over TCP: a token holder, not a Unix user
 T = TypeVar("T")
@@ -65,6 +65,8 @@ class Forbidden(ApplianceError):
 def caller_groups(pid: int, gid: int) -> set[int]:
     """The peer process's primary and supplementary groups, read from /proc while its connection is open."""
     groups = {gid}
+    # SO_PEERCRED gives only the primary gid; the supplementary ones are in /proc. A process gone meanwhile
+    # keeps only its primary group: the admin check then refuses, never admits by mistake.
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("Groups:"):
@@ -176,6 +178,8 @@ async def events(daemon: DaemonDep, after: int = 0, job: str | None = None, time
         newest = daemon.store.last_event_id()
         found = daemon.store.events(after, job, limit=1000)
         if found or time.monotonic() >= deadline:
+            # A full page: the caller goes on from its last event. Else the newest id overall, so a filtered
+            # poll does not re-scan other jobs' events next time.
             cursor = found[-1].id if len(found) == 1000 else max([newest, after] + [e.id for e in found])
             return EventsPage(events=found, cursor=cursor)
         await daemon.bus.wait(deadline - time.monotonic())
@@ -297,7 +301,7 @@ async def cancel_export(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> E
 
 @jobs_router.get("/{job_id}/metrics")
 def metrics(job_id: str, daemon: DaemonDep, after_step: int = 0, limit: int = 1000) -> MetricsPage:
-    daemon.store.get(checked(job_id))
+    daemon.store.get(checked(job_id))  # an unknown job is a 404 before any file is read
     limit = max(1, min(limit, 10000))
     rows = records_after_step(daemon.job_dir(job_id) / "metrics.jsonl", after_step, limit)
     page = rows[:limit]
@@ -321,11 +325,13 @@ def judge(job_id: str, daemon: DaemonDep, outcome: str | None = None, limit: int
         daemon.job_dir(job_id) / "judge.jsonl",
         max(1, min(limit, MAX_RECORDS)),
         keep,
+        # A byte filter before JSON parsing: a scan for rare failures does not parse every ok line.
         contains=json.dumps(outcome).encode() if outcome else b"",
     )
     return RecordsPage(job_id=job_id, records=rows)
 
 
+# offset: negative counts from the end (the default shows the last lines); a chunk is capped whatever is asked.
 @jobs_router.get("/{job_id}/log")
 def log(job_id: str, daemon: DaemonDep, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
     daemon.store.get(checked(job_id))

@@ -89,12 +89,13 @@ def _tool_call(raw: Any) -> ToolCall:
     raw = raw if isinstance(raw, dict) else {}
     function = raw.get("function") if isinstance(raw.get("function"), dict) else {}
     arguments = function.get("arguments", "")
-    if not isinstance(arguments, str):
+    if not isinstance(arguments, str):  # some writers keep the parsed object: shown as its JSON text
         arguments = json.dumps(arguments)
     return ToolCall(name=str(function.get("name", "?")), arguments=arguments, id=str(raw.get("id", "")))
 
 
 def _number(value: Any) -> float | None:
+    # bool is an int to Python, but a True reward is a malformed line, not 1.0.
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -106,6 +107,7 @@ def _numbers(value: Any) -> dict[str, float]:
 
 def parse_trajectory(record: dict) -> Trajectory:
     turns, names = [], {}
+    # Every field is read defensively: a malformed line shows what it can instead of failing the view.
     for message in record.get("messages") or []:
         if not isinstance(message, dict):
             continue
@@ -148,6 +150,8 @@ def group_records(records: Sequence[dict]) -> dict[int, list[list[dict]]]:
     steps: dict[int, list[list[dict]]] = {}
     for record in records:
         groups = steps.setdefault(int(record.get("step", 0) or 0), [])
+        # Consecutive only: the trainer writes a group's lines together, and the same question may come back
+        # later in the step as another group.
         if groups and _group_key(groups[-1][0]) == _group_key(record):
             groups[-1].append(record)
         else:
@@ -163,7 +167,7 @@ def _group_key(record: dict) -> tuple:
 
 def elide(text: str, keep: int) -> str:
     """`text` whole when short, else its first and last keep/2 characters around a count of what was left out."""
-    if keep <= 0 or len(text) <= keep + 40:
+    if keep <= 0 or len(text) <= keep + 40:  # cutting fewer characters than the marker takes would save nothing
         return text
     half = keep // 2
     return f"{text[:half]} … [{len(text) - 2 * half} characters] … {text[-half:]}"

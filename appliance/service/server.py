@@ -35,7 +35,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from appliance.service.daemon import Daemon, DaemonError, DaemonOptions
 
 DEFAULT_GROUP = "appliance"
-_UCRED = struct.Struct("3i")
+_UCRED = struct.Struct("3i")  # Linux's struct ucred: pid, uid, gid
 
 
 def peer_credentials(transport) -> tuple[int, int, int] | None:
@@ -107,6 +107,7 @@ def bind_control_socket(path: Path, gid: int, mode: int = 0o660) -> socket.socke
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise DaemonError(f"--socket {path} exists and is not a socket; remove it or choose another path")
+        # Something answers at the path: another daemon. Nothing answers: a dead daemon's socket, removed.
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(path))
@@ -128,7 +129,7 @@ def bind_control_socket(path: Path, gid: int, mode: int = 0o660) -> socket.socke
                 "group; run it as root or pass --group with one of its groups"
             ) from None
         os.chmod(temporary, mode)
-        os.rename(temporary, path)
+        os.rename(temporary, path)  # the socket appears at its path already with its group and mode
         sock.listen(256)
         sock.setblocking(False)
         return sock
@@ -167,7 +168,8 @@ class Notifier:
         self.address = "\0" + address[1:] if address and address.startswith("@") else address
         usec = environ.get("WATCHDOG_USEC")
         owner = environ.get("WATCHDOG_PID")
-        mine = owner is None or owner == str(os.getpid())
+        mine = owner is None or owner == str(os.getpid())  # a watchdog meant for another process is not ours
+        # Pinged at half the watchdog's interval (microseconds), as sd_watchdog_enabled(3) advises.
         self.watchdog_seconds = int(usec) / 2e6 if usec and usec.isdigit() and int(usec) > 0 and mine else None
 
     def send(self, message: str) -> None:

@@ -52,6 +52,7 @@ def ranks_of(spec: dict) -> int:
     """Data-parallel ranks on this box: the devices not given to the judge (config/schema.py's rule)."""
     resources = spec.get("resources") or {}
     student = resources.get("student_gpus")
+    # An explicit student_gpus wins; else every device the judge does not take trains.
     return int(student) if student else slots_wanted(spec) - int(resources.get("judge_gpus", 0))
 
 
@@ -85,7 +86,7 @@ def contiguous_free(slots: Sequence[HasIndex], busy: set[int], count: int) -> li
         if slot.index in busy:
             run = []
             continue
-        if run and slot.index != run[-1].index + 1:
+        if run and slot.index != run[-1].index + 1:  # a gap in the indices breaks the run
             run = []
         run.append(slot)
         if len(run) == count:
@@ -113,6 +114,8 @@ def label(slots: Sequence[HasIndex]) -> str:
 
 
 def free_port() -> int:
+    # The kernel's pick, released at once for rank 0 to bind: a race with another process is possible but rare,
+    # and a rendezvous that fails ends the job's start like any crash (restarted with backoff).
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -133,7 +136,7 @@ def rank_environment(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    if slots[0].kind == "cpu":
+    if slots[0].kind == "cpu":  # ranks on one CPU split its cores instead of each taking them all
         share_cores(env, ranks)
     return env
 
@@ -155,7 +158,7 @@ def start_ranks(
             stdout=log,
             stderr=subprocess.STDOUT,
             pass_fds=(channel_fd,),
-            process_group=0,
+            process_group=0,  # rank 0 leads a new group: killing it ends every rank, and only them
             env=rank_environment(base_env, slots, ranks, 0, port),
             cwd=job_dir,
         )
@@ -174,7 +177,7 @@ def start_ranks(
                         cwd=job_dir,
                     )
                 )
-    except OSError:
+    except OSError:  # a half-started job must not keep ranks waiting in a rendezvous that cannot complete
         os.killpg(leader.pid, signal.SIGKILL)
         for proc in (leader, *others):
             proc.wait()

@@ -75,6 +75,7 @@ class Accepted:
 
 
 def _inside(path: Path, root: Path) -> bool:
+    # Both sides resolved: a symlink or "../" that leads out of the root is outside, whatever the name says.
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
 
 
@@ -111,6 +112,7 @@ def _dataset(
     if not isinstance(reference, str) or not reference or reference.startswith("builtin:"):
         return parsed, [], None  # the schema and the dataset check report what is wrong
     if reference in request.uploads:
+        # A fresh folder per submission: two jobs that upload a file of the same name never share it.
         upload_dir = policy.uploads_dir / uuid.uuid4().hex
         target = upload_dir / UPLOAD_FILE
         try:
@@ -125,7 +127,7 @@ def _dataset(
         return _with_dataset(parsed, str(target)), [], upload_dir
     roots = policy.dataset_roots
     candidate = Path(reference).expanduser()
-    if not candidate.is_absolute():
+    if not candidate.is_absolute():  # relative names start at the first root
         candidate = roots[0] / candidate
     if not any(_inside(candidate, root) for root in roots):
         return (
@@ -142,6 +144,7 @@ def _dataset(
             ],
             None,
         )
+    # The resolved path is what the job keeps: a link changed after the check cannot point it elsewhere.
     return _with_dataset(parsed, os.path.realpath(candidate)), [], None
 
 
@@ -164,7 +167,7 @@ def _plugins(parsed: ParsedJob, plugins_dir: Path) -> tuple[ParsedJob, list[Conf
                     ),
                 )
             )
-            reward = {**reward, "name": None}
+            reward = {**reward, "name": None}  # hidden from the checks below, which would otherwise load it
         kept.append(reward)
     if not errors:
         return parsed, []
@@ -174,7 +177,7 @@ def _plugins(parsed: ParsedJob, plugins_dir: Path) -> tuple[ParsedJob, list[Conf
 def _origin(url: str) -> tuple[str, str, int | None] | None:
     try:
         parts = urllib.parse.urlsplit(url.strip())
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)  # "http://a" and "http://a:80" are one
     except ValueError:
         return None
     return (parts.scheme.lower(), (parts.hostname or "").lower(), port) if parts.hostname else None
@@ -194,6 +197,7 @@ def _token_problem(reference: str, roots: tuple[Path, ...]) -> str | None:
         return f"no token file {reference} in {where}; ask an administrator to install it there"
     if not stat.S_ISREG(info.st_mode):
         return f"{reference} is not a regular file"
+    # As ssh treats private keys: no access for group or others, owned by the daemon's user (or root).
     if info.st_mode & 0o077 or info.st_uid not in (0, os.geteuid()):
         return f"{reference} must be owned by the daemon's user and readable by it alone (chmod 600)"
     return None
@@ -214,6 +218,7 @@ def _judge_errors(parsed: ParsedJob, policy: Policy) -> tuple[ParsedJob, list[Co
         else:
             hidden["token_file"] = os.path.realpath(policy.secret_roots()[0] / Path(token_file).expanduser())
     if isinstance(endpoint, str) and endpoint:
+        # Compared by origin (scheme, host, port): a path cannot smuggle another host past the allow-list.
         allowed = {_origin(url) for url in policy.judge_endpoints} - {None}
         if _origin(endpoint) not in allowed:
             listed = ", ".join(policy.judge_endpoints) or "none"
@@ -235,6 +240,7 @@ def _judge_errors(parsed: ParsedJob, policy: Policy) -> tuple[ParsedJob, list[Co
 
 def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted:
     """The runnable spec and its plan on `device`, or SubmissionRejected (nothing is kept)."""
+    # Checked first: an upload over the limit is refused before any of it is parsed or written.
     size = sum(len(text.encode("utf-8")) for text in request.uploads.values())
     if size > policy.max_upload_bytes:
         raise SubmissionRejected(
@@ -257,6 +263,7 @@ def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted
             staged, original = str(upload_dir / UPLOAD_FILE), request.uploads and next(iter(request.uploads))
             errors = [dataclasses.replace(e, message=e.message.replace(staged, str(original))) for e in errors]
         if errors:
+            # In file order, as `appliance config check` prints them.
             errors.sort(key=lambda e: e.line if e.line is not None else 0)
             raise SubmissionRejected(422, f"{request.file_name} has {len(errors)} error(s)", errors)
         spec = with_absolute_paths(parsed.spec, policy.plugins_dir)
@@ -266,7 +273,7 @@ def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted
                 409, f"job '{spec.name}' does not fit this device: {plan.refusal()}", plan=plan.to_dict()
             )
         return Accepted(spec, plan, upload_dir)
-    except BaseException:
+    except BaseException:  # a refusal, or anything else: the written upload goes with it
         if upload_dir is not None:
             shutil.rmtree(upload_dir, ignore_errors=True)
         raise

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from appliance.service.submission import Accepted
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
-LOG_TAIL_LINES = 12
+LOG_TAIL_LINES = 12  # a failed job's reason quotes its log's end: a traceback's last frames and the error
 # After rank 0 ends cleanly the other ranks still leave the process group and exit on their own; killing the
 # group at once cut that short (a rank reaped as SIGKILL after a clean pause). A rank still there after this
 # long is stuck, and the group is killed as before.
@@ -203,7 +203,7 @@ class Supervisor:
 
     def _loop(self) -> None:
         while not self._closing:
-            self._wake.wait(0.5)
+            self._wake.wait(0.5)  # woken by a request; else a tick twice a second reaps and schedules anyway
             self._wake.clear()
             try:
                 self.tick()
@@ -379,7 +379,7 @@ class Supervisor:
         if self._closing:
             return
         busy = {slot.index for worker in self.workers.values() for slot in worker.slots or (worker.slot,)}
-        if len(busy) == len(self.slots):
+        if len(busy) == len(self.slots):  # nothing can start: spare the store's queries
             return
         now = time.time()
         due = [job for job in self.store.list(("interrupted",)) if self.retry_at.get(job.id, now + 1) <= now]
@@ -434,7 +434,7 @@ class Supervisor:
                             **os.environ,
                             **self.worker_env,
                             **slot_assignment.devices_env(slots),
-                            "PYTHONUNBUFFERED": "1",
+                            "PYTHONUNBUFFERED": "1",  # log.txt gets each line as printed: a crash loses none
                         },
                         cwd=job_dir,
                     )
@@ -454,7 +454,7 @@ class Supervisor:
         except StoreUnwritable as error:
             self._fault(worker, f"the job store refused the worker's start ({error})")
         spec = row.spec
-        self.metrics.build_info.clear()
+        self.metrics.build_info.clear()  # one series: the models of the job that started last
         self.metrics.build_info.labels(
             version=self.version,
             student_model=spec["student"]["model"],
@@ -487,7 +487,7 @@ class Supervisor:
                 if kind == "step":
                     record = StepRecord.from_dict(message["record"])
                     self.store.add_event(worker.job_id, "step", message["record"], step=record.step, at=record.time)
-                    self.store.update(worker.job_id, restarts=0)
+                    self.store.update(worker.job_id, restarts=0)  # a finished step ends a run of crashes
                     self.metrics.observe_step(record, worker.device)
                     worker.measured_bytes = dict(record.memory.components_used_bytes)
                     if record.memory.device_used_bytes is not None:
@@ -614,7 +614,7 @@ class Supervisor:
                 restarts=restarts,
             )
             return
-        delay = self.backoff_seconds[min(restarts - 1, len(self.backoff_seconds) - 1)]
+        delay = self.backoff_seconds[min(restarts - 1, len(self.backoff_seconds) - 1)]  # the last one repeats
         self.store.transition(
             job_id,
             "interrupted",

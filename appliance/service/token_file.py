@@ -16,7 +16,7 @@ from pathlib import Path
 
 from appliance.errors import ApplianceError
 
-MIN_TOKEN_CHARS = 16
+MIN_TOKEN_CHARS = 16  # too short to guess over the network; MAKE_ONE writes far more
 MAKE_ONE = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE && chmod 600 FILE"
 
 

@@ -44,7 +44,7 @@ class Channel:
         self._reader = sock.makefile("r", encoding="utf-8")
 
     def send(self, message: dict) -> bool:
-        data = (json.dumps(message, default=float) + "\n").encode()
+        data = (json.dumps(message, default=float) + "\n").encode()  # default=float: numpy and torch scalars
         with self._lock:
             try:
                 self.sock.sendall(data)
@@ -57,7 +57,7 @@ class Channel:
             for line in self._reader:
                 try:
                     yield json.loads(line)
-                except json.JSONDecodeError:
+                except json.JSONDecodeError:  # a line cut by the peer's death: the next ones still count
                     continue
         except (OSError, ValueError):
             return
@@ -74,6 +74,7 @@ class Channel:
 def _listen_for_stop(channel: Channel, stop: dict) -> None:
     for message in channel.messages():
         if message.get("type") == "stop":
+            # The first reason stands: a shutdown after a pause does not turn the pause into an interruption.
             stop.setdefault("reason", message.get("reason") or "shutdown")
     stop.setdefault("reason", "shutdown")  # the daemon is gone
 
@@ -122,7 +123,7 @@ def run(channel: Channel | None, data_dir: Path, job_dir: Path, resume: bool, wo
         print(f"error: {error}", file=sys.stderr, flush=True)
         send({"type": "disk_full", "message": str(error)})
         return EXIT_DISK_FULL
-    except ApplianceError as error:
+    except ApplianceError as error:  # the job itself is wrong: restarting would fail the same way
         print(f"error: {error}", file=sys.stderr, flush=True)
         send({"type": "error", "message": str(error)})
         return EXIT_BAD_JOB
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         if channel is not None:
             channel.close()
     if world.world_size > 1:
-        end_rank_process(code)
+        end_rank_process(code)  # os._exit after the process group is destroyed: no interpreter finalization
     return code
 
 

@@ -23,7 +23,7 @@ from appliance.tasks.task import Problem, TaskError
 
 ROW_KEYS = ("id", "question", "messages", "answer", "metadata")
 ROLES = ("system", "user", "assistant")
-MAX_REPORTED_ERRORS = 10
+MAX_REPORTED_ERRORS = 10  # a file of many bad rows gets a readable error: the first few, and the count
 
 
 class RowError(ApplianceError):

@@ -37,7 +37,7 @@ class ProblemStream:
             raise ValueError(f"batch size must be at least 1, got {n}")
         batch = []
         while len(batch) < n:
-            if self.position == len(self._order):
+            if self.position == len(self._order):  # an epoch ends mid-batch: the batch goes on into the next
                 self.epoch += 1
                 self.position = 0
                 self._order = self._epoch_order(self.epoch)
@@ -51,6 +51,7 @@ class ProblemStream:
 
     def load_state_dict(self, state: dict) -> None:
         for key, expected in (("num_problems", len(self.problems)), ("seed", self.seed)):
+            # Another dataset or seed would replay other problems under the same cursor: refused, not resumed.
             if key in state and state[key] != expected:
                 raise CheckpointMismatch(
                     f"the checkpoint's data cursor was saved with {key}={state[key]}, but this run has {key}={expected}"

@@ -70,5 +70,6 @@ def split_held_out(
             f" lower task.held_out or use a larger dataset"
         )
     shuffled = list(problems)
+    # Seeded by the task's own seed: the same problems are held out in every run of the job, resumed or not.
     random.Random(seed).shuffle(shuffled)
     return shuffled[held_out:], shuffled[:held_out]

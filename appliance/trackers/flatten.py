@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import math
 
-SKIPPED = {"step", "steps_total", "time", "job"}
+SKIPPED = {"step", "steps_total", "time", "job"}  # the axis and labels of a series, not series themselves
 
 
 def _walk(prefix: str, value, out: dict[str, float]) -> None:
     if isinstance(value, dict):
         for key, inner in value.items():
             _walk(f"{prefix}/{key}" if prefix else str(key), inner, out)
-    elif isinstance(value, bool):
+    elif isinstance(value, bool):  # before the number case: a bool is an int to Python
         out[prefix] = float(value)
-    elif isinstance(value, (int, float)) and math.isfinite(value):
+    elif isinstance(value, (int, float)) and math.isfinite(value):  # NaN and inf would break a tracker's plot
         out[prefix] = float(value)
 
 

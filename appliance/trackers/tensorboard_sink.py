@@ -18,7 +18,7 @@ class TensorBoardSink:
     def write(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():
             self._writer.add_scalar(tag, value, step=step)
-        self._writer.flush()
+        self._writer.flush()  # once a step: a TensorBoard watching the folder sees the step as soon as it ends
 
     def close(self) -> None:
         self._writer.close()

@@ -34,7 +34,7 @@ class WandbSink:
             name=spec.name,
             config=spec.model_dump(mode="json"),
             settings=settings,
-            reinit="create_new",
+            reinit="create_new",  # a run per job, also when one process trains several (the tests, a bench)
         )
         self.location = Path(self._run.dir).parent  # <job dir>/wandb/offline-run-.../
 

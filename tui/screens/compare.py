@@ -14,7 +14,7 @@ from tui.screens.daemon_screen import DaemonScreen
 from tui.widgets import formatting
 from tui.widgets.reward_chart import LineChart
 
-REFRESH_SECONDS = 5.0
+REFRESH_SECONDS = 5.0  # whole histories are compared: refreshed less often than a single job's view
 
 
 class CompareScreen(DaemonScreen):

@@ -23,7 +23,7 @@ from tui.widgets.reward_chart import LineChart
 from tui.widgets.trajectory_view import render_trajectory
 
 LOG_SECONDS = 1.0
-LOG_MAX_LINES = 2000
+LOG_MAX_LINES = 2000  # the view keeps the newest lines; the whole log is on disk and in `appliance jobs logs`
 OUTCOMES = ("ok", "parse_error", "timeout")
 TABS = ("overview", "samples", "judge", "logs", "config")
 

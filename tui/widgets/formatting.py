@@ -33,7 +33,7 @@ def used_of(used: int | None, total: int | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """Seconds as a short human duration: 42s, 3m05s, 2h07m, 3d04h."""
+    """Seconds as a short human duration: "42s", "3m05s", "2h07m", "3d04h"."""
     if seconds is None or not math.isfinite(seconds):
         return MISSING
     seconds = max(0, int(round(seconds)))

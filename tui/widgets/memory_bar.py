@@ -52,13 +52,14 @@ def stacked_bar(components: dict[str, int], scale: int, width: int, budget: int 
     total = 0
     for name, value in _ordered(components):
         total += max(0, value)
+        # Cells from the running total: rounding errors do not add up along the bar.
         end = int(round(total / scale * width)) if scale > 0 else 0
         while len(cells) < min(end, width):
             cells.append(("█", COMPONENT_STYLES.get(name, OTHER_STYLE)))
     while len(cells) < width:
         cells.append(("░", "bright_black"))
     if budget is not None and scale > 0:
-        at = min(width - 1, int(round(budget / scale * width)))
+        at = min(width - 1, int(round(budget / scale * width)))  # a budget at the device's total marks the last cell
         cells[at] = (BUDGET_MARK, "bold reverse")
     text = Text()
     for char, style in cells:
@@ -79,6 +80,7 @@ class MemoryBar(Static):
     def show(self, view: MemoryView) -> None:
         self.view = view
         self.display = bool(view.planned_bytes or view.used_bytes)
+        # The row label and padding take about a dozen cells; a narrow screen still gets a readable bar.
         self.update(self.render_view(view, max(10, self.content_size.width - 12)))
 
     def on_resize(self) -> None:

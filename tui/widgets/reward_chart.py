@@ -67,4 +67,5 @@ def step_ticks(steps: list[int], most: int = 5) -> list[int]:
         return list(range(low, high + 1))
     stride = -(-(high - low) // (most - 1))
     ticks = list(range(low, high, stride))
+    # The last step is always a tick; it replaces the one before when the two would crowd each other.
     return ticks + [high] if high - ticks[-1] >= stride / 2 else ticks[:-1] + [high]

@@ -73,9 +73,9 @@ class CalculatorEnvironment(ToolEnvironment):
 
     def examples(self, scenario: Scenario) -> list[Message]:
         # Worked episodes (context, never trained): the untrained 135M model copies the form of the turns it sees.
-        # Measured with the bundled model at temperature 1: no example, no tool call in 70 rollouts; one example
-        # of the call alone, 7 of 8 called but 8 GRPO steps taught no answer turn (held-out success 0 -> 0); one
-        # whole episode, it answered at once without the tool; two whole episodes, 7 of 16 rollouts succeeded.
+        # Two whole episodes are the fewest after which its untrained rollouts both call the tool and answer, so
+        # that GRPO gets a signal (bench/README.md, "Figures behind constants in the code", "The calculator's
+        # worked episodes").
         return [message for operands in EXAMPLE_OPERANDS for message in _worked_episode(*operands)]
 
     def call(self, state: CalculatorState, name: str, arguments: dict) -> ToolResult:

@@ -28,7 +28,7 @@ from appliance.agents.toolcalls import format_call, function_tool
 from appliance.agents.trajectory import AssistantMessage, FunctionCall, Message, ToolCall, ToolMessage, UserMessage
 
 _WORD = re.compile(r"[a-z0-9]+")
-SEARCH_RESULTS = 5
+SEARCH_RESULTS = 5  # a short list a small model can read in one tool message
 
 
 @dataclass
@@ -64,6 +64,7 @@ class EmailSearchEnvironment(ToolEnvironment):
         emails, questions = generate_mailbox(mailbox_seed, mailbox_size)
         self.emails = {email.id: email for email in emails}
         shuffled = list(questions)
+        # A fixed seed, not the job's: the split is a property of the mailbox, the same in every job.
         random.Random(1234).shuffle(shuffled)
         cut = max(1, round(len(shuffled) * held_out_fraction))
         if not 0 <= worked_examples <= 3 or cut + worked_examples >= len(shuffled):
@@ -135,7 +136,7 @@ class EmailSearchEnvironment(ToolEnvironment):
         for email in self.emails.values():
             text = set(_WORD.findall(f"{email.sender} {email.subject} {email.body}".lower()))
             hits = len(words & text)
-            if hits:
+            if hits:  # most shared words first, then by id: the same order on every run
                 scored.append((-hits, email.id, email))
         return [email for _, _, email in sorted(scored)[:SEARCH_RESULTS]]
 
@@ -160,7 +161,7 @@ class EmailSearchEnvironment(ToolEnvironment):
             - 0.05 * max(0, episode.tool_calls - 3)
             - 0.25 * (episode.malformed_calls + episode.invalid_calls)
         )
-        if state.answered is None:
+        if state.answered is None:  # reading the right email is worth nothing without an answer
             reward = min(0.0, reward)
         return reward, {
             "right_email": float(right_email),

@@ -54,6 +54,8 @@ def _transpose(board: Board) -> Board:
 
 def slide(board: Board, direction: str) -> tuple[Board, int]:
     """The board after sliding `direction` (no new tile), and the merged sum."""
+    # Every direction is a left slide of the right rows: columns are transposed into rows, and right and down
+    # slide the reversed row.
     rows = _transpose(board) if direction in ("up", "down") else [list(row) for row in board]
     reverse = direction in ("right", "down")
     merged, out = 0, []
@@ -68,7 +70,7 @@ def spawn(board: Board, rng: random.Random) -> None:
     empty = [(r, c) for r, row in enumerate(board) for c, value in enumerate(row) if not value]
     if empty:
         r, c = rng.choice(empty)
-        board[r][c] = 4 if rng.random() < 0.1 else 2
+        board[r][c] = 4 if rng.random() < 0.1 else 2  # the original game's odds
 
 
 def can_move(board: Board) -> bool:
@@ -96,7 +98,7 @@ class Game2048Environment(ToolEnvironment):
     name = "game2048"
 
     def __init__(self, target: int = 64, max_turns: int = 40, worked_examples: int = 0):
-        if target < 8 or target & (target - 1):
+        if target < 8 or target & (target - 1):  # a power of two has a single bit set
             raise AgentEnvironmentError(f"2048 target must be a power of two of at least 8, not {target}")
         if not 0 <= worked_examples <= 8:
             raise AgentEnvironmentError(
@@ -112,7 +114,7 @@ class Game2048Environment(ToolEnvironment):
         for number in range(self.worked_examples):
             order = EXAMPLE_MOVES[number % 4 :] + EXAMPLE_MOVES[: number % 4]  # vary the shown directions
             direction = next((d for d in order if slide(state.board, d)[0] != state.board), None)
-            if direction is None:
+            if direction is None:  # the example game is stuck: fewer moves are shown
                 break
             call = ToolCall(
                 id=f"example_move_{number}",
@@ -138,6 +140,7 @@ class Game2048Environment(ToolEnvironment):
 
     def scenarios(self, split: Split, count: int, seed: int) -> list[Scenario]:
         base = HELD_OUT_SEED_BASE if split == "held_out" else 0
+        # Offsets below the base, drawn without repeats: the two splits' games never share a seed.
         seeds = random.Random(seed).sample(range(HELD_OUT_SEED_BASE), count)
         return [Scenario(id=f"2048-{base + s}", data={"seed": base + s}) for s in seeds]
 
@@ -153,7 +156,7 @@ class Game2048Environment(ToolEnvironment):
 
     def call(self, state: GameState, name: str, arguments: dict) -> ToolResult:
         board, merged = slide(state.board, arguments["direction"])
-        if board == state.board:
+        if board == state.board:  # no tile moved: no new tile either, and the move is refused as an error
             state.useless_moves += 1
             return ToolResult(
                 f"moving {arguments['direction']} changes nothing; try another direction.\n{render(state.board)}",
