@@ -19,9 +19,6 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("appliance", "tui")
 
-# Files the lead of issue 38 is rewriting in another tree: reported in a test of their own, so the rest
-# stays green and their lines stay visible until that rewrite lands.
-
 _NUMBER = r"\d[\d,.]*"
 _MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
 RULES = {
