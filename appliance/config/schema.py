@@ -75,6 +75,10 @@ class JudgeSpec(Spec):
     # minimum: a response that addresses the grader (markers, control tokens, a score claim, "ignore the
     # instructions") gets the lowest score without being judged (judge/guard.py); off: judge it as any.
     injection_guard: Literal["minimum", "off"] = "minimum"
+    # The differential check (judge/differential.py): a response to a task with a numeric answer is also judged
+    # without its text outside the answer and its working; when the two scores differ by more than this, the
+    # reward is the lower. 0: text outside the answer never raises the reward; null: the check is off.
+    differential_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = 0.0
     # The judge's context window in tokens; null: the engine's (vLLM max_model_len, the model's
     # positions). Longer judge prompts have their responses cut from the middle, and the cut logged.
     max_prompt_tokens: PositiveInt | None = None
