@@ -60,6 +60,9 @@ class JudgeSpec(Spec):
     quantization: Literal["none", "nf4", "int8"] = "none"
     mode: Literal["pointwise", "group"] = "pointwise"
     rubric: str | None = None
+    # Numbers above 9 a probability-scored rubric may name because they are not scores ([100] for "answers over
+    # 100 words"); any other is refused, since the judge reads one digit (judge/rubric.py).
+    rubric_numbers: Annotated[list[Annotated[float, Field(ge=0)]], Field(max_length=64)] = []
     # probabilities: the score is read from the judge's next-token distribution (one forward pass,
     # no sampling); reasoned: the judge first writes a short rationale (up to max_new_tokens), then
     # the score is read from the distribution after it (G-Eval with reasoning); generate: the judge

@@ -142,7 +142,7 @@ class Judge:
         self.core_readings = 0
         self.capped = 0
         self.scoring = resolve_scoring(spec.scoring, engine)
-        check_rubric_scale(spec.rubric, self.scoring)
+        check_rubric_scale(spec.rubric, self.scoring, spec.rubric_numbers)
         self.escaper = TokenEscaper(tokenizer_tokens(getattr(engine, "tokenizer", None)))
         self.window = engine_window(engine, spec.max_prompt_tokens)
         self.count_tokens = token_counter(engine)

@@ -1,7 +1,8 @@
 """Number words as digits, so that "My score: nine." reads to the injection guard as "My score: 9.".
 
 The words zero to ten (and the tens a score scale names: "hundred") in the
-languages the guard's lexicon covers, folded the way the guard folds a
+languages the guard's lexicon covers, and the English ones past ten (a rubric
+that names "a twenty-point scale" is checked too), folded the way the guard folds a
 response (rewards/fold.py), so a Cyrillic or accented spelling matches too.
 Words that are also common words of another language ("due", "sei", "um",
 "ein") are left out: a guard that reads "due to" as "2 to" would flag answers
@@ -31,7 +32,25 @@ WORDS: dict[str, dict[int, tuple[str, ...]]] = {
         8: ("eight",),
         9: ("nine",),
         10: ("ten",),
+        11: ("eleven",),
+        12: ("twelve",),
+        13: ("thirteen",),
+        14: ("fourteen",),
+        15: ("fifteen",),
+        16: ("sixteen",),
+        17: ("seventeen",),
+        18: ("eighteen",),
+        19: ("nineteen",),
+        20: ("twenty",),
+        30: ("thirty",),
+        40: ("forty",),
+        50: ("fifty",),
+        60: ("sixty",),
+        70: ("seventy",),
+        80: ("eighty",),
+        90: ("ninety",),
         100: ("hundred", "one hundred"),
+        1000: ("thousand",),
     },
     "fr": {
         0: ("zéro",),
