@@ -141,6 +141,8 @@ class Judge:
         self.last_capped: list[bool] = []
         self.core_readings = 0
         self.capped = 0
+        # Group mode: per response read in both orders, |forward - reversed| (the position bias the mean removes).
+        self.order_gaps: list[float] = []
         self.scoring = resolve_scoring(spec.scoring, engine)
         check_rubric_scale(spec.rubric, self.scoring, spec.rubric_numbers)
         self.escaper = TokenEscaper(tokenizer_tokens(getattr(engine, "tokenizer", None)))
@@ -186,6 +188,9 @@ class Judge:
                     if score is not None:
                         readings[item].append(score)
         item_scores = [statistics.fmean(scores) if scores else None for scores in readings]
+        for scores in readings:  # a group read in two orders: how far the orders put one response apart
+            if len(scores) == 2:
+                self.order_gaps.append(abs(scores[0] - scores[1]))
         scores, capped = combine(items, item_scores, len(samples), threshold)
         self.last_failed = [score is None for score in scores]
         self.failed_samples += sum(self.last_failed)
@@ -567,6 +572,7 @@ class Judge:
             "failed_samples": self.failed_samples,
             "injections": self.injections,
             "core_readings": self.core_readings,
+            "position_bias": statistics.fmean(self.order_gaps) if self.order_gaps else None,
             "capped": self.capped,
             "prompts_cut": self.prompts_cut,
             "prompts_too_long": self.prompts_too_long,
