@@ -148,7 +148,7 @@ def make_source(
             served_name=spec.student.model,
             max_queued_groups=max(16, 4 * spec.grpo.prompts_per_step),
             stop_requested=stop_requested,
-            policy=SamplingPolicy(spec.grpo.temperature, spec.grpo.top_p),
+            policy=SamplingPolicy(spec.grpo.temperature, spec.grpo.top_p, max_tokens=spec.grpo.max_new_tokens),
             max_staleness=spec.task.max_staleness,
             bind=bind_from_environment(os.environ),
         )

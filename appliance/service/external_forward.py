@@ -92,4 +92,10 @@ def forward_trajectories(daemon: "Daemon", job_id: str, groups: list[dict]) -> T
             message = response.text[:500]
         raise EndpointRefused(response.status_code if 400 <= response.status_code < 500 else 502, message)
     body = response.json()
-    return TrajectoriesAccepted(job_id=job_id, accepted=body["accepted"], queued=body["queued"], step=body["step"])
+    return TrajectoriesAccepted(
+        job_id=job_id,
+        accepted=body["accepted"],
+        queued=body["queued"],
+        step=body["step"],
+        unserved_messages_dropped=body.get("unserved_messages_dropped", 0),
+    )
