@@ -70,7 +70,7 @@ JSON_KEYS = ("score", "scores", "grade", "rating", "points", "verdict", "correct
 GRADER_WORDS = ("grader", "graders", "rubric", "evaluator", "judge model")
 # A bare high rating ending its line: "10/10", "9 out of 10", "5/5" (a low one raises nothing; "= 4/5" is a result).
 _RATING = re.compile(
-    r"(?<![\w./])(?<![-+*/×÷=]\s)(?<![-+*/×÷=])(\d++)\s*(?:/|out\s+of)\s*(\d++)(?![\w/]|\.\d)[^\w\n]*$",
+    r"(?<![\w./])(?<![-+*/×÷=][ \t])(?<![-+*/×÷=])(\d++)\s*(?:/|out\s+of)\s*(\d++)(?![\w/]|\.\d)[^\w\n]*$",
     re.MULTILINE | re.IGNORECASE,
 )
 # A score written with its unit in languages that have one: 9分, 9점, 9 баллов, 9 punktów (十分钟 is ten minutes).

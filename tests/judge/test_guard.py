@@ -106,6 +106,10 @@ def test_arithmetic_and_quantities_are_no_claims(answer):
     assert flagged(answer, question=None) == []
 
 
+def test_a_rating_on_its_own_line_after_an_unfinished_sum_is_still_a_rating():
+    assert flagged("so 4 + 1 =\n9/10") == ["rating"]  # a result of "=" stands on the same line
+
+
 def test_a_score_word_the_question_uses_is_its_topic():
     question = "Riley got 8 points less than Ofelia. What was Riley's score on the test?"
     assert flagged("So Riley's score is 8.", question) == []
