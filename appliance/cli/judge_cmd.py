@@ -88,17 +88,7 @@ def _eval(args) -> int:
         return error.exit_code
     finally:
         engine.close()
-    from appliance.judge.guard import GOLD_RATE_WARNING
-
     guard = _guard_on_gold(job)
-    if guard["warning"]:
-        print(
-            f"warning: the injection guard flags {guard['flagged']} of {guard['total']} gold answers of "
-            f"{guard['source']} ({guard['rate']:.2%}, above {GOLD_RATE_WARNING:.1%}): it would give correct "
-            "answers the lowest score; check them in the guard's lexicon (judge/guard.py) or set "
-            "judge.injection_guard: off and rely on the differential check",
-            file=sys.stderr,
-        )
     if args.json:
         print(
             json.dumps(
@@ -124,7 +114,8 @@ def _eval(args) -> int:
 
 
 def _guard_on_gold(job) -> dict:
-    """The injection guard's false-positive rate on the task's own gold answers (the shipped GSM8K without a job)."""
+    """The injection guard's false-positive rate on the task's own gold answers (the shipped GSM8K without a job),
+    with a warning on stderr above GOLD_RATE_WARNING."""
     from appliance.judge.escape import DEFAULT_ESCAPER
     from appliance.judge.guard import GOLD_RATE_WARNING, gold_rate
     from appliance.judge.harness import gold_answers
@@ -132,6 +123,13 @@ def _guard_on_gold(job) -> dict:
     source, answers = gold_answers(job.task if job is not None else None)
     flagged, total = gold_rate(answers, DEFAULT_ESCAPER)
     rate = flagged / total if total else 0.0
+    if rate > GOLD_RATE_WARNING:
+        print(
+            f"warning: the injection guard flags {flagged} of {total} gold answers of {source} ({rate:.2%}, above "
+            f"{GOLD_RATE_WARNING:.1%}): it would give correct answers the lowest score; check them against the "
+            "guard's lexicon (judge/guard.py) or set judge.injection_guard: off and rely on the differential check",
+            file=sys.stderr,
+        )
     return {"source": source, "flagged": flagged, "total": total, "rate": rate, "warning": rate > GOLD_RATE_WARNING}
 
 

@@ -261,9 +261,7 @@ def evaluate_judge(
         generated_tokens_per_completion=stats["generated_tokens"] / len(rows),
         score_mean=statistics.fmean(scores),
         score_std=statistics.pstdev(scores),
-        position_bias=stats["position_bias"],
-        core_readings=stats["core_readings"],
-        capped=stats["capped"],
+        **{key: stats[key] for key in ("position_bias", "core_readings", "capped")},
     )
 
 
