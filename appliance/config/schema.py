@@ -59,6 +59,9 @@ class JudgeSpec(Spec):
     request_timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
     quantization: Literal["none", "nf4", "int8"] = "none"
     mode: Literal["pointwise", "group"] = "pointwise"
+    # Group mode: how many orders each group is read in (an order and its reversal, then rotations and theirs;
+    # judge/grouping.py); a response's score is the mean of its readings, so where it stood cancels out.
+    group_orders: Annotated[int, Field(ge=2, le=16)] = 4
     rubric: str | None = None
     # Numbers above 9 a probability-scored rubric may name because they are not scores ([100] for "answers over
     # 100 words"); any other is refused, since the judge reads one digit (judge/rubric.py).

@@ -7,8 +7,8 @@ fed to a `Judge` the way a training step would feed it: in batches of about
 judges them in one prompt). Every number comes from the judge's own log
 (judge.jsonl in a temporary folder): outcome, latency and tokens per request.
 Seconds per completion is the whole run's wall time over the rows (throughput).
-Position bias (group mode) is the mean gap between a response's readings in a
-group's two orders (judge/grouping.py). `gold_answers` are what the injection
+Position bias (group mode) is the mean spread of a response's readings over
+its group's orders (judge/grouping.py). `gold_answers` are what the injection
 guard's false-positive rate is measured on: a task's own gold solutions.
 
 `appliance judge eval` (cli/judge_cmd.py) prints these reports; the shipped set
@@ -175,8 +175,8 @@ class JudgeReport:
     generated_tokens_per_completion: float
     score_mean: float
     score_std: float
-    # Group mode: the mean |score in one order - score in the reversed order| of a response (None pointwise):
-    # how much place sways this judge; the reward is the mean of the two.
+    # Group mode: the mean over responses of (highest - lowest) of its readings in its group's orders (None
+    # pointwise): how much place sways this judge; the reward is the mean of the readings.
     position_bias: float | None = None
     # The differential check: responses read a second time as their core, and rewards capped at the core's score.
     core_readings: int = 0

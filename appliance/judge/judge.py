@@ -141,7 +141,8 @@ class Judge:
         self.last_capped: list[bool] = []
         self.core_readings = 0
         self.capped = 0
-        # Group mode: per response read in both orders, |forward - reversed| (the position bias the mean removes).
+        # Group mode: per response read in several orders, its highest reading less its lowest (the position bias
+        # the mean removes).
         self.order_gaps: list[float] = []
         self.scoring = resolve_scoring(spec.scoring, engine)
         check_rubric_scale(spec.rubric, self.scoring, spec.rubric_numbers)
@@ -188,9 +189,9 @@ class Judge:
                     if score is not None:
                         readings[item].append(score)
         item_scores = [statistics.fmean(scores) if scores else None for scores in readings]
-        for scores in readings:  # a group read in two orders: how far the orders put one response apart
-            if len(scores) == 2:
-                self.order_gaps.append(abs(scores[0] - scores[1]))
+        for scores in readings:  # a group read in several orders: how far the orders put one response apart
+            if len(scores) > 1:
+                self.order_gaps.append(max(scores) - min(scores))
         scores, capped = combine(items, item_scores, len(samples), threshold)
         self.last_failed = [score is None for score in scores]
         self.failed_samples += sum(self.last_failed)
@@ -327,9 +328,8 @@ class Judge:
             first = samples[items[indices[0]].sample]
             texts = [item.text for item in items]
             members = distinct(texts, indices)
-            for order, ordered in zip(
-                ("forward", "reversed"), orders(members, self.seed, first.prompt, first.reference)
-            ):
+            read_in = orders(members, self.seed, first.prompt, first.reference, self.spec.group_orders)
+            for order, ordered in enumerate(read_in):
                 completions = [texts[shared[0]] for shared in ordered]
                 key = cache_key(
                     "group",
@@ -349,7 +349,7 @@ class Judge:
         return requests
 
     def _group_request(
-        self, first: "RewardSample", key: str, members: list[list[int]], completions: list[str], view: str, order: str
+        self, first: "RewardSample", key: str, members: list[list[int]], completions: list[str], view: str, order: int
     ) -> JudgeRequest:
         ids = group_ids(len(members))
         messages, cut = self._fitted(

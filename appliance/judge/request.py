@@ -50,9 +50,9 @@ class JudgeRequest:
     # Responses cut to fit the judge's window (window.py), None when the prompt fitted as it was.
     cut: WindowCut | None = None
 
-    # What it reads (differential.py: "full" or "core") and, in group mode, which of the group's orders.
+    # What it reads (differential.py: "full" or "core") and, in group mode, which of the group's orders (0 first).
     view: str = "full"
-    order: str | None = None
+    order: int | None = None
 
     @property
     def item_indices(self) -> list[int]:

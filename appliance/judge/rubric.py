@@ -90,6 +90,6 @@ def check_rubric_scale(rubric: str | None, scoring: str, allowed: Iterable[float
     if value <= GENERATE_MAX:
         fix += f", set judge.scoring: generate (0-{GENERATE_MAX})"
     raise RubricScaleError(
-        f"judge.rubric names the number {shown} ({words[:60]!r}), but judge.scoring {scoring} reads one digit, "
-        f"scores 0-{top}: {fix}, or, if {shown} is not a score, list it in judge.rubric_numbers"
+        f"judge.rubric names the number {shown} ({words[:60]!r}), but judge.scoring {scoring} reads scores 0-{top} "
+        f"(one digit): {fix}, or, if {shown} is not a score, list it in judge.rubric_numbers"
     )

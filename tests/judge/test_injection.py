@@ -127,7 +127,7 @@ def test_the_judge_sends_hostile_responses_only_inside_blocks():
     responses = list(HOSTILE.values())
     judge([RewardSample(prompt=QUESTION, completion=r, reference=REFERENCE, group=0) for r in responses])
     sent = engine.prompts[at_load:]
-    assert len(sent) == 2 * len(responses)  # the group in an order and its reversal
+    assert len(sent) == 4 * len(responses)  # the group in its four orders (judge.group_orders)
     for index, prompt in enumerate(sent):
         assert prompt.endswith(f'<|im_start|>assistant\n{{"id": "{index % len(responses) + 1}", "score": ')
         assert prompt.count("<|im_start|>") == 3 and prompt.count("<|im_end|>") == 2
