@@ -35,8 +35,8 @@ sys.path.insert(0, os.environ.get("APPLIANCE_SOURCE", str(REPO)))
 KINDS = ("correct_working", "wrong_working", "correct_bare", "wrong_bare", "copy_space", "copy_tight")
 
 
-def probe_groups(count: int) -> list[tuple[str, str, dict[str, str]]]:
-    """(question, reference, kind -> response) for the first `count` multiply questions of the shipped set."""
+def probe_groups(count: int, skip: int = 0) -> list[tuple[str, str, dict[str, str]]]:
+    """(question, reference, kind -> response) for `count` multiply questions of the shipped set, after `skip`."""
     from appliance.judge.harness import load_rows, shipped_set_path
 
     groups, seen = [], set()
@@ -57,15 +57,16 @@ def probe_groups(count: int) -> list[tuple[str, str, dict[str, str]]]:
             "copy_tight": f"{a}*{b}={right}, so <answer>{right}</answer>",
         }
         groups.append((row.question, row.reference, responses))
-        if len(groups) == count:
+        if len(groups) == skip + count:
             break
-    return groups
+    return groups[skip:]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=6)
     parser.add_argument("--shuffles", type=int, default=8)
+    parser.add_argument("--skip", type=int, default=0, help="start after this many questions (runs in parts)")
     parser.add_argument("--model-dir", type=Path, default=None)
     parser.add_argument("--data-dir", type=Path, default=None, help="data dir whose model store holds the judge")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "judge_group_order.json")
@@ -79,7 +80,7 @@ def main() -> int:
 
     data_dir = args.data_dir or Path(os.environ.get("APPLIANCE_TEST_DATA_DIR", ".appliance"))
     engine = HFEngine.load(args.model_dir or resolve_model("smollm2-135m-instruct", data_dir))
-    groups = probe_groups(args.questions)
+    groups = probe_groups(args.questions, args.skip)
     # scores[g][kind] = one score per shuffle
     scores = [{kind: [] for kind in KINDS} for _ in groups]
     started = time.monotonic()
