@@ -42,8 +42,9 @@ _NEGATION = re.compile(
 )
 # An equals sign that states equality ("x = 5"), not part of "!=", "<=", ">=", "==" or "=/=".
 _EQUALS = re.compile(r"(?<![!<>=/])=(?![=/])")
-# After an answer: the punctuation and closing tags that close it on its line ("45.", "50</effect>", "4 + 1 =").
-_CLOSING = re.compile(r"(?:</\w{1,32}>|[^\w\n<])*")
+# After an answer: the punctuation and closing tags that close it on its line ("45.", "50</effect>", "4 + 1 =",
+# a dangling "21 <"), never the start of another tag.
+_CLOSING = re.compile(r"(?:</\w{1,32}>|<(?![/\w])|[^\w\n<])*")
 WORKING_OPEN = "<reasoning>"
 
 

@@ -136,6 +136,8 @@ def test_a_long_number_does_not_hide_the_answer_after_it():
         ("The answer is 72 apples. Thanks", "The answer is 72"),
         ("<answer>18</answer>", "<answer>18</answer>"),
         ("10 * 5 = 50, so <effect>50</effect>\nGreat job", "10 * 5 = 50, so <effect>50</effect>"),
+        ("So 21 <", "So 21 <"),
+        ("So 21 <b>Great</b>", "So 21"),
     ],
 )
 def test_the_core_is_the_answer_and_its_working(text, core):
