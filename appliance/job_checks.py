@@ -143,14 +143,16 @@ def _sampling_errors(parsed: ParsedJob) -> list[ConfigError]:
 
 
 def _rubric_errors(parsed: ParsedJob) -> list[ConfigError]:
-    """judge.rubric: no score outside the scale that judge.scoring reads."""
+    """judge.rubric: no score outside the scale that judge.scoring reads (numbers in judge.rubric_numbers excepted)."""
     from appliance.judge.rubric import RubricScaleError, check_rubric_scale
 
     rubric, scoring = _at(parsed.data, "judge", "rubric"), _at(parsed.data, "judge", "scoring")
+    allowed = _at(parsed.data, "judge", "rubric_numbers")
     if not isinstance(rubric, str):
         return []
+    allowed = [value for value in allowed if isinstance(value, (int, float))] if isinstance(allowed, list) else []
     try:
-        check_rubric_scale(rubric, scoring if isinstance(scoring, str) else "auto")
+        check_rubric_scale(rubric, scoring if isinstance(scoring, str) else "auto", allowed)
     except RubricScaleError as error:
         return [parsed.error_at(("judge", "rubric"), str(error))]
     return []

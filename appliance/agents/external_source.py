@@ -104,12 +104,20 @@ class EndpointHooks:
         policy = self.source.service.policy
         sampling = {"temperature": policy.temperature, "top_p": policy.top_p} if policy is not None else None
         self.source.ledger.record(
-            prompt_ids, completion.token_ids, completion.text, completion.logprobs, self.source.step, sampling
+            prompt_ids,
+            completion.token_ids,
+            completion.text,
+            completion.logprobs,
+            self.source.step,
+            sampling,
+            completion.finish_reason,
         )
         calls = parse_tool_calls(completion.text, call_id_prefix=call_id_prefix).calls
         if not calls:
             return {}
-        return {"message": {"tool_calls": [call.model_dump() for call in calls]}, "finish_reason": "tool_calls"}
+        # A turn cut at max_tokens says so even when the calls before the cut were whole.
+        reason = "length" if completion.finish_reason == "length" else "tool_calls"
+        return {"message": {"tool_calls": [call.model_dump() for call in calls]}, "finish_reason": reason}
 
     def routes(self, app) -> None:
         from fastapi import Body
@@ -309,11 +317,23 @@ class ExternalSource:
             with self._arrived:
                 entries = self.spool.add(groups)
             self.ledger.mark_used(keys)
+        dropped = sum(t.metadata.get("unserved_messages_dropped", 0) for group in groups for t in group.trajectories)
+        if dropped:
+            log.warning(
+                "%d messages after the last served turn of their trajectories were left out (not trained, not read"
+                " by rules or the judge)",
+                dropped,
+            )
         with self._arrived:
             self._queue.extend(entries)
             self.accepted_total += len(groups)
             self._arrived.notify_all()
-            return {"accepted": len(groups), "queued": len(self._queue), "step": self.step}
+            return {
+                "accepted": len(groups),
+                "queued": len(self._queue),
+                "step": self.step,
+                "unserved_messages_dropped": dropped,
+            }
 
     def _discard_trained_before(self, step: int) -> None:
         if any(entry.taken_by is not None for entry in self._queue):  # only groups queued again after a restart

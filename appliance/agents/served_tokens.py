@@ -8,7 +8,9 @@ in the ledger that no earlier submission used, with the same text and
 logprobs; and, given the tokenizer, when the conversation before each turn
 renders to exactly the prompt that turn was served for. So an agent cannot
 train the student on text it did not generate (a forged or edited turn), on
-an edited context, or on one good completion twice.
+an edited context, or on one good completion twice; nor say how a turn ended
+(the engine's finish reason is recorded and replaces the submitted one), nor
+add messages after its last served turn for rules or the judge to read.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Served:
     used: int = 0
     served: int = 1
     sampling: dict | None = None  # the sampling parameters it was served with (temperature, top_p)
+    finish_reason: str = "stop"  # the engine's: "length" when max_tokens cut it
 
 
 def served_key(prompt_ids: list[int], token_ids: list[int]) -> bytes:
@@ -89,13 +92,17 @@ class ServedLedger:
         logprobs: list[float],
         step: int,
         sampling: dict | None = None,
+        finish_reason: str = "stop",
     ) -> None:
-        """One served completion, with the step (adapter version) and the sampling it was served with."""
+        """One served completion, with the step (adapter version), the sampling it was served with and the
+        engine's finish reason."""
         key = served_key(prompt_ids, token_ids)
         with self._lock:
-            self._add(key, text, tuple(logprobs), step, sampling)
+            self._add(key, text, tuple(logprobs), step, sampling, finish_reason)
             if self._file is not None:
-                self._file.append(served_line(key, text, logprobs, step, sampling=sampling))
+                self._file.append(
+                    served_line(key, text, logprobs, step, sampling=sampling, finish_reason=finish_reason)
+                )
                 # Compacted once the appended lines reach twice what the ledger holds: the file stays bounded and
                 # a rewrite happens once per capacity's worth of serves.
                 if self._file.lines > 2 * self.capacity:
@@ -116,7 +123,11 @@ class ServedLedger:
 
         With `freshness`, a turn served more than `max_staleness` steps before the step that will train it is
         refused. Each accepted trajectory's metadata gets `served_step` (its oldest turn's step) and
-        `served_sampling`, written here from the ledger (whatever the client put there is replaced).
+        `served_sampling`, and each turn the engine's finish reason, written here from the ledger (whatever the
+        client put there is replaced: a turn cut at max_tokens trains as cut). Messages after the last served turn
+        are nobody's output the ledger can vouch for (a "VERIFIED" tool result, a user's "Great job"): they are
+        left out of the trajectory, so neither rules nor the judge read them, and `unserved_messages_dropped`
+        in its metadata says how many (absent when none).
         """
         # Parsed before the lock: malformed input is refused without holding up the serving threads.
         groups = [_parse_group(index, raw, group_size) for index, raw in enumerate(raw_groups)]
@@ -138,8 +149,10 @@ class ServedLedger:
                         served.append(self._entries[keys[-1]])
                         if freshness is not None:
                             freshness.check(turn_where, served[-1].step)
+                        trajectory.messages[m] = _as_served(message, served[-1])
                     trajectory.metadata["served_step"] = min(entry.step for entry in served)
                     trajectory.metadata["served_sampling"] = served[0].sampling
+                    _drop_unserved_tail(trajectory, turns[-1][0])
                     if tokenizer is not None:
                         _check_context(where, trajectory, tokenizer)
         return groups, keys
@@ -178,14 +191,22 @@ class ServedLedger:
             if self._file is not None:
                 self._file.close()
 
-    def _add(self, key: bytes, text: str, logprobs: tuple[float, ...], step: int, sampling: dict | None) -> None:
+    def _add(
+        self,
+        key: bytes,
+        text: str,
+        logprobs: tuple[float, ...],
+        step: int,
+        sampling: dict | None,
+        finish_reason: str = "stop",
+    ) -> None:
         """One more serve of `key`: the same completion again counts once more, anything else replaces it."""
         same = self._entries.get(key)
         if same is not None and same.text == text and _close(same.logprobs, logprobs):
             # Two rollouts of a group can sample the very same completion: each may be submitted once.
-            self._insert(key, Served(text, logprobs, step, same.used, same.served + 1, sampling))
+            self._insert(key, Served(text, logprobs, step, same.used, same.served + 1, sampling, finish_reason))
         else:
-            self._insert(key, Served(text, logprobs, step, sampling=sampling))
+            self._insert(key, Served(text, logprobs, step, sampling=sampling, finish_reason=finish_reason))
 
     def _insert(self, key: bytes, served: Served) -> None:
         self._entries[key] = served
@@ -197,18 +218,19 @@ class ServedLedger:
         if "key" in line:
             key = bytes.fromhex(line["key"])
             logprobs = tuple(float(v) for v in line["logprobs"])
+            reason = line.get("finish_reason", "stop")
             if "served" in line:  # a rewritten entry carries its counts (served_line writes both or neither)
                 counts = line.get("used", 0), line.get("served", 1)
-                self._insert(key, Served(line["text"], logprobs, line["step"], *counts, line.get("sampling")))
+                self._insert(key, Served(line["text"], logprobs, line["step"], *counts, line.get("sampling"), reason))
             else:  # an appended serve
-                self._add(key, line["text"], logprobs, line["step"], line.get("sampling"))
+                self._add(key, line["text"], logprobs, line["step"], line.get("sampling"), reason)
             return
         for key in map(bytes.fromhex, line["used"]):
             self._use(key)
 
     def _lines(self) -> list[dict[str, Any]]:
         return [
-            served_line(key, s.text, s.logprobs, s.step, s.used, s.served, s.sampling)
+            served_line(key, s.text, s.logprobs, s.step, s.used, s.served, s.sampling, s.finish_reason)
             for key, s in self._entries.items()
         ]
 
@@ -259,6 +281,23 @@ class Freshness:
                 f" {age} steps later; this job accepts turns at most task.max_staleness = {self.max_staleness}"
                 " steps old (an older policy sampled it); roll it out again"
             )
+
+
+def _as_served(message: AssistantMessage, served: Served) -> AssistantMessage:
+    """The turn with the engine's finish reason in place of the one the client submitted."""
+    if message.sampled is None or message.sampled.finish_reason == served.finish_reason:
+        return message
+    return message.model_copy(
+        update={"sampled": message.sampled.model_copy(update={"finish_reason": served.finish_reason})}
+    )
+
+
+def _drop_unserved_tail(trajectory, last_turn: int) -> None:
+    """Messages after the last served turn leave the trajectory, and its metadata says how many."""
+    dropped = len(trajectory.messages) - last_turn - 1
+    if dropped:
+        trajectory.messages = trajectory.messages[: last_turn + 1]
+        trajectory.metadata["unserved_messages_dropped"] = dropped
 
 
 def _calls(calls) -> list[tuple[str, Any]]:

@@ -5,6 +5,7 @@ completion, with what the check needs:
 
     {"key": "<sha256 hex of prompt and completion ids>", "text": "...", "logprobs": [...], "step": 3}
 
+(with "finish_reason": "length" when the engine cut it at max_tokens)
 (the same completion served again is one more line with the same key: it may
 then be submitted twice), and one line per accepted submission naming the
 completions it used, a key once per use:
@@ -35,11 +36,14 @@ def served_line(
     used: int = 0,
     served: int | None = None,
     sampling: dict | None = None,
+    finish_reason: str = "stop",
 ) -> dict[str, Any]:
     """A served completion; a rewrite adds how often it was served and used (an append: one serve, unused)."""
     line = {"key": key.hex(), "text": text, "logprobs": list(logprobs), "step": step}
     if sampling is not None:
         line["sampling"] = sampling
+    if finish_reason != "stop":
+        line["finish_reason"] = finish_reason
     if served is not None:
         line.update(served=served, used=used)
     return line
@@ -60,6 +64,7 @@ def _valid(record: Any) -> bool:
         and isinstance(record.get("logprobs"), list)
         and all(isinstance(value, (int, float)) for value in record["logprobs"])
         and isinstance(record.get("step"), int)
+        and isinstance(record.get("finish_reason", "stop"), str)
         and all(isinstance(record.get(count, 0), int) and record.get(count, 0) >= 0 for count in ("used", "served"))
     )
 

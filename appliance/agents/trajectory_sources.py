@@ -151,7 +151,7 @@ def make_source(
             # Room for several steps of submissions, so agents can run ahead of the trainer without being refused.
             max_queued_groups=max(16, 4 * spec.grpo.prompts_per_step),
             stop_requested=stop_requested,
-            policy=SamplingPolicy(spec.grpo.temperature, spec.grpo.top_p),
+            policy=SamplingPolicy(spec.grpo.temperature, spec.grpo.top_p, max_tokens=spec.grpo.max_new_tokens),
             max_staleness=spec.task.max_staleness,
             bind=bind_from_environment(os.environ),
         )

@@ -322,4 +322,9 @@ def _submit_trajectories(client, args) -> int:
             f"{accepted.job_id}: {accepted.accepted} groups accepted ({accepted.queued} queued for training;"
             f" step {accepted.step})"
         )
+        if accepted.unserved_messages_dropped:
+            print(
+                f"{accepted.unserved_messages_dropped} messages after the last served turn of their trajectories"
+                " were left out: only what the endpoint served, and the context it was served after, is kept"
+            )
     return EXIT_OK

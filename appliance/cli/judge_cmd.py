@@ -6,7 +6,9 @@ is) or, without --job, the bundled model with default settings, over labelled
 rows and reports AUC, within-group pairwise accuracy (what GRPO uses: does the
 judge rank a better answer to the same question above a worse one), accuracy
 at --threshold, Spearman, failure rate,
-latency p50/p95 and tokens (appliance/judge/harness.py). --mode and --scoring
+latency p50/p95, tokens and, in group mode, the position bias (appliance/judge/harness.py),
+then the injection guard's false-positive rate on the task's own gold answers
+(the shipped GSM8K solutions without --job), with a warning above 0.5%. --mode and --scoring
 take one value or a comma list (`--mode pointwise,group --scoring
 probabilities,generate` runs every mode side by side on one loaded engine).
 FILE `shipped` is the labelled set inside the package.
@@ -86,6 +88,7 @@ def _eval(args) -> int:
         return error.exit_code
     finally:
         engine.close()
+    guard = _guard_on_gold(job)
     if args.json:
         print(
             json.dumps(
@@ -94,6 +97,7 @@ def _eval(args) -> int:
                     "judge_model": spec.model,
                     "rows": len(rows),
                     "reports": [report.to_dict() for report in reports],
+                    "guard_on_gold_answers": guard,
                 },
                 indent=2,
             )
@@ -101,7 +105,32 @@ def _eval(args) -> int:
     else:
         print(f"judge {spec.model} on {len(rows)} rows of {args.file}")
         print(format_table(reports))
+        if guard["total"]:
+            print(
+                f"injection guard on the gold answers of {guard['source']}: {guard['flagged']} of {guard['total']}"
+                f" flagged ({guard['rate']:.2%})"
+            )
     return EXIT_OK
+
+
+def _guard_on_gold(job) -> dict:
+    """The injection guard's false-positive rate on the task's own gold answers (the shipped GSM8K without a job),
+    with a warning on stderr above GOLD_RATE_WARNING."""
+    from appliance.judge.escape import DEFAULT_ESCAPER
+    from appliance.judge.guard import GOLD_RATE_WARNING, gold_rate
+    from appliance.judge.harness import gold_answers
+
+    source, answers = gold_answers(job.task if job is not None else None)
+    flagged, total = gold_rate(answers, DEFAULT_ESCAPER)
+    rate = flagged / total if total else 0.0
+    if rate > GOLD_RATE_WARNING:
+        print(
+            f"warning: the injection guard flags {flagged} of {total} gold answers of {source} ({rate:.2%}, above "
+            f"{GOLD_RATE_WARNING:.1%}): it would give correct answers the lowest score; check them against the "
+            "guard's lexicon (judge/guard.py) or set judge.injection_guard: off and rely on the differential check",
+            file=sys.stderr,
+        )
+    return {"source": source, "flagged": flagged, "total": total, "rate": rate, "warning": rate > GOLD_RATE_WARNING}
 
 
 def _judge_spec(args, data_dir: Path):

@@ -60,7 +60,13 @@ class JudgeSpec(Spec):
     request_timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
     quantization: Literal["none", "nf4", "int8"] = "none"
     mode: Literal["pointwise", "group"] = "pointwise"
+    # Group mode: how many orders each group is read in (an order and its reversal, then rotations and theirs;
+    # judge/grouping.py); a response's score is the mean of its readings, so where it stood cancels out.
+    group_orders: Annotated[int, Field(ge=2, le=16)] = 4
     rubric: str | None = None
+    # Numbers above 9 a probability-scored rubric may name because they are not scores ([100] for "answers over
+    # 100 words"); any other is refused, since the judge reads one digit (judge/rubric.py).
+    rubric_numbers: Annotated[list[Annotated[float, Field(ge=0)]], Field(max_length=64)] = []
     # probabilities: the score is read from the judge's next-token distribution (one forward pass,
     # no sampling); reasoned: the judge first writes a short rationale (up to max_new_tokens), then
     # the score is read from the distribution after it (G-Eval with reasoning); generate: the judge
@@ -76,6 +82,10 @@ class JudgeSpec(Spec):
     # minimum: a response that addresses the grader (markers, control tokens, a score claim, "ignore the
     # instructions") gets the lowest score without being judged (judge/guard.py); off: judge it as any.
     injection_guard: Literal["minimum", "off"] = "minimum"
+    # The differential check (judge/differential.py): a response to a task with a numeric answer is also judged
+    # without its text outside the answer and its working; when the two scores differ by more than this, the
+    # reward is the lower. 0: text outside the answer never raises the reward; null: the check is off.
+    differential_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = 0.0
     # The judge's context window in tokens; null: the engine's (vLLM max_model_len, the model's
     # positions). Longer judge prompts have their responses cut from the middle, and the cut logged.
     max_prompt_tokens: PositiveInt | None = None

@@ -62,11 +62,14 @@ class ChatRequest(BaseModel):
 
 @dataclass(frozen=True)
 class SamplingPolicy:
-    """The sampling a job trains on: an endpoint with a policy serves with exactly this and refuses other asks."""
+    """The sampling a job trains on: an endpoint with a policy serves with exactly this and refuses other asks;
+    a longer max_tokens than the job's is served at the job's bound (and ends "length" there)."""
 
     temperature: float
     top_p: float
     stop: tuple[str, ...] = ()
+    # The job's bound on a turn (grpo.max_new_tokens): a request asking for more is served at most this many.
+    max_tokens: int | None = None
 
     def refusal(self, request: "ChatRequest") -> str | None:
         """Why `request` asks for other sampling than the job's, or None."""
@@ -223,9 +226,10 @@ class ChatService:
     def _sampling(self, request: ChatRequest) -> tuple[Sampling, tuple[str, ...]]:
         """The request's sampling (a policy fixes temperature, top-p and stop), and its own stop strings."""
         stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+        asked = request.max_completion_tokens or request.max_tokens
+        bound = self.policy.max_tokens if self.policy is not None else None
         sampling = Sampling(
-            # max_completion_tokens is OpenAI's newer name for max_tokens; the fallback keeps a reply bounded.
-            max_new_tokens=request.max_completion_tokens or request.max_tokens or 256,
+            max_new_tokens=min(asked or bound or 256, bound or asked or 256),
             n=request.n,
             temperature=request.temperature if self.policy is None else self.policy.temperature,
             top_p=request.top_p if self.policy is None else self.policy.top_p,

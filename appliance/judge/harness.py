@@ -1,4 +1,4 @@
-"""Judge quality on labelled rows: AUC, accuracy at a threshold, Spearman, failures, latency, tokens.
+"""Judge quality on labelled rows: AUC, pairwise accuracy, position bias, failures, latency, tokens.
 
 A labelled row is `{"question", "reference", "response", "label"}` (label 0/1,
 or a grade: any number, higher is better; optional "id", "task"). The rows are
@@ -7,6 +7,9 @@ fed to a `Judge` the way a training step would feed it: in batches of about
 judges them in one prompt). Every number comes from the judge's own log
 (judge.jsonl in a temporary folder): outcome, latency and tokens per request.
 Seconds per completion is the whole run's wall time over the rows (throughput).
+Position bias (group mode) is the mean spread of a response's readings over
+its group's orders (judge/grouping.py). `gold_answers` are what the injection
+guard's false-positive rate is measured on: a task's own gold solutions.
 
 `appliance judge eval` (cli/judge_cmd.py) prints these reports; the shipped set
 is `appliance/judge/data/judge_set.jsonl` (made by bench/make_judge_set.py).
@@ -173,6 +176,12 @@ class JudgeReport:
     generated_tokens_per_completion: float
     score_mean: float
     score_std: float
+    # Group mode: the mean over responses of (highest - lowest) of its readings in its group's orders (None
+    # pointwise): how much place sways this judge; the reward is the mean of the readings.
+    position_bias: float | None = None
+    # The differential check: responses read a second time as their core, and rewards capped at the core's score.
+    core_readings: int = 0
+    capped: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -253,6 +262,7 @@ def evaluate_judge(
         generated_tokens_per_completion=stats["generated_tokens"] / len(rows),
         score_mean=statistics.fmean(scores),
         score_std=statistics.pstdev(scores),
+        **{key: stats[key] for key in ("position_bias", "core_readings", "capped")},
     )
 
 
@@ -264,15 +274,31 @@ def format_table(reports: list[JudgeReport]) -> str:
 
     header = (
         f"{'mode':<10} {'scoring':<13} {'rows':>5} {'AUC':>6} {'pair':>6} {'acc@t':>6} {'rho':>6} {'fail':>6} "
-        f"{'s/compl':>8} {'p50 s':>7} {'p95 s':>7} {'tok in':>7} {'tok out':>7}"
+        f"{'pos':>6} {'s/compl':>8} {'p50 s':>7} {'p95 s':>7} {'tok in':>7} {'tok out':>7}"
     )
     lines = [header]
     for r in reports:
         lines.append(
             f"{r.mode:<10} {r.scoring:<13} {r.rows:>5} {number(r.auc, '.3f'):>6} "
             f"{number(r.pairwise_accuracy, '.3f'):>6} {number(r.accuracy, '.3f'):>6} "
-            f"{number(r.spearman, '.3f'):>6} {r.failure_rate:>6.1%} {r.seconds_per_completion:>8.3f} "
+            f"{number(r.spearman, '.3f'):>6} {r.failure_rate:>6.1%} {number(r.position_bias, '.3f'):>6} "
+            f"{r.seconds_per_completion:>8.3f} "
             f"{r.latency_p50_seconds:>7.3f} {r.latency_p95_seconds:>7.3f} "
             f"{r.prompt_tokens_per_completion:>7.0f} {r.generated_tokens_per_completion:>7.1f}"
         )
     return "\n".join(lines)
+
+
+def gold_answers(task_spec=None) -> tuple[str, list[tuple[str, str]]]:
+    """(where they come from, [(question, gold answer)]): a task's own answers, its worked solutions where it has
+    them; without a task, the shipped GSM8K gold solutions. Empty for an agent job (no dataset)."""
+    from appliance.tasks.gsm8k import load_gsm8k
+    from appliance.tasks.load import load_task
+
+    if task_spec is None:
+        return "builtin:gsm8k", [(p.question, p.metadata["solution"]) for p in load_gsm8k()]
+    if task_spec.environment is not None:
+        return f"environment {task_spec.environment}", []
+    task = load_task(task_spec, Path("."))
+    problems = task.train + task.held_out
+    return task_spec.dataset, [(p.question, str(p.metadata.get("solution", p.answer))) for p in problems]

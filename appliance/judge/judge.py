@@ -11,11 +11,10 @@ the judge writes (`generate`); what still fails gets a neutral score (`neutral_f
 
 from __future__ import annotations
 
-import random
+import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Callable
 
 from appliance.config.schema import JudgeSpec
 from appliance.engines.engine import Completion, EngineCounters, GenerationEngine, Sampling, UnansweredLogprobs
@@ -23,11 +22,14 @@ from appliance.engines.scoring import NotSingleTokenError
 from appliance.judge.cache import VerdictCache, cache_key
 from appliance.judge.log import JudgeLog
 from appliance.errors import ApplianceError
-from appliance.judge.parse import JudgeOutputError, close_group_answer, parse_group, parse_pointwise
+from appliance.judge.differential import Item, combine, judged_items
+from appliance.judge.grouping import distinct, orders
+from appliance.judge.parse import parse_group, parse_pointwise
+from appliance.judge.request import NEUTRAL_SCORE, JudgeRequest, failure_fill, neutral_fill
 from appliance.judge.escape import TokenEscaper, tokenizer_tokens
 from appliance.judge.guard import injection_signals
 from appliance.judge.probe import ProbeResult, probe_score_mass
-from appliance.judge.probs import ScoreReading, read_score
+from appliance.judge.probs import read_score
 from appliance.judge.prompts import (
     GROUP_PREFILL,
     POINTWISE_PREFILL,
@@ -44,10 +46,10 @@ from appliance.judge.prompts import (
     pointwise_messages,
     rationale_from,
     score_openings,
-    retry_messages,
 )
 from appliance.judge.rubric import check_rubric_scale
 from appliance.judge.window import PREFILL_TOKENS, WindowCut, engine_window, fit_responses, token_counter
+from appliance.rewards.fold import normalised
 
 if TYPE_CHECKING:
     from appliance.rewards.registry import RewardSample
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
 OUTCOMES = ("ok", "parse_error", "timeout")
 # The scorings whose score is read from the next-token distribution over the 0-9 scale.
 READS_PROBABILITIES = ("probabilities", "reasoned")
-NEUTRAL_SCORE = 0.5  # the middle of 0..1: a group with no judged member gets no advantage either way
+__all__ = ["Judge", "JudgeScoringError", "NEUTRAL_SCORE", "failure_fill", "neutral_fill", "resolve_scoring"]
 
 
 class JudgeScoringError(ApplianceError):
@@ -73,106 +75,6 @@ def resolve_scoring(requested: str, engine: GenerationEngine) -> str:
             f"{type(engine).__name__} has none (set judge.scoring: generate)"
         )
     return requested
-
-
-@dataclass
-class _Request:
-    """One judge prompt (one response, or one whole group) through its attempts."""
-
-    key: str
-    messages: list[dict[str, str]]
-    parse: Callable[[str], list[float]]
-    max_new_tokens: int
-    # One entry per judged response (in prompt order): the samples that share its text and score.
-    members: list[list[int]]
-    # The start of the answer, written into the prompt (prompts.POINTWISE_PREFILL / GROUP_PREFILL).
-    prefill: str = ""
-    # Generate mode: where the answer must end (both engines) and its shape (engines that constrain).
-    stop: tuple[str, ...] = ()
-    regex: str | None = None
-    # Probability mode: the texts whose next token is a score (one per response id in a group).
-    score_prompts: list[str] = field(default_factory=list)
-    # Reasoned mode: the judge's rationale, written before its score is read, and whether it was cut.
-    rationale: str | None = None
-    rationale_cut: bool = False
-    readings: list[ScoreReading] = field(default_factory=list)
-    prompt_text: str = ""
-    outputs: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    scores: list[float] | None = None
-    outcome: str = "ok"
-    tokens_in: int = 0
-    tokens_out: int = 0
-    latency_seconds: float = 0.0
-    # Responses cut to fit the judge's window (window.py), None when the prompt fitted as it was.
-    cut: WindowCut | None = None
-
-    @property
-    def sample_indices(self) -> list[int]:
-        return [index for shared in self.members for index in shared]
-
-    @property
-    def failed(self) -> list[bool]:
-        """Per judged response: no usable score was read."""
-        if self.scores is None:
-            return [True] * len(self.members)
-        return [score is None for score in self.scores]
-
-    def next_messages(self) -> list[dict[str, str]]:
-        if not self.outputs:
-            return self.messages
-        return retry_messages(self.messages, self.outputs[-1], self.errors[-1])
-
-    def answered(self, completion: Completion, seconds: float) -> bool:
-        """Count the wait; False (and the outcome set) when a remote engine's request failed after its retries."""
-        self.latency_seconds += seconds
-        if completion.error is None:
-            return True
-        # An outcome to count, not an answer to retry.
-        self.errors.append(completion.error)
-        self.outcome = "timeout" if completion.finish_reason == "timeout" else "parse_error"
-        return False
-
-    def record(self, completion: Completion, seconds: float) -> None:
-        if not self.answered(completion, seconds):
-            return
-        answer = (
-            close_group_answer(self.prefill + completion.text, len(self.members))
-            if self.prefill == GROUP_PREFILL
-            else self.prefill + completion.text
-        )
-        self.outputs.append(answer)
-        self.tokens_in += len(completion.prompt_token_ids)
-        self.tokens_out += len(completion.token_ids)
-        try:
-            self.scores = self.parse(answer)
-        except JudgeOutputError as error:
-            self.errors.append(str(error))
-
-
-def failure_fill(scores: Sequence[float | None], group_keys: Sequence[Hashable], on_failure: str) -> list[float]:
-    """Each None replaced per judge.on_failure: the group's mean (neutral_fill) or the lowest score, 0."""
-    if on_failure == "minimum":
-        return [0.0 if score is None else score for score in scores]
-    return neutral_fill(scores, group_keys)
-
-
-def neutral_fill(scores: Sequence[float | None], group_keys: Sequence[Hashable]) -> list[float]:
-    """Replace each None by the mean of its group's judged scores (NEUTRAL_SCORE if none was judged).
-
-    Neutral for GRPO: the filled member's deviation from its group mean is zero and the others' are unchanged.
-    """
-    judged: dict[Hashable, list[float]] = {}
-    for score, key in zip(scores, group_keys):
-        if score is not None:
-            judged.setdefault(key, []).append(score)
-    filled = []
-    for score, key in zip(scores, group_keys):
-        if score is None:
-            members = judged.get(key)
-            score = sum(members) / len(members) if members else NEUTRAL_SCORE
-        filled.append(score)
-    return filled
 
 
 def _group_key(sample: "RewardSample") -> tuple:
@@ -236,8 +138,15 @@ class Judge:
         # Per sample of the last call: the grader-directed signals that got it the lowest score unjudged.
         self.last_injections: list[list[str]] = []
         self.injections = 0
+        # The differential check (differential.py): readings of cores, and rewards capped at the core's score.
+        self.last_capped: list[bool] = []
+        self.core_readings = 0
+        self.capped = 0
+        # Group mode: per response read in several orders, its highest reading less its lowest (the position bias
+        # the mean removes).
+        self.order_gaps: list[float] = []
         self.scoring = resolve_scoring(spec.scoring, engine)
-        check_rubric_scale(spec.rubric, self.scoring)
+        check_rubric_scale(spec.rubric, self.scoring, spec.rubric_numbers)
         self.escaper = TokenEscaper(tokenizer_tokens(getattr(engine, "tokenizer", None)))
         self.window = engine_window(engine, spec.max_prompt_tokens)
         self.count_tokens = token_counter(engine)
@@ -269,10 +178,37 @@ class Judge:
         # Samples the guard stopped are never shown to the judge; they rejoin with the lowest score at the end.
         all_samples, samples = samples, self._guarded(samples)
         group_keys = [_group_key(sample) for sample in samples]
+        threshold = self.spec.differential_threshold
+        items = judged_items(samples, group_keys, self.spec.mode, threshold)
+        readings: list[list[float]] = [[] for _ in items]
         if self.spec.mode == "group":
-            scores, requests = self._group_requests(samples, group_keys)
+            requests = self._group_requests(samples, items, group_keys, readings)
         else:
-            scores, requests = self._pointwise_requests(samples)
+            requests = self._pointwise_requests(samples, items, readings)
+        self._read(requests)
+        for request in requests:
+            for shared, score in zip(request.members, request.scores or []):
+                for item in shared:
+                    if score is not None:
+                        readings[item].append(score)
+        item_scores = [statistics.fmean(scores) if scores else None for scores in readings]
+        for scores in readings:  # a group read in several orders: how far the orders put one response apart
+            if len(scores) > 1:
+                self.order_gaps.append(max(scores) - min(scores))
+        scores, capped = combine(items, item_scores, len(samples), threshold)
+        self.last_failed = [score is None for score in scores]
+        self.failed_samples += sum(self.last_failed)
+        self.core_readings += sum(item.view == "core" for item in items)
+        self.capped += sum(capped)
+        final = failure_fill(scores, group_keys, self.spec.on_failure)
+        for request in requests:
+            self._log(request, [final[items[i].sample] for i in request.item_indices])
+        final = self._with_guarded(all_samples, final, capped)
+        self.seconds += self.clock() - started
+        return final
+
+    def _read(self, requests: list[JudgeRequest]) -> None:
+        """Run every request (its rationale first when reasoned), count the outcomes, cache what was read."""
         runnable = [request for request in requests if request.outcome != "too_long"]
         if self.scoring == "reasoned":
             self._write_rationales(runnable)
@@ -284,25 +220,15 @@ class Judge:
             if request.outcome == "too_long":  # logged as such; a failed reading in the outcome counts
                 self.outcomes["parse_error"] += 1
                 self.prompts_too_long += 1
-            if request.scores is not None:
-                if request.outcome == "ok":  # a partial reading is used once but never cached
-                    self.cache.put(request.key, request.scores)
-                for shared, score in zip(request.members, request.scores):
-                    for index in shared:
-                        scores[index] = score
-        self.last_failed = [score is None for score in scores]
-        self.failed_samples += sum(self.last_failed)
-        final = failure_fill(scores, group_keys, self.spec.on_failure)
-        for request in requests:
-            self._log(request, [final[i] for i in request.sample_indices])
-        final = self._with_guarded(all_samples, final)
-        self.seconds += self.clock() - started
-        return final
+            if request.scores is not None and request.outcome == "ok":
+                self.cache.put(request.key, request.scores)
 
     def _guarded(self, samples: list["RewardSample"]) -> list["RewardSample"]:
         """The samples to judge: those without a grader-directed signal (judge.injection_guard)."""
         self.last_injections = [
-            injection_signals(sample.completion, self.escaper) if self.spec.injection_guard == "minimum" else []
+            injection_signals(sample.completion, self.escaper, sample.prompt)
+            if self.spec.injection_guard == "minimum"
+            else []
             for sample in samples
         ]
         for sample, signals in zip(samples, self.last_injections):
@@ -311,11 +237,11 @@ class Judge:
                 self._log_injection(sample, signals)
         return [sample for sample, signals in zip(samples, self.last_injections) if not signals]
 
-    def _with_guarded(self, samples: list["RewardSample"], judged: list[float]) -> list[float]:
+    def _with_guarded(self, samples: list["RewardSample"], judged: list[float], capped: list[bool]) -> list[float]:
         """Scores for all samples: the judged ones in order, 0 for each one the guard stopped."""
-        scores = iter(judged)
-        failed = iter(self.last_failed)
+        scores, failed, core = iter(judged), iter(self.last_failed), iter(capped)
         self.last_failed = [False if signals else next(failed) for signals in self.last_injections]
+        self.last_capped = [False if signals else next(core) for signals in self.last_injections]
         return [0.0 if signals else next(scores) for signals in self.last_injections]
 
     def _log_injection(self, sample: "RewardSample", signals: list[str]) -> None:
@@ -357,28 +283,29 @@ class Judge:
             return self.spec.max_new_tokens + PREFILL_TOKENS
         return self.spec.max_new_tokens * count
 
-    def _pointwise_requests(self, samples: list["RewardSample"]) -> tuple[list[float | None], list[_Request]]:
-        scores: list[float | None] = [None] * len(samples)
-        requests: dict[str, _Request] = {}
-        for index, sample in enumerate(samples):
-            key = cache_key(
-                "pointwise", self.scoring, self.spec.rubric, sample.prompt, sample.reference, sample.completion
-            )
+    def _pointwise_requests(
+        self, samples: list["RewardSample"], items: list[Item], readings: list[list[float]]
+    ) -> list[JudgeRequest]:
+        """One request per distinct text of one question (cores included); cached readings go to `readings`."""
+        requests: dict[str, JudgeRequest] = {}
+        for index, item in enumerate(items):
+            sample = samples[item.sample]
+            text = normalised(item.text)
+            key = cache_key("pointwise", self.scoring, self.spec.rubric, sample.prompt, sample.reference, text)
             cached = self.cache.get(key)
             if cached is not None:
-                scores[index] = cached[0]
-            elif self.spec.cache and key in requests:  # the same response twice in one step: judged once
+                readings[index].append(cached[0])
+            elif self.spec.cache and key in requests:
                 requests[key].members[0].append(index)
             else:
                 messages, cut = self._fitted(
                     lambda texts, s=sample: pointwise_messages(
                         s.prompt, s.reference, texts[0], self.spec.rubric, self.scoring, self.escaper
                     ),
-                    [sample.completion],
+                    [item.text],
                     self._reserve(1),
                 )
-                # Without the cache every sample is its own request, even an identical one.
-                requests[key if self.spec.cache else f"{key}:{index}"] = _Request(
+                requests[key if self.spec.cache else f"{key}:{index}"] = JudgeRequest(
                     key=key,
                     messages=messages,
                     parse=lambda text: [parse_pointwise(text).score],
@@ -389,69 +316,70 @@ class Judge:
                     regex=pointwise_answer_regex(),
                     cut=cut,
                     outcome="too_long" if cut is not None and not cut.fits else "ok",
+                    view=item.view,
                 )
-        return scores, list(requests.values())
-
-    def _group_members(self, samples: list["RewardSample"], indices: list[int]) -> list[list[int]]:
-        """The group's distinct completions (identical ones judged once), in an order shuffled with the seed.
-
-        The order depends on the job's seed and the set of texts, not on where the
-        sampler put them, so a response's place in the prompt carries no signal and a
-        repeated group hits the cache.
-        """
-        by_text: dict[str, list[int]] = {}
-        for index in indices:
-            by_text.setdefault(samples[index].completion, []).append(index)
-        texts = sorted(by_text)  # sorted first, so the shuffle depends on the texts, not on the sampler's order
-        first = samples[indices[0]]
-        random.Random(cache_key("order", self.seed, first.prompt, first.reference, texts)).shuffle(texts)
-        return [by_text[text] for text in texts]
+        return list(requests.values())
 
     def _group_requests(
-        self, samples: list["RewardSample"], group_keys: list[tuple]
-    ) -> tuple[list[float | None], list[_Request]]:
-        scores: list[float | None] = [None] * len(samples)
+        self, samples: list["RewardSample"], items: list[Item], group_keys: list[tuple], readings: list[list[float]]
+    ) -> list[JudgeRequest]:
+        """Per group and view (differential.py), one request per order (grouping.py); cached ones go to `readings`."""
         groups: dict[tuple, list[int]] = {}
-        for index, key in enumerate(group_keys):
-            groups.setdefault(key, []).append(index)
+        for index, item in enumerate(items):
+            groups.setdefault((group_keys[item.sample], item.view), []).append(index)
         requests = []
-        for indices in groups.values():
-            first = samples[indices[0]]
-            members = self._group_members(samples, indices)
-            completions = [samples[shared[0]].completion for shared in members]
-            key = cache_key("group", self.scoring, self.spec.rubric, first.prompt, first.reference, completions)
-            cached = self.cache.get(key)
-            if cached is not None:
-                for shared, score in zip(members, cached):
-                    for index in shared:
-                        scores[index] = score
-                continue
-            ids = group_ids(len(members))
-            messages, cut = self._fitted(
-                lambda texts, s=first: group_messages(
-                    s.prompt, s.reference, texts, self.spec.rubric, self.scoring, self.escaper
-                ),
-                completions,
-                self._reserve(len(members)),
-            )
-            requests.append(
-                _Request(
-                    key=key,
-                    messages=messages,
-                    parse=lambda text, ids=ids: [verdict.score for verdict in parse_group(text, ids).values()],
-                    # max_new_tokens is the budget per judged response.
-                    max_new_tokens=self.spec.max_new_tokens * len(members),
-                    members=members,
-                    prefill=GROUP_PREFILL,
-                    stop=group_stop_strings(len(members)),
-                    regex=group_answer_regex(len(members)),
-                    cut=cut,
-                    outcome="too_long" if cut is not None and not cut.fits else "ok",
+        for (_, view), indices in groups.items():
+            first = samples[items[indices[0]].sample]
+            texts = [item.text for item in items]
+            members = distinct(texts, indices)
+            read_in = orders(members, self.seed, first.prompt, first.reference, self.spec.group_orders)
+            for order, ordered in enumerate(read_in):
+                completions = [texts[shared[0]] for shared in ordered]
+                key = cache_key(
+                    "group",
+                    self.scoring,
+                    self.spec.rubric,
+                    first.prompt,
+                    first.reference,
+                    [normalised(t) for t in completions],
                 )
-            )
-        return scores, requests
+                cached = self.cache.get(key)
+                if cached is not None:
+                    for shared, score in zip(ordered, cached):
+                        for index in shared:
+                            readings[index].append(score)
+                    continue
+                requests.append(self._group_request(first, key, ordered, completions, view, order))
+        return requests
 
-    def _write_rationales(self, requests: list[_Request]) -> None:
+    def _group_request(
+        self, first: "RewardSample", key: str, members: list[list[int]], completions: list[str], view: str, order: int
+    ) -> JudgeRequest:
+        ids = group_ids(len(members))
+        messages, cut = self._fitted(
+            lambda texts: group_messages(
+                first.prompt, first.reference, texts, self.spec.rubric, self.scoring, self.escaper
+            ),
+            completions,
+            self._reserve(len(members)),
+        )
+        return JudgeRequest(
+            key=key,
+            messages=messages,
+            parse=lambda text, ids=ids: [verdict.score for verdict in parse_group(text, ids).values()],
+            # max_new_tokens is the budget per judged response.
+            max_new_tokens=self.spec.max_new_tokens * len(members),
+            members=members,
+            prefill=GROUP_PREFILL,
+            stop=group_stop_strings(len(members)),
+            regex=group_answer_regex(len(members)),
+            cut=cut,
+            outcome="too_long" if cut is not None and not cut.fits else "ok",
+            view=view,
+            order=order,
+        )
+
+    def _write_rationales(self, requests: list[JudgeRequest]) -> None:
         """Reasoned scoring: every request's rationale, in one generate call; a failed one fails its request."""
         if not requests:
             return
@@ -475,7 +403,7 @@ class Judge:
             self.counters.prompt_tokens += len(completion.prompt_token_ids)
             self.counters.generated_tokens += len(completion.token_ids)
 
-    def _run_probabilities(self, requests: list[_Request]) -> None:
+    def _run_probabilities(self, requests: list[JudgeRequest]) -> None:
         """Read every request's scores from next-token distributions: one engine call per batch of prompts.
 
         The prompt ends with the answer's opening; the score is the expected value over the scale's tokens. In
@@ -543,7 +471,7 @@ class Judge:
         # Halved at each retry: a judge that wandered off the format is pushed toward its likeliest answer.
         return self.spec.temperature * 0.5**attempt
 
-    def _run(self, requests: list[_Request]) -> None:
+    def _run(self, requests: list[JudgeRequest]) -> None:
         """Generate, parse and retry until every request is ok or out of retries or time.
 
         The judge's JSON answer is constrained where the engine can (vLLM: a regular expression; transformers:
@@ -588,7 +516,7 @@ class Judge:
         for request in requests:
             self.outcomes[request.outcome] += 1
 
-    def _log(self, request: _Request, assigned: list[float]) -> None:
+    def _log(self, request: JudgeRequest, assigned: list[float]) -> None:
         if self.log is None:
             return
         self.log.write(
@@ -597,6 +525,9 @@ class Judge:
                 "step": self.step,
                 "mode": self.spec.mode,
                 "scoring": self.scoring,
+                # What was read: the responses as written or their cores (differential.py), and the group's order.
+                "view": request.view,
+                "order": request.order,
                 "prompt": request.prompt_text,
                 # The answer as parsed: the prefill the prompt ended with, then the generated text.
                 "raw_output": request.outputs[-1] if request.outputs else "",
@@ -647,6 +578,9 @@ class Judge:
             "cache_hits": self.cache.hits,
             "failed_samples": self.failed_samples,
             "injections": self.injections,
+            "core_readings": self.core_readings,
+            "position_bias": statistics.fmean(self.order_gaps) if self.order_gaps else None,
+            "capped": self.capped,
             "prompts_cut": self.prompts_cut,
             "prompts_too_long": self.prompts_too_long,
             "cache_entries": len(self.cache),

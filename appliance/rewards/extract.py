@@ -1,38 +1,69 @@
-"""Find the final numeric answer in a model's completion and compare it with a reference.
+"""Find the final numeric answer in a model's completion, and where it stands, and compare it with a reference.
 
-The result is a canonical string ("1,234.50" -> "1234.5"), so equal values
-compare equal as text too. `answers_match` compares values exactly
-(fractions, no float rounding).
+Every reading is of the folded text (fold.py), so a fullwidth or Arabic-Indic
+digit reads as the digit it shows. The result is a canonical string
+("1,234.50" -> "1234.5"), so equal values compare equal as text too.
+`answers_match` compares values exactly (fractions, no float rounding). A run
+of more than MAX_DIGITS digits is no number (a degenerate sample, not an
+answer), and a number the text negates ("not 42", "!= 42", "≠ 42") is not its
+answer. `answer_core` says where the answer and its working stand in the
+original text: what the judge's differential check keeps.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from fractions import Fraction
 
-# A number as people write it: optional sign (ASCII or Unicode minus), thousands
-# commas or plain digits, optional decimals, optional "/denominator". The
-# look-behind keeps "H2O" or "v1.2" tails from reading as numbers.
+from appliance.rewards.fold import fold, fold_with_offsets
+
+# Longer digit runs are no number: no answer needs them, and Python refuses to read past 4300 digits.
+MAX_DIGITS = 64
+# A number as people write it: optional sign (ASCII or Unicode minus), thousands commas or plain digits,
+# optional decimals, optional "/denominator", and no decimals cut short after it. The look-behind keeps
+# "H2O" or "v1.2" tails from reading as numbers, and a thousands group is never a number of its own.
 NUMBER = re.compile(
-    r"(?<![\w.])(?P<sign>[-\u2212])?"
-    r"(?P<int>\d{1,3}(?:,\d{3})+(?!\d)|\d+|(?=\.\d))(?P<frac>\.\d+)?"
-    r"(?:\s*/\s*(?P<den>\d+)(?!\.\d))?"
+    r"(?<![\w.])(?!(?<=\d,)\d{3}(?!\d))(?P<sign>[-\u2212])?"
+    rf"(?P<int>\d{{1,3}}(?:,\d{{3}}){{1,{MAX_DIGITS // 3}}}(?!,?\d)|\d{{1,{MAX_DIGITS}}}(?!\d|,\d{{3}})|(?=\.\d))"
+    rf"(?P<frac>\.\d{{1,{MAX_DIGITS}}}(?!\d))?"
+    rf"(?:\s*/\s*(?P<den>\d{{1,{MAX_DIGITS}}})(?!\d))?(?(frac)|(?!\.\d))"
 )
-_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
+_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]{1,80})\s*\}\s*\{\s*(-?[\d.,]{1,80})\s*\}")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _GSM8K_MARK = re.compile(r"####\s*(.*)")
 # One line after the phrase, so later working ("check: 5 = 5") cannot take over.
 _ANSWER_PROSE = re.compile(r"answer\s*(?:is|was|:|=)\s*:?\s*(.{0,80})", re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# What right before a number says it is not the answer: "not", "isn't", "!=", "≠", "=/=", "\neq".
+_NEGATION = re.compile(
+    r"(?:!=|=/=|<>|≠|\\neq?|\bnot|n't|\bnever)(?:\s+(?:equal|equals|equal\s+to|be|been))?\s*[:=]?\s*[$€£]?\s*$",
+    re.IGNORECASE,
+)
+# An equals sign that states equality ("x = 5"), not part of "!=", "<=", ">=", "==" or "=/=".
+_EQUALS = re.compile(r"(?<![!<>=/])=(?![=/])")
+# After an answer: the punctuation and closing tags that close it on its line ("45.", "50</effect>", "4 + 1 =",
+# a dangling "21 <"), never the start of another tag.
+_CLOSING = re.compile(r"(?:</\w{1,32}>|<(?![/\w])|[^\w\n<])*")
+WORKING_OPEN = "<reasoning>"
 
 
-def parse_number(text: str) -> Fraction | None:
-    """The value of the first number in `text` (see the module docstring), or None."""
-    text = _LATEX_FRAC.sub(r"\1/\2", text)
-    match = NUMBER.search(text)
-    if match is None:
-        return None
-    return _value(match)
+@dataclass(frozen=True)
+class Found:
+    """A number in a text: where it stands and its value."""
+
+    start: int
+    end: int
+    value: Fraction
+
+
+@dataclass(frozen=True)
+class AnswerSpan:
+    """Where the final answer stands in a (folded) text: the whole marked span, or the number itself."""
+
+    start: int
+    end: int
+    value: Fraction
 
 
 def _value(match: re.Match) -> Fraction | None:
@@ -46,29 +77,49 @@ def _value(match: re.Match) -> Fraction | None:
     return -value if match.group("sign") else value
 
 
-def _number_in_span(span: str) -> Fraction | None:
-    """The answer inside a marked span: after the last '=', else the first number."""
-    span = _LATEX_FRAC.sub(r"\1/\2", span)
-    if "=" in span:
-        found = parse_number(span.rsplit("=", 1)[1])
-        if found is not None:
-            return found
-    return parse_number(span)
+def _latex_value(match: re.Match) -> Fraction | None:
+    numerator, denominator = (parse_number(group) for group in match.groups())
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
 
 
-def _last_number(text: str) -> Fraction | None:
-    text = _LATEX_FRAC.sub(r"\1/\2", text)
-    matches = list(NUMBER.finditer(text))
-    for match in reversed(matches):
-        value = _value(match)
-        if value is not None:
-            return value
-    return None
+def numbers(text: str, start: int = 0, end: int | None = None) -> list[Found]:
+    """Every number in text[start:end] that the text does not negate, in order (LaTeX fractions included)."""
+    end = len(text) if end is None else end
+    region = text[start:end]
+    latex = [(m.start(), m.end(), _latex_value(m)) for m in _LATEX_FRAC.finditer(region)]
+    plain = [
+        (m.start(), m.end(), _value(m))
+        for m in NUMBER.finditer(region)
+        if not any(s <= m.start() < e for s, e, _ in latex)
+    ]
+    found = []
+    for position, stop, value in sorted(latex + plain, key=lambda item: item[0]):
+        if value is not None and not _NEGATION.search(region[max(0, position - 24) : position]):
+            found.append(Found(start + position, start + stop, value))
+    return found
 
 
-def _boxed_contents(text: str) -> list[str]:
-    """Contents of every \\boxed{...}, with nested braces balanced."""
-    contents = []
+def parse_number(text: str) -> Fraction | None:
+    """The value of the first number in `text` (see the module docstring), or None."""
+    found = numbers(text)
+    return found[0].value if found else None
+
+
+def _number_in_span(text: str, start: int, end: int) -> Found | None:
+    """The answer inside a marked span: the first number after the last '=', else the first number."""
+    found = numbers(text, start, end)
+    if not found:
+        return None
+    equals = [m.end() for m in _EQUALS.finditer(text, start, end)]
+    after = [number for number in found if equals and number.start >= equals[-1]]
+    return after[0] if after else found[0]
+
+
+def _boxed_spans(text: str) -> list[tuple[int, int, int, int]]:
+    """(start, end, inner start, inner end) of every \\boxed{...}, with nested braces balanced."""
+    spans = []
     for match in _BOXED.finditer(text):
         depth, start = 1, match.end()
         for position in range(start, len(text)):
@@ -77,19 +128,39 @@ def _boxed_contents(text: str) -> list[str]:
             elif text[position] == "}":
                 depth -= 1
                 if depth == 0:
-                    contents.append(text[start:position])
+                    spans.append((match.start(), position + 1, start, position))
                     break
-    return contents
+    return spans
 
 
-def _marked_spans(text: str) -> list[list[str]]:
-    """Candidate spans per rule, in priority order; within a rule the last span first."""
+def _marked_spans(text: str) -> list[tuple[list[tuple[int, int, int, int]], bool]]:
+    """Candidate spans per rule, in priority order, the last span first; and whether the markup closes
+    (a closed span ends at its closing markup, an open one at the answer's number)."""
+    groups = lambda pattern: [(m.start(), m.end(), m.start(1), m.end(1)) for m in pattern.finditer(text)]  # noqa: E731
     return [
-        list(reversed(_ANSWER_TAG.findall(text))),
-        list(reversed(_boxed_contents(text))),
-        list(reversed(_GSM8K_MARK.findall(text))),
-        list(reversed(_ANSWER_PROSE.findall(text))),
+        (list(reversed(groups(_ANSWER_TAG))), True),
+        (list(reversed(_boxed_spans(text))), True),
+        (list(reversed(groups(_GSM8K_MARK))), False),
+        (list(reversed(groups(_ANSWER_PROSE))), False),
     ]
+
+
+def locate_answer(folded: str) -> AnswerSpan | None:
+    """Where the final answer of a folded text stands, with its value; None when the text holds no number.
+
+    The answer is looked for where a model or a dataset marks it, in this order, taking the last marker of the
+    first kind found: `<answer>...</answer>` (what the format rewards teach), `\\boxed{...}` (math-tuned models),
+    `#### N` (GSM8K solutions, so references parse the same way), "the answer is N" / "answer: N", else the last
+    number anywhere. Inside a marked span the number after the last "=" wins ("6 * 7 = 42"), else the first one
+    ("18 dollars (3 bags)"); a span with no number falls through to the next rule.
+    """
+    for spans, closed in _marked_spans(folded):
+        for start, end, inner_start, inner_end in spans:
+            found = _number_in_span(folded, inner_start, inner_end)
+            if found is not None:
+                return AnswerSpan(start, end if closed else found.end, found.value)
+    found = numbers(folded)
+    return AnswerSpan(found[-1].start, found[-1].end, found[-1].value) if found else None
 
 
 def format_number(value: Fraction) -> str:
@@ -112,23 +183,15 @@ def format_number(value: Fraction) -> str:
 
 
 def extract_value(text: str | None) -> Fraction | None:
-    """The numeric value of the final answer in `text`, or None when it holds no number.
+    """The numeric value of the final answer in `text` (folded first; see `locate_answer`), or None.
 
-    The answer is looked for where a model or a dataset marks it, in this order, taking the last marker of the
-    first kind found: `<answer>...</answer>` (what the format rewards teach), `\\boxed{...}` (math-tuned models),
-    `#### N` (GSM8K solutions, so references parse the same way), "the answer is N" / "answer: N", else the last
-    number anywhere. Inside a marked span the number after the last "=" wins ("6 * 7 = 42"), else the first one
-    ("18 dollars (3 bags)"); a span with no number falls through to the next rule. Numbers may carry a sign,
-    thousands commas, decimals, a currency sign or unit, or be a fraction ("3/4", `\\frac{3}{4}`).
+    Numbers may carry a sign, thousands commas, decimals, a currency sign or unit, or be a fraction
+    ("3/4", `\\frac{3}{4}`).
     """
     if not text:
         return None
-    for spans in _marked_spans(text):
-        for span in spans:
-            value = _number_in_span(span)
-            if value is not None:
-                return value
-    return _last_number(text)
+    span = locate_answer(fold(text))
+    return None if span is None else span.value
 
 
 def extract_answer(text: str | None) -> str | None:
@@ -142,3 +205,19 @@ def answers_match(predicted: str | None, reference: str | None) -> bool:
     predicted_value = extract_value(predicted)
     reference_value = extract_value(reference)
     return predicted_value is not None and predicted_value == reference_value
+
+
+def answer_core(text: str) -> tuple[int, int] | None:
+    """(start, end) in `text` of its answer and the working before it; None when it holds no number.
+
+    The end is the answer span's (`locate_answer`) and the punctuation closing it on its line; the start is
+    the task's `<reasoning>` block when one opens before the answer, else the text's start. What lies outside
+    is not part of answering: the judge's differential check (judge/differential.py) scores the text without it.
+    """
+    folded = fold_with_offsets(text)
+    span = locate_answer(folded.text)
+    if span is None:
+        return None
+    end = span.end + len(_CLOSING.match(folded.text, span.end).group(0).rstrip())
+    opening = folded.text.find(WORKING_OPEN, 0, span.start)
+    return folded.original(max(opening, 0), end)

@@ -4,7 +4,9 @@ They follow the layered GSM8K GRPO recipes (willccbb's gist, the AtomicGPT
 study): a correctness reward carries the signal, small format rewards teach
 the `<reasoning>...</reasoning><answer>...</answer>` layout first. Each
 returns its full value for a perfect completion (1.0 unless said otherwise);
-the job file's weights set how much each counts.
+the job file's weights set how much each counts. Every rule reads the
+completion's folded form (fold.py), as the judge's guard does, and no text
+makes a rule raise: a degenerate sample scores what its text earns.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import re
 
 from appliance.rewards.extract import NUMBER, answers_match, extract_value
+from appliance.rewards.fold import fold
 
 # Strict: each tag on its own line, as the recipes' system prompt shows it. Soft: the two blocks in order, any
 # spacing; the softer reward is what a small model earns first.
@@ -43,12 +46,12 @@ def strict_format(prompt: str, completion: str, reference: str | None, metadata:
 
     with only whitespace after the closing tag; else 0.0.
     """
-    return 1.0 if _STRICT_LAYOUT.fullmatch(completion) else 0.0
+    return 1.0 if _STRICT_LAYOUT.fullmatch(fold(completion)) else 0.0
 
 
 def soft_format(prompt: str, completion: str, reference: str | None, metadata: dict) -> float:
     """1.0 when a <reasoning> block is followed by an <answer> block anywhere in the completion."""
-    return 1.0 if _SOFT_LAYOUT.search(completion) else 0.0
+    return 1.0 if _SOFT_LAYOUT.search(fold(completion)) else 0.0
 
 
 def answer_format(prompt: str, completion: str, reference: str | None, metadata: dict) -> float:
@@ -56,6 +59,7 @@ def answer_format(prompt: str, completion: str, reference: str | None, metadata:
 
     The short layout of the multiply demo: any reasoning may come before the block.
     """
+    completion = fold(completion)
     if completion.count("<answer>") != 1 or completion.count("</answer>") != 1:  # several answers: none counts
         return 0.0
     block = _ANSWER_BLOCK.search(completion)
@@ -77,6 +81,7 @@ def xmlcount(prompt: str, completion: str, reference: str | None, metadata: dict
     completion that stops right after </answer> is not penalised), and text
     after </answer> is counted once, not once per tag.
     """
+    completion = fold(completion)
     score = 0.0
     if completion.count("<reasoning>\n") == 1:
         score += 0.125
@@ -119,4 +124,4 @@ RULES = {
 
 def format_compliant(completion: str) -> bool:
     """True when an <answer>...</answer> block holding a number is present (eval's "format compliance")."""
-    return any(NUMBER.search(block) for block in _ANSWER_BLOCK.findall(completion))
+    return any(NUMBER.search(block) for block in _ANSWER_BLOCK.findall(fold(completion)))

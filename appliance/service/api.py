@@ -236,3 +236,7 @@ class TrajectoriesAccepted(_Wire):
     accepted: int = Field(description="groups accepted by this call; they train in the job's next steps")
     queued: int = Field(description="accepted groups waiting for a step, this call's included")
     step: int
+    unserved_messages_dropped: int = Field(
+        default=0,
+        description="messages after a trajectory's last served turn, left out (never trained, read by no reward)",
+    )

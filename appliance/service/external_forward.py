@@ -93,4 +93,10 @@ def forward_trajectories(daemon: "Daemon", job_id: str, groups: list[dict]) -> T
         # The worker's own refusals (4xx) pass through as they are; its failures are the gateway's (502).
         raise EndpointRefused(response.status_code if 400 <= response.status_code < 500 else 502, message)
     body = response.json()
-    return TrajectoriesAccepted(job_id=job_id, accepted=body["accepted"], queued=body["queued"], step=body["step"])
+    return TrajectoriesAccepted(
+        job_id=job_id,
+        accepted=body["accepted"],
+        queued=body["queued"],
+        step=body["step"],
+        unserved_messages_dropped=body.get("unserved_messages_dropped", 0),
+    )

@@ -139,14 +139,22 @@ def test_an_external_agent_plays_and_its_groups_are_collected(source, tmp_path):
     assert submit(source, groups, token="wrong").status_code == 401
     accepted = submit(source, groups)
     assert accepted.status_code == 200, accepted.text
-    assert accepted.json() == {"accepted": 1, "queued": 1, "step": 1}
+    # the ledger wrote when and how each trajectory's turns were served (the client's say replaced), and
+    # left out what came after the last served turn (a tool result the turn limit cut off)
+    dropped = 0
+    for group in groups:
+        for trajectory in group["trajectories"]:
+            messages = trajectory["messages"]
+            last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            dropped += len(messages) - last - 1
+            trajectory["messages"] = messages[: last + 1]
+            trajectory["metadata"].update(served_step=1, served_sampling={"temperature": 1.0, "top_p": 1.0})
+            if len(messages) > last + 1:
+                trajectory["metadata"]["unserved_messages_dropped"] = len(messages) - last - 1
+    assert accepted.json() == {"accepted": 1, "queued": 1, "step": 1, "unserved_messages_dropped": dropped}
     thread.join(30)
     assert "error" not in box
     collected = box["groups"]
-    # the ledger wrote when and how each trajectory's turns were served (the client's say replaced)
-    for group in groups:
-        for trajectory in group["trajectories"]:
-            trajectory["metadata"].update(served_step=1, served_sampling={"temperature": 1.0, "top_p": 1.0})
     assert [g.model_dump(mode="json") for g in collected] == groups
     again = submit(source, groups)
     assert again.status_code == 422 and "already submitted" in again.json()["error"]["message"]
@@ -211,3 +219,42 @@ def test_tool_calls_come_back_in_the_openai_shape(source):
     )
     assert rendered[0]["role"] == "system" and "<tools>" in rendered[0]["content"]
     assert rendered[2] == {"role": "assistant", "content": text} and rendered[3] == {"role": "tool", "content": "408"}
+
+
+def test_a_cut_turn_with_whole_tool_calls_still_says_it_was_cut(source):
+    text = '<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call> and then I will'
+    completion = Completion(
+        prompt_index=0,
+        prompt_token_ids=[1, 2],
+        token_ids=[4, 5, 6],
+        text=text,
+        logprobs=[-0.1] * 3,
+        finish_reason="length",
+    )
+    extra = source.service.hooks.reply([1, 2], completion, "call_y_0")
+    assert extra["finish_reason"] == "length" and len(extra["message"]["tool_calls"]) == 1
+    (served,) = source.ledger._entries.values()
+    assert served.finish_reason == "length"  # what the ledger writes over a submitted "stop"
+
+
+def test_the_endpoint_serves_no_more_than_the_jobs_bound(tiny_engine, tmp_path):
+    bounded = ExternalSource(
+        tiny_engine, tmp_path, group_size=2, served_name="student", policy=SamplingPolicy(1.0, 1.0, max_tokens=3)
+    )
+    try:
+        thread, box = collect_in_thread(bounded, 1, 1)  # the trainer's collect opens the endpoint
+        reply = httpx.post(
+            bounded.url + "/chat/completions",
+            timeout=120,
+            headers={"Authorization": f"Bearer {bounded.token}"},
+            json={"model": "student", "max_tokens": 64, "messages": [{"role": "user", "content": "Count to fifty."}]},
+        )
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["usage"]["completion_tokens"] <= 3
+        (served,) = bounded.ledger._entries.values()
+        assert served.finish_reason == body["choices"][0]["finish_reason"]
+        assert body["usage"]["completion_tokens"] < 3 or body["choices"][0]["finish_reason"] == "length"
+    finally:
+        bounded.close()
+        thread.join(30)

@@ -249,7 +249,8 @@ def test_an_external_job_serves_with_its_grpo_sampling_and_staleness(tiny_engine
     )
     source = make_source(spec, tiny_engine, tmp_path, job_dir=tmp_path)
     try:
-        assert source.service.policy == SamplingPolicy(temperature=0.8, top_p=0.95)
+        # grpo.max_new_tokens (default 128) is the most a turn is served
+        assert source.service.policy == SamplingPolicy(temperature=0.8, top_p=0.95, max_tokens=128)
         assert source.max_staleness == 2
     finally:
         source.close()

@@ -64,3 +64,53 @@ def test_a_shared_base_judge_is_the_student_loaded_as_the_student_is(tiny_model_
         assert engine.name.endswith("(base)") and engine.model.config.hidden_size == 64  # the tiny student
     finally:
         engine.close()
+
+
+def biased_group_answer(prompt: str) -> str:
+    """A scripted group judge that gives the response it reads first 9 and every other 3, whatever they say."""
+    import re
+
+    count = len(re.findall(r'<response id="\d+"', prompt))
+    if count == 0:  # a pointwise prompt
+        return "5}"
+    entries = [f'{{"id": "{i}", "score": {9 if i == 1 else 3}, "explanation": "x"}}' for i in range(1, count + 1)]
+    return ", ".join([entries[0].split('"score": ', 1)[1]] + entries[1:]) + "]}"
+
+
+def test_group_mode_reports_the_position_bias_and_cancels_it(scripted_engine):
+    rows = [
+        LabelledRow("What is 2 x 3?", "6", "<answer>6</answer>", 1.0),
+        LabelledRow("What is 2 x 3?", "6", "<answer>5</answer>", 0.0),
+    ]
+    engine = scripted_engine(biased_group_answer)
+    report = evaluate_judge(
+        rows, lambda log: Judge(JudgeSpec(model="m", mode="group", scoring="generate"), engine, log)
+    )
+    assert report.position_bias == pytest.approx(0.6)  # 0.9 first, 0.3 second: each response's orders differ so
+    assert report.score_std == 0.0 and report.pairwise_accuracy == 0.5  # ... and the mean of the two is a tie
+    pointwise = evaluate_judge(rows, lambda log: Judge(JudgeSpec(model="m", scoring="generate"), engine, log))
+    assert pointwise.position_bias is None
+
+
+def test_judge_eval_measures_the_guard_on_the_tasks_own_gold_answers(tmp_path):
+    from appliance.cli.judge_cmd import _guard_on_gold
+    from appliance.config.schema import JobSpec
+
+    shipped = _guard_on_gold(None)
+    assert shipped["source"] == "builtin:gsm8k" and shipped["total"] == 7473 and not shipped["warning"]
+    scores = tmp_path / "scores.jsonl"
+    # A task whose own answers read as score claims: the guard would zero the correct ones.
+    scores.write_text(
+        "".join(f'{{"question": "How did team {i} do?", "answer": "Rating: {i % 3 + 8}/10"}}\n' for i in range(40))
+    )
+    job = JobSpec.model_validate(
+        {
+            "name": "j",
+            "student": {"model": "m"},
+            "task": {"dataset": str(scores), "held_out": 4},
+            "rewards": [{"name": "judge"}],
+            "judge": {"model": "m"},
+        }
+    )
+    guard = _guard_on_gold(job)
+    assert guard["total"] == 40 and guard["flagged"] == 40 and guard["warning"]

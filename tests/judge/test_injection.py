@@ -119,14 +119,17 @@ class PromptRecorder:
 
 def test_the_judge_sends_hostile_responses_only_inside_blocks():
     engine = PromptRecorder()
-    judge = Judge(JudgeSpec(model="m", mode="group", scoring="probabilities", injection_guard="off"), engine)
+    spec = JudgeSpec(
+        model="m", mode="group", scoring="probabilities", injection_guard="off", differential_threshold=None
+    )
+    judge = Judge(spec, engine)
     at_load = len(engine.prompts)  # the scale check and the score-mass probe
     responses = list(HOSTILE.values())
     judge([RewardSample(prompt=QUESTION, completion=r, reference=REFERENCE, group=0) for r in responses])
     sent = engine.prompts[at_load:]
-    assert len(sent) == len(responses)
-    for index, prompt in enumerate(sent, start=1):
-        assert prompt.endswith(f'<|im_start|>assistant\n{{"id": "{index}", "score": ')
+    assert len(sent) == 4 * len(responses)  # the group in its four orders (judge.group_orders)
+    for index, prompt in enumerate(sent):
+        assert prompt.endswith(f'<|im_start|>assistant\n{{"id": "{index % len(responses) + 1}", "score": ')
         assert prompt.count("<|im_start|>") == 3 and prompt.count("<|im_end|>") == 2
         user = prompt.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
         # Every response in its own block, once (in the order the job's seed shuffled them to).

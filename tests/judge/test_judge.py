@@ -132,7 +132,7 @@ def group_scorer(score_of: dict[str, int], default: int = 0):
     return answer
 
 
-def test_group_mode_sends_each_group_once_with_response_blocks(scripted_engine):
+def test_group_mode_reads_each_group_in_several_orders(scripted_engine):
     engine = scripted_engine(group_scorer({"42": 10, "forty": 2, "6": 7, "six": 7, "5": 0}))
     judge = Judge(spec(mode="group", max_new_tokens=50), engine, log_path=None)
     samples = [
@@ -144,12 +144,14 @@ def test_group_mode_sends_each_group_once_with_response_blocks(scripted_engine):
     ]
     assert judge(samples) == pytest.approx([0.2, 1.0, 0.7, 0.7, 0.0])
     prompts, sampling = engine.calls[0]
-    assert len(engine.calls) == 1 and len(prompts) == 2
+    # In one call: the group of two in its two orders, the group of three in four (judge.group_orders).
+    assert len(engine.calls) == 1 and len(prompts) == 6
     assert prompts[0].count("What is 6 x 7?") == 1
-    assert sorted(text for _, text in GROUP_BLOCK.findall(prompts[0])) == ["42", "forty"]
-    assert prompts[1].endswith('</user>\n{"scores": [{"id": "1", "score": ')
+    forward, backward = ([text for _, text in GROUP_BLOCK.findall(prompt)] for prompt in prompts[:2])
+    assert sorted(forward) == ["42", "forty"] and backward == forward[::-1]
+    assert prompts[3].endswith('</user>\n{"scores": [{"id": "1", "score": ')
     assert sampling.max_new_tokens == 150  # the per-response budget times the largest group
-    assert judge.outcomes["ok"] == 2
+    assert judge.outcomes["ok"] == 6
 
 
 def test_group_mode_judges_identical_completions_once_with_one_score(scripted_engine):
@@ -158,8 +160,8 @@ def test_group_mode_judges_identical_completions_once_with_one_score(scripted_en
     texts = ["<answer>42</answer>", "<answer>41</answer>", "<answer>42</answer>", "<answer>42</answer>"]
     scores = judge([sample(text) for text in texts])
     assert scores == pytest.approx([0.9, 0.3, 0.9, 0.9])
-    (prompt,) = engine.calls[0][0]
-    assert len(GROUP_BLOCK.findall(prompt)) == 2  # each distinct text once: no copy pays judge tokens
+    for prompt in engine.calls[0][0]:
+        assert len(GROUP_BLOCK.findall(prompt)) == 2  # each distinct text once: no copy pays judge tokens
 
 
 def test_group_order_is_shuffled_by_the_seed_not_by_the_sampler(scripted_engine):
@@ -193,7 +195,7 @@ def test_group_with_a_missing_id_is_retried_then_scored_as_a_constant(scripted_e
     scores = judge([sample("a"), sample("b"), sample("c")])
     assert "missing ids: 2, 3" in engine.calls[1][0][0]
     assert scores == [0.5, 0.5, 0.5]
-    assert judge.outcomes == {"ok": 0, "parse_error": 1, "timeout": 0}
+    assert judge.outcomes == {"ok": 0, "parse_error": 4, "timeout": 0}  # every order
 
 
 def test_identical_pairs_are_judged_once_per_job(scripted_engine):

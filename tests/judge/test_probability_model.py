@@ -68,14 +68,14 @@ def test_every_row_is_scored_with_a_logged_distribution(engine, tmp_path, mode):
         RewardSample(prompt=r.question, completion=r.response, reference=r.reference, group=i // 2)
         for i, r in enumerate(rows)
     ]
-    spec = JudgeSpec(model="smollm2-135m-instruct", mode=mode, cache=False)
+    spec = JudgeSpec(model="smollm2-135m-instruct", mode=mode, cache=False, differential_threshold=None)
     judge = Judge(spec, engine, log_path=tmp_path / "judge.jsonl")
     judge.set_step(1)
     scores = judge(samples)
     judge.close()
 
     assert judge.scoring == "probabilities"
-    requests = len(rows) if mode == "pointwise" else len(rows) // 2
+    requests = len(rows)  # pointwise: one per row; group: 6 groups, two orders each
     assert judge.outcomes == {"ok": requests, "parse_error": 0, "timeout": 0}
     lines = [json.loads(line) for line in (tmp_path / "judge.jsonl").read_text().splitlines()]
     assert len(lines) == requests
@@ -110,13 +110,17 @@ def test_judge_eval_cli_reports_every_probability_mode(store_data_dir, capsys):
     )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
+    guard = report["guard_on_gold_answers"]  # the guard on the shipped GSM8K gold solutions, under the warning
+    assert guard["source"] == "builtin:gsm8k" and guard["total"] == 7473 and not guard["warning"]
     assert [(r["mode"], r["scoring"]) for r in report["reports"]] == [
         ("pointwise", "probabilities"),
         ("group", "probabilities"),
     ]
     for r in report["reports"]:
         assert r["rows"] == 8 and r["failures"] == 0 and r["failure_rate"] == 0.0
-        assert r["requests"] == (8 if r["mode"] == "pointwise" else 4)
+        # pointwise: one reading per row (each ends at its answer: no core to read); group: 4 groups, two orders
+        assert r["requests"] == 8 and r["core_readings"] == 0
+        assert (r["position_bias"] is None) == (r["mode"] == "pointwise")
         assert (
             r["score_std"] > 0 and r["prompt_tokens_per_completion"] > 100 and r["generated_tokens_per_completion"] == 0
         )

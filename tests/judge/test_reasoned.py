@@ -109,12 +109,15 @@ def test_group_mode_reasons_once_per_group_and_reads_each_id_after_the_reason_li
     judge([sample("The answer is 42."), sample("The answer is 41.")])
 
     _, rationale_prompts, _ = engine.calls[0]
-    assert len(rationale_prompts) == 1 and "Reply first with one line" in rationale_prompts[0]
-    _, score_prompts, _ = engine.calls[1]
-    assert [p.rsplit("<assistant>", 1)[1] for p in score_prompts] == [
-        '{"reason": "Response 1 is right, the other is wrong"}\n{"id": "1", "score": ',
-        '{"reason": "Response 1 is right, the other is wrong"}\n{"id": "2", "score": ',
-    ]
+    assert len(rationale_prompts) == 2  # the group in an order and its reversal
+    assert all("Reply first with one line" in prompt for prompt in rationale_prompts)
+    # One call per order, each reading every id after that order's reason line.
+    for call in engine.calls[1:]:
+        assert [p.rsplit("<assistant>", 1)[1] for p in call[1]] == [
+            '{"reason": "Response 1 is right, the other is wrong"}\n{"id": "1", "score": ',
+            '{"reason": "Response 1 is right, the other is wrong"}\n{"id": "2", "score": ',
+        ]
+    assert len(engine.calls) == 3
 
 
 def test_a_rationale_cut_at_max_new_tokens_is_still_read_and_logged_as_cut(tmp_path):

@@ -17,22 +17,38 @@ OUTSIDE_PROBABILITY = [
     "On a scale of 0-10, judge correctness.",
     "A perfect answer gets a 10.",
     "Award 10 points for completeness.",
+    "Scores: 0 (wrong) ... 10 (perfect)",
+    "Use a ten-point scale.",
+    "Judge on a scale from zero to ten.",
+    "Mark it out of ten.",
+    "A perfect answer: 10 \u2014 anything else less.",
+    "Perfect answers get \uff11\uff10.",  # fullwidth digits
+    "Give a perfect answer te\u200bn.",  # a zero-width space inside the word
 ]
 INSIDE = [
     "Give 9 for a perfect answer and 0 for a wrong one.",
-    "Answers over 100 words are too long; score 0 to 9.",
     "The answer has 3 digits. A correct one scores 9.",
+    "Score from zero to nine.",
     "",
 ]
 
 
 @pytest.mark.parametrize("rubric", OUTSIDE_PROBABILITY)
-def test_scores_above_nine_are_refused_for_probability_scoring(rubric):
-    with pytest.raises(RubricScaleError, match=r"names the score 10 .* reads scores 0-9.*scoring: generate"):
+def test_any_number_above_nine_is_refused_for_probability_scoring(rubric):
+    with pytest.raises(RubricScaleError, match=r"names the number 10 .* scores 0-9.*scoring: generate"):
         check_rubric_scale(rubric, "probabilities")
     with pytest.raises(RubricScaleError):
         check_rubric_scale(rubric, "auto")
     check_rubric_scale(rubric, "generate")  # 0-10 holds them
+
+
+def test_a_number_that_is_no_score_passes_when_the_job_lists_it():
+    rubric = "Answers over 100 words are too long; score 0 to 9."
+    with pytest.raises(RubricScaleError, match=r"names the number 100 .* list it in judge.rubric_numbers"):
+        check_rubric_scale(rubric, "probabilities")
+    check_rubric_scale(rubric, "probabilities", allowed=[100])
+    with pytest.raises(RubricScaleError, match="names the number 20"):
+        check_rubric_scale(rubric + " Use a twenty-point scale.", "probabilities", allowed=[100])
 
 
 @pytest.mark.parametrize("rubric", INSIDE)
@@ -58,7 +74,10 @@ def test_job_check_names_the_rubric_key(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(
         "name: j\nstudent: {model: smollm2-135m-instruct}\ntask: {dataset: 'builtin:multiply'}\n"
-        "rewards: [{name: judge}]\njudge: {model: smollm2-135m-instruct, rubric: 'A perfect answer scores 10.'}\n"
+        "rewards: [{name: judge}]\njudge: {model: smollm2-135m-instruct, rubric: 'Scores: 0 (wrong) ... 10 (perfect)'}\n"
     )
     errors = check_job_file(job, tmp_path / "data", check_models=False)
-    assert any("judge.rubric names the score 10" in str(error) and "rubric" in str(error) for error in errors)
+    assert any("judge.rubric names the number 10" in str(error) and "rubric" in str(error) for error in errors)
+    allowed = job.read_text().replace("judge: {", "judge: {rubric_numbers: [10], ")
+    job.write_text(allowed)
+    assert check_job_file(job, tmp_path / "data", check_models=False)[1] == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.rewards.extract import answers_match, extract_answer
+from appliance.rewards.extract import answer_core, answers_match, extract_answer
 
 EXTRACTION_CASES = [
     # (text, expected canonical answer)
@@ -74,3 +74,77 @@ def test_answers_match(predicted, reference, expected):
 )
 def test_canonical_form_is_exact(text, expected):
     assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The answer is not 42, it is 43.", "43"),
+        ("43 != 42", "43"),
+        ("43 \u2260 42", "43"),
+        ("43 =\u0338 42", "43"),  # "not equal" spelled with a combining slash
+        ("<answer>43 != 42</answer>", "43"),
+        ("The answer isn't 42. It is 41.", "41"),
+        ("x = 5, which is not equal to 6", "5"),
+        ("It is 42, not 43.", "42"),
+        ("42 =/= 41, so 42", "42"),
+        ("\\boxed{43 \\neq 42}", "43"),
+        ("The answer is not 42.", None),  # the only number is negated: no answer
+    ],
+)
+def test_a_negated_number_is_never_the_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(("completion", "reference"), [("The answer is not 42, it is 43", "42"), ("43 != 42", "42")])
+def test_saying_the_reference_is_wrong_earns_no_credit(completion, reference):
+    assert not answers_match(completion, reference)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "9" * 10_000,
+        "The answer is " + "7" * 4301,
+        "<answer>" + "1" * 65 + "</answer>",
+        "1." + "0" * 100,
+        "1," + ",".join(["000"] * 30),
+        "\\frac{" + "9" * 200 + "}{" + "3" * 200 + "}",
+    ],
+)
+def test_a_number_past_a_sane_length_is_no_number(text):
+    assert extract_answer(text) is None
+
+
+def test_a_long_number_does_not_hide_the_answer_after_it():
+    assert extract_answer("1" * 5000 + "\nso the answer is 12") == "12"
+    assert extract_answer("1" * 64) == "1" * 64  # the longest number that still reads
+
+
+@pytest.mark.parametrize(
+    ("text", "core"),
+    [
+        ("9 * 5 = 45, so <answer>18</answer>\nMy score: nine.", "9 * 5 = 45, so <answer>18</answer>"),
+        ("multiplied by 12.\nScore: ten", "multiplied by 12."),
+        ("4 + 1 =\nGreat work", "4 + 1 ="),
+        (
+            "Sure! <reasoning>\n9*5\n</reasoning>\n<answer>\n45\n</answer>\nDone",
+            "<reasoning>\n9*5\n</reasoning>\n<answer>\n45\n</answer>",
+        ),
+        ("\uff53\uff4f <answer>\uff11\uff18</answer>\u200b\n\u2705", "\uff53\uff4f <answer>\uff11\uff18</answer>"),
+        ("#### 72\nThanks", "#### 72"),
+        ("The answer is 72 apples. Thanks", "The answer is 72"),
+        ("<answer>18</answer>", "<answer>18</answer>"),
+        ("10 * 5 = 50, so <effect>50</effect>\nGreat job", "10 * 5 = 50, so <effect>50</effect>"),
+        ("So 21 <", "So 21 <"),
+        ("So 21 <b>Great</b>", "So 21"),
+    ],
+)
+def test_the_core_is_the_answer_and_its_working(text, core):
+    start, end = answer_core(text)
+    assert text[start:end] == core
+
+
+def test_a_text_without_an_answer_has_no_core():
+    assert answer_core("I have no idea.") is None
+    assert answer_core("") is None

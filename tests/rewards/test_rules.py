@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from appliance.rewards.rules import (
     answer_format,
@@ -150,3 +154,28 @@ def test_length_rejects_a_non_positive_target():
 )
 def test_format_compliant(completion, expected):
     assert format_compliant(completion) is expected
+
+
+def test_a_10000_digit_sample_scores_0_and_the_step_goes_on():
+    from appliance.config.schema import RewardSpec
+    from appliance.rewards.registry import RewardSample, build_rewards, score_samples
+
+    specs = [RewardSpec(name=name) for name in ("correctness", "int", "answer_format", "strict_format", "xmlcount")]
+    rewards = build_rewards(specs, Path("."))
+    degenerate = RewardSample("How many?", "3" * 10_000, "72")
+    honest = RewardSample("How many?", "<answer>72</answer>", "72")
+    scores = score_samples(rewards, [degenerate, honest])
+    assert scores.per_function["correctness"] == [0.0, 1.0]
+    assert scores.per_function["int"] == [0.0, 0.5]
+
+
+NUMBERISH = st.text(alphabet="0123456789.,-/ =!\u2260<>answer\\{}fracboxed#not \n", max_size=400)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(NUMBERISH, st.text(max_size=300), st.integers(0, 20_000).map(lambda n: "9" * n)))
+def test_no_rule_raises_on_what_a_sample_says(completion):
+    for rule in (correctness, int_answer, answer_format, strict_format, soft_format, xmlcount):
+        value = rule("q", completion, "72", {})
+        assert value == value  # a number, not NaN
+    assert isinstance(format_compliant(completion), bool)
