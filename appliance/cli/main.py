@@ -26,6 +26,7 @@ COMMANDS = [
     "appliance.cli.serve_cmd",
     "appliance.cli.jobs_cmd",
     "appliance.cli.judge_cmd",
+    "appliance.cli.bundle_cmd",
 ]
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 1, 2, 3
