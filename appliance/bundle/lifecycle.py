@@ -221,7 +221,8 @@ def _install_files(bundle: Path, release: Release) -> None:
     shutil.rmtree(docs, ignore_errors=True)
     docs.mkdir(parents=True)
     shutil.copy(bundle / "docs" / "operator-guide.md", docs)
-    for name in ("prometheus.yml", "alerts.yml", "alertmanager.yml", "grafana-dashboard.json"):
+    monitoring = ("prometheus.yml", "alerts.yml", "alertmanager.yml", "grafana-dashboard.json")
+    for name in monitoring + ("prometheus.default", "prometheus-alertmanager.default"):
         shutil.copy(bundle / "monitoring" / name, docs)
     shutil.copy(bundle / "gpu-smoke", docs)
     for folder, into in (("wheels/client", "client-wheels"), ("examples", "examples"), ("sbom", "sbom")):
