@@ -80,6 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] in ("appliance", "tui"):
+            raise  # our own module missing: a broken install, keep the traceback
+        print(needs_training_stack(args.command, error.name), file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def needs_training_stack(command: str, missing: str | None) -> str:
+    """One line for a command run where only the client (`appliance jobs`, `appliance-tui`) is installed."""
+    return (
+        f"error: 'appliance {command}' needs the training stack ({missing} is not installed here: this is the "
+        "client); run it on the box, where `sudo appliance ...` runs it in the appliance container, or where "
+        "appliance[cpu] or appliance[gpu] is installed (make venv in a checkout)"
+    )
 
 
 if __name__ == "__main__":
