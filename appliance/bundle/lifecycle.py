@@ -60,6 +60,7 @@ def install(bundle: Path, options: Options, say=print) -> Release:
         return release
     _need_root()
     program = box.runtime_program(release.runtime)
+    _system_user(bundle)
     _load_image(bundle, release, program, say)
     _stage_models(bundle, release, installed)
     _switch(options, release, installed, say, lambda: _install_files(bundle, release))
@@ -127,8 +128,8 @@ def uninstall(options: Options, purge: bool, say=print) -> None:
 def _switch(options: Options, target: Release, running: Release | None, say, write_units) -> None:
     """Drain, stop, flip models and units to `target`, start, resume: the moment jobs wait."""
     active = box.run("systemctl", "is-active", "--quiet", box.UNIT, check=False).returncode == 0
+    started = stopped = time.monotonic()
     if active:
-        started = time.monotonic()
         drained = drain.drain(box.SOCKET, options.drain_timeout, options.state_dir, say)
         say(
             f"drained {len(drained.job_ids)} job(s) in {drained.seconds:.1f} s"
@@ -140,7 +141,8 @@ def _switch(options: Options, target: Release, running: Release | None, say, wri
             )
         )
         box.run("systemctl", "stop", box.UNIT)
-        say(f"service stopped {time.monotonic() - started:.1f} s after the drain began")
+        stopped = time.monotonic()
+        say(f"service stopped {stopped - started:.1f} s after the drain began")
     _flip_models(target.version)
     write_units()
     box.run("systemctl", "daemon-reload")
@@ -149,7 +151,10 @@ def _switch(options: Options, target: Release, running: Release | None, say, wri
     if active or drain.pending(options.state_dir):
         box.run("systemctl", "start", box.UNIT)
         resumed = drain.resume(box.SOCKET, options.state_dir, READY_TIMEOUT_SECONDS, say)
-        say(f"appliance {target.version} is running; {len(resumed)} job(s) resumed")
+        say(
+            f"appliance {target.version} is running; {len(resumed)} job(s) resumed; the control API was down "
+            f"{time.monotonic() - stopped:.1f} s"
+        )
 
 
 def _load_image(bundle: Path, release: Release, program: str, say) -> None:
@@ -182,7 +187,7 @@ def _stage_models(bundle: Path, release: Release, installed: Release | None) -> 
                 os.link(twin, destination)
             else:
                 shutil.copyfile(path, destination)
-    box.run("chown", "-R", "root:appliance", str(staging), check=False)
+    box.run("chown", "-R", "root:appliance", str(staging))
     box.run("chmod", "-R", "u=rwX,g=rX,o=", str(staging))
     if target.exists() and target != (box.MODELS_DIR / "current").resolve():
         shutil.rmtree(target)
@@ -208,11 +213,16 @@ def _flip_models(version: str) -> None:
     os.replace(temporary, link)
 
 
-def _install_files(bundle: Path, release: Release) -> None:
+def _system_user(bundle: Path) -> None:
+    """The appliance user, group and folders (sysusers.d, tmpfiles.d): the models' group must exist before they
+    are staged. Nothing here disturbs a running release (the same ids, the same folders)."""
     box.install_file(box.SYSUSERS, (bundle / "systemd" / "appliance.sysusers.conf").read_text())
     box.install_file(box.TMPFILES, (bundle / "systemd" / "appliance.tmpfiles.conf").read_text())
     box.run("systemd-sysusers", "appliance.conf")
     box.run("systemd-tmpfiles", "--create", "appliance.conf")
+
+
+def _install_files(bundle: Path, release: Release) -> None:
     for path, text in box.render_units(bundle, release).items():
         box.install_file(path, text)
     if release.runtime != "docker":
