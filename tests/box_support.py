@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -22,13 +23,24 @@ from pathlib import Path
 
 import pytest
 
-from packaging_support import need_tool
+from packaging_support import hashed_lock, image_archive, need_tool, sbom_python
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE = REPO_ROOT / ".test-cache"
 # What the guide says a box needs (gpgv, python3-venv, systemd's sysusers/tmpfiles), and what the image's base
 # brings for the daemon that the stand-in systemctl runs directly on the box (libstdc++6, libgomp1 for torch).
-PACKAGES = ("gpgv", "python3", "python3-venv", "systemd", "passwd", "ca-certificates", "libstdc++6", "libgomp1")
+PACKAGES = (
+    "gpgv",
+    "python3",
+    "python3-venv",
+    "systemd",
+    "passwd",
+    "sudo",
+    "jq",
+    "ca-certificates",
+    "libstdc++6",
+    "libgomp1",
+)
 STANDIN_DIR = "/usr/local/sbin"
 
 
@@ -40,7 +52,7 @@ def base_tarball() -> Path:
     if tarball.is_file():
         return tarball
     CACHE.mkdir(exist_ok=True)
-    partial = tarball.with_suffix(".partial.tar")
+    partial = tarball.with_suffix(f".{os.getpid()}.partial.tar")  # two runs at once each write their own
     sources = Path("/etc/apt/sources.list.d/debian.sources")
     made = subprocess.run(
         ["mmdebstrap", "--quiet", "--variant=essential", f"--include={','.join(PACKAGES)}", "bookworm", str(partial)]
@@ -138,3 +150,43 @@ def install_client(box: Box) -> None:
 
 def copy_tree(source: Path, target: Path) -> None:
     shutil.copytree(source, target, symlinks=True)
+
+
+def source_layer(version: str) -> dict[str, bytes]:
+    """The application's code as an image holds it, with its version: what the stand-ins run as the container."""
+    files = {"opt/appliance/share/requirements.lock": hashed_lock("pyyaml==6.0.2").encode()}
+    for package in ("appliance", "tui"):
+        for path in sorted((REPO_ROOT / package).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                data = path.read_bytes()
+                if path == REPO_ROOT / "appliance" / "__init__.py":
+                    data = re.sub(rb'__version__ = "[^"]*"', f'__version__ = "{version}"'.encode(), data)
+                files[f"opt/appliance/src/{path.relative_to(REPO_ROOT)}"] = data
+    return files
+
+
+def make_bundle(version: str, out: Path, signing_key, work: Path, model=None, client: Path | None = None) -> Path:
+    """A real signed bundle (images/bundle) of this checkout's code as version VERSION, around a stand-in image
+    archive; `model` is (name, data dir) or None; `client` a client wheelhouse, else a stand-in one."""
+    labels = {"org.opencontainers.image.version": version}
+    archive = image_archive(
+        work / f"image-{version}.tar", [source_layer(version)], f"localhost/appliance:{version}", labels
+    )
+    if client is None:
+        client = work / f"client-{version}"
+        client.mkdir()
+        (client / "requirements-3.9.txt").write_text(hashed_lock("pyyaml==6.0.2"))
+        (client / f"appliance-{version}-py3-none-any.whl").write_bytes(b"PK")
+    argv = [str(REPO_ROOT / "images" / "bundle"), "--out", str(out), "--image-archive", str(archive)]
+    argv += ["--client-wheels", str(client), "--sign-key", signing_key.uid]
+    if model is not None:
+        argv += ["--model", model[0], "--data-dir", str(model[1])]
+    made = subprocess.run(
+        argv,
+        env={**os.environ, "GNUPGHOME": str(signing_key.home), "APPLIANCE_SBOM_PYTHON": sbom_python()},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert made.returncode == 0, made.stderr
+    return out

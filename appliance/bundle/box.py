@@ -194,7 +194,9 @@ def shim_text(runtime: str) -> str:
 # appliance on the box (written by appliance bundle install). `appliance jobs ...` and `appliance bundle ...` run
 # the administrator's client ({CLIENT}) as the caller, so `sudo -u alice appliance jobs list` is alice's;
 # every other command (models, plan, config check, train, ...) needs the training stack, which is in the
-# container: it runs there ({program} exec, as the appliance user) and needs root: sudo appliance models list.
+# container: it runs there ({program} exec, as the appliance user), sees the container's paths only
+# (/var/lib/appliance, /models), and needs root: sudo appliance models list. To check a job file of the
+# host, ask the daemon: appliance jobs submit --dry-run FILE.
 client={CLIENT}
 case "${{1:-}}" in
   jobs|bundle|--version|-h|--help|"") [ -x "$client" ] && exec "$client" "$@" ;;

@@ -21,46 +21,10 @@ import pytest
 
 from appliance.models.provision import DEMO_MODEL_NAME
 from appliance.service.client import Client
-from box_support import REPO_ROOT, install_client, unpack_box
+from box_support import install_client, make_bundle, unpack_box
 from daemon_support import tiny_job, wait_for
-from packaging_support import hashed_lock, image_archive, sbom_python
 
 pytestmark = pytest.mark.model
-
-
-def source_layer(version: str) -> dict[str, bytes]:
-    """The application's code as the image holds it, with its version: what `podman run` would execute."""
-    files = {"opt/appliance/share/requirements.lock": hashed_lock("pyyaml==6.0.2").encode()}
-    for package in ("appliance", "tui"):
-        for path in sorted((REPO_ROOT / package).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                data = path.read_bytes()
-                if path == REPO_ROOT / "appliance" / "__init__.py":
-                    data = re.sub(rb'__version__ = "[^"]*"', f'__version__ = "{version}"'.encode(), data)
-                files[f"opt/appliance/src/{path.relative_to(REPO_ROOT)}"] = data
-    return files
-
-
-def make_bundle(version: str, out: Path, signing_key, store: Path, work: Path) -> Path:
-    labels = {"org.opencontainers.image.version": version}
-    archive = image_archive(
-        work / f"image-{version}.tar", [source_layer(version)], f"localhost/appliance:{version}", labels
-    )
-    client = work / f"client-{version}"
-    client.mkdir()
-    (client / "requirements-3.9.txt").write_text(hashed_lock("pyyaml==6.0.2"))
-    (client / f"appliance-{version}-py3-none-any.whl").write_bytes(b"PK")
-    made = subprocess.run(
-        [str(REPO_ROOT / "images" / "bundle"), "--out", str(out), "--image-archive", str(archive)]
-        + ["--client-wheels", str(client), "--sign-key", signing_key.uid, "--model", DEMO_MODEL_NAME]
-        + ["--data-dir", str(store)],
-        env={**os.environ, "GNUPGHOME": str(signing_key.home), "APPLIANCE_SBOM_PYTHON": sbom_python()},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert made.returncode == 0, made.stderr
-    return out
 
 
 def guide(box, command: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -82,7 +46,9 @@ def box(tmp_path: Path, signing_key, store_data_dir: Path):
     key.parent.mkdir(parents=True)
     key.write_bytes(signing_key.keyring.read_bytes())
     for version in ("0.1.0", "0.2.0"):
-        make_bundle(version, box.path(f"/srv/bundle-{version}"), signing_key, store_data_dir, tmp_path)
+        make_bundle(
+            version, box.path(f"/srv/bundle-{version}"), signing_key, tmp_path, (DEMO_MODEL_NAME, store_data_dir)
+        )
     yield box
     box.kill_everything()
 
