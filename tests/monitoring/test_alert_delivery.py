@@ -15,7 +15,6 @@ import socket
 import socketserver
 import subprocess
 import threading
-import time
 import urllib.request
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -206,11 +205,28 @@ def fire(url: str, **labels: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_a_firing_alert_is_mailed_and_the_watchdog_reaches_the_dead_mans_switch(tmp_path: Path):
+def email_attempts_failed(url: str) -> float:
+    text = get(url + "/metrics")
+    pattern = r'^alertmanager_notification_requests_failed_total\{[^}]*integration="email"[^}]*\} (\S+)$'
+    return sum(map(float, re.findall(pattern, text, re.MULTILINE)))
+
+
+def test_a_firing_alert_is_mailed_the_watchdog_pings_and_a_tls_mismatch_is_counted(tmp_path: Path):
+    """One run, two Alertmanagers: the shipped choice (a plain relay) mails; Alertmanager's default
+    (smtp_require_tls: true) sends the same relay nothing and counts each refused attempt."""
     prometheus = need_tool("prometheus", "prometheus")
-    with serving(SmtpSink()) as smtp, serving(WebhookSink()) as webhook:
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "tls").mkdir()
+    with serving(SmtpSink()) as smtp, serving(WebhookSink()) as webhook, serving(SmtpSink()) as smtp_tls:
         config = guide_edits(smtp.server_address[1], webhook.server_address[1])
-        with alertmanager(config, tmp_path) as (url, proc):
+        strict = guide_edits(smtp_tls.server_address[1], webhook.server_address[1], require_tls=True)
+        with (
+            alertmanager(config, tmp_path / "plain") as (url, proc),
+            alertmanager(strict, tmp_path / "tls") as (
+                strict_url,
+                _,
+            ),
+        ):
             rules = yaml.safe_load((IMAGES / "prometheus.yml").read_text())
             rules["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [url.removeprefix("http://")]
             rules["rule_files"] = [str(IMAGES / "alerts.yml")]
@@ -223,33 +239,18 @@ def test_a_firing_alert_is_mailed_and_the_watchdog_reaches_the_dead_mans_switch(
             ]
             argv += [f"--storage.tsdb.path={tmp_path / 'tsdb'}"]
             with process(argv, tmp_path / "prometheus.log"):
-                fire(url, alertname="ApplianceDaemonDown", severity="critical", instance="127.0.0.1:9464")
+                for target in (url, strict_url):
+                    fire(target, alertname="ApplianceDaemonDown", severity="critical", instance="127.0.0.1:9464")
 
                 pinged = wait_for(lambda: webhook.posts, 90, "the Watchdog at the dead-man's switch")
                 mailed = wait_for(lambda: smtp.messages, 90, "the alert's mail at the relay")
+                wait_for(lambda: email_attempts_failed(strict_url) > 0, 90, "a refused email attempt to be counted")
             bound = listening(proc.pid)
 
     assert [alert["labels"]["alertname"] for alert in pinged[0]["alerts"]] == ["Watchdog"]
     assert pinged[0]["status"] == "firing"
     assert "ApplianceDaemonDown" in mailed[0]["data"] and "ml-admins@lab.test" in mailed[0]["to"][0]
     assert "appliance@box.test" in mailed[0]["from"]
+    assert smtp_tls.messages == []  # the default TLS choice delivers nothing to a plain relay
     assert {entry.rsplit(":", 1)[0] for entry in bound} == {"127.0.0.1"}, bound  # loopback only
     assert not any(entry.endswith(":9094/tcp") or entry.endswith("/udp") for entry in bound), bound  # no gossip
-
-
-def test_alertmanagers_tls_default_sends_nothing_to_a_plain_relay_and_counts_it(tmp_path: Path):
-    with serving(SmtpSink()) as smtp, serving(WebhookSink()) as webhook:
-        config = guide_edits(smtp.server_address[1], webhook.server_address[1], require_tls=True)
-        with alertmanager(config, tmp_path) as (url, _proc):
-            fire(url, alertname="ApplianceDiskLow", severity="warning", instance="127.0.0.1:9464")
-
-            def failed() -> float:
-                text = get(url + "/metrics")
-                counts = re.findall(r'^alertmanager_notification_requests_failed_total\{[^}]*integration="email"[^}]*\} (\S+)$',
-                                    text, re.MULTILINE)  # fmt: skip
-                return sum(map(float, counts))
-
-            wait_for(lambda: failed() > 0, 90, "a refused email attempt to be counted")
-            time.sleep(1)
-
-    assert smtp.messages == []
