@@ -66,7 +66,8 @@ def resume(socket: Path, state_dir: Path, ready_timeout: float, say=print) -> li
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1)
-        for job_id in held:
+        # In submission order (the queue's), not the drain's: the queue then reads as it did before.
+        for job_id in [job.id for job in client.jobs() if job.id in held]:
             try:
                 client.resume(job_id)
                 resumed.append(job_id)

@@ -84,7 +84,7 @@ def test_jobs_survive_an_upgrade_and_a_rollback_and_finish(box, tmp_path: Path):
     guide(box, "systemctl start appliance.service")
     client = Client(socket, timeout=60)
     wait_for(lambda: socket.exists() and client.status(), 120, "the 0.1.0 daemon")
-    running = submit(client, tmp_path, "running", steps=3)
+    running = submit(client, tmp_path, "running", steps=4)
     queued = submit(client, tmp_path, "queued", steps=1)
     paused = submit(client, tmp_path, "paused", steps=1)
     client.pause(paused)
@@ -95,6 +95,7 @@ def test_jobs_survive_an_upgrade_and_a_rollback_and_finish(box, tmp_path: Path):
     version_after_upgrade = client.status().version
     current_after_upgrade = os.readlink(box.path("/var/lib/appliance-models/current"))
     tags_after_upgrade = images(box)
+    wait_for(lambda: client.job(running).state == "running", 300, "the running job to run again on 0.2.0")
     rolled_back = guide(box, "appliance bundle rollback")
     version_after_rollback = client.status().version
     client.resume(paused)
@@ -112,14 +113,15 @@ def test_jobs_survive_an_upgrade_and_a_rollback_and_finish(box, tmp_path: Path):
 
     assert "installed 0.1.0" in installed.stdout
     assert drain and int(drain.group(1)) == 2, upgraded.stdout  # the running job and the queued one
+    assert re.search(rf"pausing {running} \(running, running", rolled_back.stdout), rolled_back.stdout
     assert after_upgrade[paused] == "paused"  # its owner's pause stays
     assert after_upgrade[running] in ("queued", "running") and after_upgrade[queued] in ("queued", "running")
     assert (version_after_upgrade, current_after_upgrade) == ("0.2.0", "0.2.0")
     assert {"localhost/appliance:0.1.0", "localhost/appliance:0.2.0"} <= tags_after_upgrade
     assert version_after_rollback == "0.1.0" and "rollback 0.2.0 -> 0.1.0" in rolled_back.stdout
     assert {job_id: job.state for job_id, job in jobs.items()} == dict.fromkeys(jobs, "succeeded")
-    assert {job_id: job.step for job_id, job in jobs.items()} == {running: 3, queued: 1, paused: 1}
-    assert steps == [1, 2, 3]  # every step trained once, across daemons of two versions
+    assert {job_id: job.step for job_id, job in jobs.items()} == {running: 4, queued: 1, paused: 1}
+    assert steps == [1, 2, 3, 4]  # every step trained once, across daemons of two versions
     old, new = (box.path(f"/var/lib/appliance-models/{v}/{DEMO_MODEL_NAME}/config.json") for v in ("0.1.0", "0.2.0"))
     assert old.stat().st_ino == new.stat().st_ino  # the same model in both releases: one copy on disk
     assert "uninstalled" in uninstalled.stdout and "kept /var/lib/appliance" in uninstalled.stdout
