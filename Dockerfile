@@ -3,8 +3,9 @@
 #   images/build-wheelhouse gpu images/wheelhouse     # on a connected build host: the locked wheels
 #   images/build-image localhost/appliance:0.1.0      # podman build, labelled with revision and base digest
 #
-# The dependencies install with no network; the gpu profile also installs gcc from Debian's archive
-# (Triton and vLLM compile at run time) unless the base already has one. Record the base by digest:
+# The dependencies install with no network and nothing comes from an archive: the gpu profile needs gcc
+# (Triton and vLLM compile at run time), which its base brings (images/build-base TAG gpu, every Debian
+# package pinned by version in images/locks/base-gpu.txt). Record the base by digest:
 # BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm@sha256:... (images/build-image labels the image
 # with the digest it built from).
 #

@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export APPLIANCE_DATA_DIR ?= $(CURDIR)/.appliance
 
-.PHONY: venv demo test test-fast lint clean
+.PHONY: venv demo test test-fast lint clean gpu-image
 
 venv: $(STAMP)
 
@@ -40,6 +40,11 @@ test: venv lint
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not model and not slow and not vllm and not image"
+
+# The gpu image, built and checked once per change of its inputs, outside CI (too big for it): root, podman,
+# mmdebstrap, PyPI and about 40 GB free. Writes gpu-build-check/summary.txt (size, build time, imports, SBOM).
+gpu-image: venv
+	images/gpu-build-check gpu-build-check
 
 clean:
 	rm -rf $(VENV) .appliance .test-cache

@@ -120,3 +120,10 @@ def image_archive(path: Path, layers: list[dict[str, bytes]], tag: str, labels: 
                     add(tar, member, data)
             add(archive, name, layer.getvalue())
     return path
+
+
+def appliance_cli(*argv, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """This checkout's `appliance` command, as the administrator's installed client runs it."""
+    command = [sys.executable, "-m", "appliance", *map(str, argv)]
+    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=timeout)

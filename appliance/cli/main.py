@@ -28,6 +28,7 @@ COMMANDS = [
     "appliance.cli.serve_cmd",
     "appliance.cli.jobs_cmd",
     "appliance.cli.judge_cmd",
+    "appliance.cli.bundle_cmd",
 ]
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 1, 2, 3
@@ -81,6 +82,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] in ("appliance", "tui"):
+            raise  # our own module missing: a broken install, keep the traceback
+        print(needs_training_stack(args.command, error.name), file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def needs_training_stack(command: str, missing: str | None) -> str:
+    """One line for a command run where only the client (`appliance jobs`, `appliance-tui`) is installed."""
+    return (
+        f"error: 'appliance {command}' needs the training stack ({missing} is not installed here: this is the "
+        "client); run it on the box, where `sudo appliance ...` runs it in the appliance container, or where "
+        "appliance[cpu] or appliance[gpu] is installed (make venv in a checkout)"
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ from typing import Any, Callable, Iterable
 from appliance.errors import ApplianceError
 from appliance.paths import STATE_FILE_MODE
 from appliance.service.api import JOB_STATES, JobEvent, JobSummary
+from appliance.service.store_migrations import SCHEMA_VERSION, open_schema
 
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA_VERSION", "JobStore"]
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -45,7 +46,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     slot        INTEGER,
     attempts    INTEGER NOT NULL DEFAULT 0,         -- worker starts so far
     restarts    INTEGER NOT NULL DEFAULT 0,         -- worker deaths restarted in a row
-    pgid        INTEGER                             -- the running worker's process group
+    pgid        INTEGER,                            -- the running worker's process group
+    version     TEXT                                -- the appliance version that last started its worker
 );
 CREATE TABLE IF NOT EXISTS events (
     id      INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -125,10 +127,7 @@ class JobStore:
             self._db.execute("PRAGMA busy_timeout=10000")
             self._db.executescript(DDL)
             found = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if found is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(found[0]) != SCHEMA_VERSION:
-                raise StoreError(f"{self.path} has job store schema {found[0]}; this appliance reads {SCHEMA_VERSION}")
+            open_schema(self._db, self.path, fresh=found is None)
         self._read_db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
         self._read_db.row_factory = sqlite3.Row
         self._read_db.execute("PRAGMA query_only=1")  # the read connection can never write by mistake

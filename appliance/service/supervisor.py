@@ -450,7 +450,9 @@ class Supervisor:
         )
         self.workers[slot.index] = worker
         try:
-            self.store.update(job.id, attempts=row.summary.attempts + 1, pgid=proc.pid, slot=slot.index)
+            self.store.update(
+                job.id, attempts=row.summary.attempts + 1, pgid=proc.pid, slot=slot.index, version=self.version
+            )
         except StoreUnwritable as error:
             self._fault(worker, f"the job store refused the worker's start ({error})")
         spec = row.spec

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from packaging_support import make_signing_key, podman
+from packaging_support import hashed_lock, image_archive, make_signing_key, need_tool, podman, sbom_python
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -108,3 +110,28 @@ def signing_key():
     yield key
     subprocess.run(["gpgconf", "--homedir", str(key.home), "--kill", "gpg-agent"], check=False)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def signed(signing_key, tmp_path_factory) -> Path:
+    """A real bundle (images/bundle, gpg) around a stand-in image archive of version 0.1.0 and a stand-in client
+    wheelhouse: every check of the bundle's files, none of an image build."""
+    need_tool("gpgv", "gpgv")
+    inputs = tmp_path_factory.mktemp("inputs")
+    lock = {"opt/appliance/share/requirements.lock": hashed_lock("pyyaml==6.0.2").encode()}
+    labels = {"org.opencontainers.image.version": "0.1.0"}
+    image = image_archive(inputs / "image.tar", [lock], "localhost/appliance:test", labels)
+    client = inputs / "client"
+    client.mkdir()
+    (client / "requirements-3.9.txt").write_text(hashed_lock("pyyaml==6.0.2"))
+    (client / "appliance-0.1.0-py3-none-any.whl").write_bytes(b"PK")
+    out = tmp_path_factory.mktemp("bundle") / "appliance-bundle"
+    made = subprocess.run(
+        [str(REPO_ROOT / "images" / "bundle"), "--out", str(out), "--image-archive", str(image)]
+        + ["--client-wheels", str(client), "--sign-key", signing_key.uid],
+        env={**os.environ, "GNUPGHOME": str(signing_key.home), "APPLIANCE_SBOM_PYTHON": sbom_python()},
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    return out

@@ -15,7 +15,7 @@ import pytest
 
 from appliance import __version__
 from appliance.models.provision import DEMO_MODEL_NAME
-from packaging_support import image_storage_env
+from packaging_support import appliance_cli, image_storage_env
 
 pytestmark = pytest.mark.image
 
@@ -105,12 +105,20 @@ def test_the_image_sbom_lists_the_lock_the_image_was_installed_with(bundle: Path
     assert [model["name"] for model in models["components"]] == [DEMO_MODEL_NAME]
 
 
-def test_install_dry_run_verifies_and_changes_nothing(bundle: Path, keyring: Path):
-    # docker: Debian bookworm's Podman (4.3) is older than the Quadlet unit needs, and is refused.
-    result = run(bundle / "install-bundle", "--dry-run", "--runtime", "docker", "--keyring", keyring)
+def verify(bundle: Path, keyring: Path, state: Path) -> subprocess.CompletedProcess:
+    return appliance_cli("bundle", "verify", bundle, "--keyring", keyring, "--state-dir", state, timeout=900)
 
+
+def test_install_dry_run_verifies_and_changes_nothing(bundle: Path, keyring: Path, tmp_path: Path):
+    verified = verify(bundle, keyring, tmp_path)
+    # podman-classic: Debian bookworm's Podman (4.3) is older than the Quadlet unit needs.
+    result = appliance_cli(
+        "bundle", "install", bundle, "--dry-run", "--runtime", "podman-classic", "--state-dir", tmp_path
+    )
+
+    assert verified.returncode == 0, verified.stderr
     assert result.returncode == 0, result.stderr
-    assert "verified" in result.stdout and "nothing changed" in result.stdout
+    assert "verified" in verified.stdout and "nothing changed" in result.stdout
 
 
 @pytest.mark.parametrize("victim", ["systemd/appliance.container", f"models/{DEMO_MODEL_NAME}/config.json"])
@@ -122,10 +130,10 @@ def test_a_tampered_file_is_refused_by_name(bundle: Path, keyring: Path, tmp_pat
     target.unlink()  # break the link before writing
     target.write_bytes(text + b"\n# changed\n")
 
-    result = run(copy / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring)
+    result = verify(copy, keyring, tmp_path / "state")
 
     assert result.returncode == 1
-    assert f"changed since the bundle was made: {victim}" in result.stderr
+    assert f"{copy / victim} changed since the bundle was made" in result.stderr
 
 
 def test_a_missing_or_added_file_is_refused_by_name(bundle: Path, keyring: Path, tmp_path: Path):
@@ -136,8 +144,8 @@ def test_a_missing_or_added_file_is_refused_by_name(bundle: Path, keyring: Path,
     shutil.copytree(bundle, added, copy_function=os.link)
     (added / "systemd" / "override.conf").write_text("[Service]\nExecStart=/bin/sh\n")
 
-    refused_missing = run(missing / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring)
-    refused_added = run(added / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring)
+    refused_missing = verify(missing, keyring, tmp_path / "state")
+    refused_added = verify(added, keyring, tmp_path / "state")
 
     assert (
         refused_missing.returncode == 1 and "missing from the bundle: monitoring/alerts.yml" in refused_missing.stderr

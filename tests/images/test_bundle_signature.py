@@ -1,8 +1,9 @@
-"""A bundle vouches for nothing by itself: install-bundle believes its manifest only under the signature
-of a key the administrator installed apart from the bundle, and refuses, naming the file, otherwise.
+"""A bundle vouches for nothing by itself: the administrator's verifier (`appliance bundle verify`, from the
+client wheel) believes its manifest only under the signature of a key installed apart from the bundle, and
+refuses, naming the file, otherwise; `appliance bundle install --dry-run` then checks the box.
 
 The bundle here holds a stand-in image archive (no image build needed); everything else is real:
-images/bundle, gpg, install-bundle and gpgv."""
+images/bundle, gpg, gpgv and the verifier."""
 
 from __future__ import annotations
 
@@ -15,38 +16,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from packaging_support import hashed_lock
-from packaging_support import image_archive
+from packaging_support import appliance_cli
 from packaging_support import make_signing_key
-from packaging_support import need_tool
-from packaging_support import sbom_python
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*argv, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(arg) for arg in argv], capture_output=True, text=True, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def signed(signing_key, tmp_path_factory) -> Path:
-    need_tool("gpgv", "gpgv")
-    inputs = tmp_path_factory.mktemp("inputs")
-    lock = {"opt/appliance/share/requirements.lock": hashed_lock("pyyaml==6.0.2").encode()}
-    image = image_archive(inputs / "image.tar", [lock], "localhost/appliance:test", {})
-    client = inputs / "client"
-    client.mkdir()
-    (client / "requirements-3.9.txt").write_text(hashed_lock("pyyaml==6.0.2"))
-    (client / "appliance-0.1.0-py3-none-any.whl").write_bytes(b"PK")
-    out = tmp_path_factory.mktemp("bundle") / "appliance-bundle"
-    made = run(
-        REPO_ROOT / "images" / "bundle",
-        *("--out", out, "--image-archive", image, "--client-wheels", client),
-        *("--sign-key", signing_key.uid),
-        env={**os.environ, "GNUPGHOME": str(signing_key.home), "APPLIANCE_SBOM_PYTHON": sbom_python()},
-    )
-    assert made.returncode == 0, made.stderr
-    return out
 
 
 def test_the_sboms_travel_under_the_signed_manifest(signed: Path):
@@ -64,14 +41,17 @@ def copy_of(bundle: Path, folder: Path) -> Path:
 
 
 def dry_run(bundle: Path, keyring: Path) -> subprocess.CompletedProcess:
-    return run(bundle / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring)
+    state = bundle.parent / "install-state"
+    return appliance_cli("bundle", "verify", bundle, "--keyring", keyring, "--state-dir", state)
 
 
-def test_a_signed_bundle_verifies_against_the_installed_key(signed: Path, signing_key):
-    result = dry_run(signed, signing_key.keyring)
+def test_a_signed_bundle_verifies_against_the_installed_key(signed: Path, signing_key, tmp_path: Path):
+    result = appliance_cli("bundle", "verify", signed, "--keyring", signing_key.keyring, "--state-dir", tmp_path)
+    manifest = hashlib.sha256((signed / "MANIFEST.sha256").read_bytes()).hexdigest()
 
-    assert f"signature of MANIFEST.sha256 verified with {signing_key.keyring}" in result.stdout, result.stderr
-    assert "verified" in result.stdout.split("signature", 1)[1]
+    assert result.returncode == 0, result.stderr
+    assert f"verified {signed}: signature of MANIFEST.sha256 under {signing_key.keyring}" in result.stdout
+    assert (tmp_path / "verified").read_text() == f"{manifest}  {signed}\n"
 
 
 def test_a_changed_file_with_a_regenerated_manifest_is_refused(signed: Path, signing_key, tmp_path: Path):
@@ -90,6 +70,7 @@ def test_a_changed_file_with_a_regenerated_manifest_is_refused(signed: Path, sig
 
     assert result.returncode == 1
     assert "refused: MANIFEST.sha256 does not match its signature MANIFEST.sha256.sig" in result.stderr
+    assert not (copy.parent / "install-state" / "verified").exists()
 
 
 def test_a_changed_manifest_is_refused(signed: Path, signing_key, tmp_path: Path):
@@ -123,7 +104,7 @@ def test_an_unsigned_bundle_or_a_box_without_the_key_is_refused(signed: Path, si
     unsigned = dry_run(copy, signing_key.keyring)
     no_key = dry_run(signed, tmp_path / "absent.gpg")
 
-    assert unsigned.returncode == 1 and "MANIFEST.sha256.sig is missing" in unsigned.stderr
+    assert unsigned.returncode == 1 and "MANIFEST.sha256.sig is missing; the bundle is not signed" in unsigned.stderr
     assert no_key.returncode == 1 and f"no public key at {tmp_path / 'absent.gpg'}" in no_key.stderr
 
 
@@ -168,18 +149,27 @@ def box_with(tmp_path: Path, podman_version: str, passwd: str = "", group: str =
     return {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"}
 
 
-def box_check(bundle: Path, keyring: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return run(bundle / "install-bundle", "--dry-run", "--runtime", "podman", "--keyring", keyring, env=env)
+def box_check(bundle: Path, keyring: Path, env: dict[str, str], runtime: str = "podman") -> subprocess.CompletedProcess:
+    state = Path(env["PATH"].split(":")[0]).parent / "state"
+    verified = appliance_cli("bundle", "verify", bundle, "--keyring", keyring, "--state-dir", state)
+    assert verified.returncode == 0, verified.stderr
+    return appliance_cli(
+        "bundle", "install", bundle, "--dry-run", "--runtime", runtime, "--device", "gpu", "--state-dir", state, env=env
+    )
 
 
 def test_a_podman_older_than_the_quadlet_keys_need_is_refused(signed: Path, signing_key, tmp_path: Path):
     old = box_check(signed, signing_key.keyring, box_with(tmp_path / "old", "4.3.1"))
     new = box_check(signed, signing_key.keyring, box_with(tmp_path / "new", "5.2.0"))
 
+    classic = box_check(signed, signing_key.keyring, box_with(tmp_path / "classic", "4.3.1"), "podman-classic")
+
     assert old.returncode == 1
-    assert "Podman 4.3.1 is older than 5.0, which the Quadlet keys of systemd/appliance.container need" in old.stderr
+    assert "Podman 4.3 is older than 5.0, which the Quadlet keys of appliance.container need" in old.stderr
+    assert "--runtime podman-classic" in old.stderr
     assert new.returncode == 0, new.stderr
     assert "nothing changed" in new.stdout
+    assert classic.returncode == 0 and "runtime podman-classic" in classic.stdout, classic.stderr
 
 
 @pytest.mark.parametrize(
@@ -195,7 +185,7 @@ def test_ids_the_image_needs_but_the_box_gave_away_are_refused(
 ):
     result = box_check(signed, signing_key.keyring, box_with(tmp_path, "5.2.0", passwd, group))
 
-    assert result.returncode == 1 and message in result.stderr
+    assert result.returncode == 1 and message in result.stderr, result.stderr
 
 
 def test_the_appliance_user_already_there_with_its_ids_is_fine(signed: Path, signing_key, tmp_path: Path):

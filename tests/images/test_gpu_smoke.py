@@ -123,7 +123,8 @@ def test_the_dry_run_lists_the_commands_in_order(smi: Path, tmp_path: Path):
     for command in (plan, train):
         assert ["--pull", "never"] == command[3:5] and "nvidia.com/gpu=all" in command
         assert (
-            f"{tmp_path / 'data'}:/var/lib/appliance" in command and "/var/lib/appliance-models:/models:ro" in command
+            f"{tmp_path / 'data'}:/var/lib/appliance" in command
+            and "/var/lib/appliance-models/current:/models:ro" in command
         )
         assert command[-2:] == ["--data-dir", "/var/lib/appliance/gpu-smoke"]
     assert not (tmp_path / "data").exists()  # a dry run writes nothing

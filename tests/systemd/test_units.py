@@ -8,6 +8,8 @@ checked against the key list below (the operator guide shows `quadlet -dryrun` o
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -215,3 +217,80 @@ def test_both_units_run_an_init_and_bound_the_process_count():
     assert values(container, "Container", "RunInit") == ["true"] and "--init" in exec_start
     pids_limit = int(values(container, "Container", "PidsLimit")[0])
     assert 0 < pids_limit == int(exec_start[exec_start.index("--pids-limit") + 1])
+
+
+def exposure(root: Path) -> float:
+    """systemd-analyze's overall exposure of appliance.service under `root` (its unit and drop-ins), offline:
+    no systemd needs to run here."""
+    analyze = need_tool("systemd-analyze", "systemd")
+    result = subprocess.run(
+        [analyze, "security", "--offline=true", f"--root={root}", "appliance.service"], capture_output=True, text=True
+    )
+    found = re.search(r"Overall exposure level for appliance\.service: ([0-9.]+)", result.stdout)
+    assert found, result.stdout + result.stderr
+    return float(found.group(1))
+
+
+def install_unit(root: Path, hardening: bool) -> Path:
+    units = root / "etc" / "systemd" / "system"
+    (units / "appliance.service.d").mkdir(parents=True)
+    shutil.copy(SYSTEMD_DIR / "appliance.service", units)
+    if hardening:
+        shutil.copy(SYSTEMD_DIR / "appliance.service.d" / "hardening.conf", units / "appliance.service.d")
+    return units
+
+
+def test_the_docker_unit_with_its_hardening_drop_in_scores_at_most_3(tmp_path: Path):
+    hardened = exposure(install_unit(tmp_path / "hardened", hardening=True).parents[2])
+    bare = exposure(install_unit(tmp_path / "bare", hardening=False).parents[2])
+
+    assert hardened <= 3.0, f"systemd-analyze security: {hardened}"
+    assert bare > 9.0  # the same unit without the drop-in: what the drop-in is for
+
+
+def test_the_hardening_drop_in_verifies_beside_the_unit(tmp_path: Path):
+    analyze = need_tool("systemd-analyze", "systemd")
+    units = install_unit(tmp_path, hardening=True)
+
+    result = subprocess.run([analyze, "verify", str(units / "appliance.service")], capture_output=True, text=True)
+
+    assert (result.returncode, result.stderr) == (0, "")
+    text = (SYSTEMD_DIR / "appliance.service.d" / "hardening.conf").read_text()
+    for setting in ("ProtectSystem=strict", "RestrictAddressFamilies=AF_UNIX", "CapabilityBoundingSet=\n"):
+        assert setting in text
+    assert "SystemCallFilter=@system-service" in text
+
+
+@pytest.mark.parametrize("runtime", ["podman", "podman-classic", "docker"])
+@pytest.mark.parametrize("device", ["gpu", "cpu"])
+def test_every_unit_the_installer_writes_verifies_and_asks_for_a_gpu_only_on_gpu_boxes(
+    runtime: str, device: str, tmp_path: Path
+):
+    from appliance.bundle.box import Release, render_units
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(SYSTEMD_DIR, bundle / "systemd")
+    release = Release("0.2.0", 2, (), runtime, device)
+
+    units = render_units(bundle, release)
+    text = "\n".join(units.values())
+    for path, unit in units.items():
+        (tmp_path / path.name).write_text(unit)
+    main = tmp_path / ("appliance.container" if runtime == "podman" else "appliance.service")
+
+    asks_gpu = "nvidia.com/gpu=all" in text or "--gpus all" in text
+    assert asks_gpu == (device == "gpu")
+    assert "localhost/appliance:0.2.0" in text and "localhost/appliance:0.1.0" not in text
+    if runtime != "podman":
+        commands = [value.split()[0] for sec, key, value in unit_entries(main) if key.startswith("Exec")]
+        assert {command.lstrip("-") for command in commands} == {"docker" if runtime == "docker" else "podman"}
+        assert ("docker.service" in text) == (runtime == "docker")
+    if runtime == "podman":
+        unknown = [
+            key for sec, key, _ in unit_entries(main) if sec == "Container" and key not in QUADLET_CONTAINER_KEYS
+        ]
+        assert unknown == []
+    else:
+        analyze = need_tool("systemd-analyze", "systemd")
+        result = subprocess.run([analyze, "verify", "--man=no", str(main)], capture_output=True, text=True)
+        assert (result.returncode, result.stderr) == (0, ""), result.stderr
