@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from appliance.config.text_rules import escaped
 from appliance.errors import ApplianceError
 from appliance.paths import STATE_FILE_MODE
 from appliance.service.api import JOB_STATES, JobEvent, JobSummary
+
+MAX_REASON_CHARS = 4096  # a reason may quote a worker's log: kept short, and clean for every terminal
 
 SCHEMA_VERSION = 1
 
@@ -179,8 +182,11 @@ class JobStore:
     def transition(
         self, job_id: str, to: str, reason: str = "", expect: Iterable[str] | None = None, **columns: Any
     ) -> JobSummary:
-        """Move a job to `to` if TRANSITIONS allows it (and it is in `expect`, when given)."""
+        """Move a job to `to` if TRANSITIONS allows it (and it is in `expect`, when given).
+
+        The reason is stored escaped (config/text_rules.py) and cut: it may quote what a worker printed."""
         now = time.time()
+        reason = escaped(reason)[:MAX_REASON_CHARS]
         with self._tx() as db:
             row = db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
             if row is None:
@@ -213,6 +219,13 @@ class JobStore:
                 db.execute("UPDATE jobs SET step=? WHERE id=?", (step, job_id))
         self._notify(event)
         return event
+
+    def delete(self, job_id: str) -> None:
+        """Remove a job and its events (the caller checked that it has finished)."""
+        with self._tx() as db:
+            if db.execute("DELETE FROM jobs WHERE id=?", (job_id,)).rowcount == 0:
+                raise UnknownJob(f"no job '{job_id}'; 'appliance jobs list' shows the jobs")
+            db.execute("DELETE FROM events WHERE job_id=?", (job_id,))
 
     def claim_next(self, slot: int) -> JobSummary | None:
         """The oldest queued job, now running on `slot` (None when the queue is empty)."""

@@ -64,14 +64,18 @@ def test_a_spec_written_out_with_every_default_reads_back(task):
 
     from appliance.config.schema import JobSpec
 
-    spec = parse_job_text(f"name: x\nstudent: {{model: m}}\ntask: {task}\nrewards: [{{name: correctness}}]\n", "job.yaml")
+    spec = parse_job_text(
+        f"name: x\nstudent: {{model: m}}\ntask: {task}\nrewards: [{{name: correctness}}]\n", "job.yaml"
+    )
     dumped = yaml.safe_load(yaml.safe_dump(spec.model_dump(mode="json")))
     assert JobSpec.model_validate(dumped) == spec
 
 
 def test_agent_only_keys_without_an_environment_are_refused():
     with pytest.raises(Exception, match="max_turns applies to agent jobs only"):
-        parse_job_text("name: x\nstudent: {model: m}\ntask: {max_turns: 3}\nrewards: [{name: correctness}]\n", "job.yaml")
+        parse_job_text(
+            "name: x\nstudent: {model: m}\ntask: {max_turns: 3}\nrewards: [{name: correctness}]\n", "job.yaml"
+        )
 
 
 @pytest.mark.parametrize(
