@@ -65,9 +65,9 @@ def Text(max_length: int):  # noqa: N802
 
 def escaped(text: str, multiline: bool = True) -> str:
     """`text` for a terminal: every character the rule refuses written as \\xNN, \\uNNNN (newline and tab kept
-    when `multiline`); a carriage return before a newline is dropped."""
+    when `multiline`, a carriage return read as a line break: it could otherwise overwrite a line shown)."""
     if multiline:
-        text = text.replace("\r\n", "\n")
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     pattern = _NOT_IN_TEXT if multiline else _NOT_IN_LINE
     return pattern.sub(_visible, text)
 
