@@ -9,6 +9,7 @@ finds (model store, files, reward registry) at the same keys and lines.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from appliance.suggest import did_you_mean
 from appliance.config.limits import MAX_JOB_FILE_BYTES
 from appliance.config.schema import JobSpec
 from appliance.config.text_rules import escaped, first_bad, text_problem
+
+_NOT_IN_TEXT_RAW = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 # libyaml's parser where it is installed: a large job file costs milliseconds, not seconds of pure Python.
 SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -245,8 +248,28 @@ def _text_problem(text: str, file: str) -> ConfigError | None:
     if position is not None:
         line = plain.count("\n", 0, position) + 1
         problem = text_problem(plain[position], multiline=True).split(" at character")[0]
-        return ConfigError(file, "", f"the job file {problem}; remove it (write a value out as plain text)", line)
+        return ConfigError(
+            file, _key_on_line(text, line), f"{problem}; remove it (write the value as plain text)", line
+        )
     return None
+
+
+def _key_on_line(text: str, line: int) -> str:
+    """The deepest key written on `line` of a file whose bad characters are replaced (for the error's key)."""
+    clean = parse_job(_NOT_IN_TEXT_RAW.sub("\ufffd", text), "")
+    on_line = [path for path, number in clean.lines.items() if number == line]
+    marked = [path for path in on_line if "\ufffd" in str(path[-1:]) or "\ufffd" in str(_value_at(clean.data, path))]
+    found = marked or on_line
+    return dotted(max(found, key=len)) if found else ""
+
+
+def _value_at(data: Any, path: tuple) -> Any:
+    for part in path:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data if isinstance(data, str) else None
 
 
 def parse_job(text: str, file: str = "<job>") -> ParsedJob:

@@ -5,9 +5,9 @@ daemon itself never parses or validates one:
 - the body is streamed to a file in the uploads folder as it arrives (never
   held whole in memory), up to the body limit;
 - each check runs in a child process forked from a forkserver (the checking
-  modules preloaded) under rlimits on memory, CPU time and file size, and is
-  killed past its wall-clock bound; whatever the input does to the child, the
-  daemon answers 422;
+  modules preloaded) under rlimits on memory, CPU time and file size, at a
+  lower priority, and is killed past its wall-clock bound; whatever the input
+  does to the child, the daemon answers 422;
 - at most MAX_CHECKS run at once, on their own threads (so pause, resume,
   cancel and status never wait behind them), and at most one per caller: a
   second concurrent submission from the same caller is a 429.
@@ -228,8 +228,13 @@ def _remove(path: Path) -> None:
         os.unlink(path)
 
 
+CHECK_NICENESS = 10  # a check is background work: the daemon's own answers come first
+
+
 def _limit_child(policy) -> None:
-    """The child's rlimits: address space, CPU seconds, and the largest file it may write (the upload)."""
+    """The child's rlimits: address space, CPU seconds, and the largest file it may write (the upload); and
+    a lower priority, so checks never starve the daemon's event loop of CPU."""
+    os.nice(CHECK_NICENESS)
     resource.setrlimit(resource.RLIMIT_AS, (CHECK_MEMORY_BYTES, CHECK_MEMORY_BYTES))
     resource.setrlimit(resource.RLIMIT_CPU, (CHECK_CPU_SECONDS, CHECK_CPU_SECONDS + 5))
     largest = policy.max_upload_bytes + (1 << 20)
