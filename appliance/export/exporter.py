@@ -92,7 +92,9 @@ def _copy_regular(source: Path, target: Path) -> None:
         descriptor = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise ExportError(f"{source} is a link; an export copies only regular files, never through a link") from None
+            raise ExportError(
+                f"{source} is a link; an export copies only regular files, never through a link"
+            ) from None
         raise
     with open(descriptor, "rb") as reading:
         if not stat.S_ISREG(os.fstat(reading.fileno()).st_mode):

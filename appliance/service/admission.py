@@ -38,6 +38,19 @@ CHECK_SECONDS = 60.0  # wall clock of one check; the child is killed past it
 CHECK_CPU_SECONDS = 30  # RLIMIT_CPU of the child
 CHECK_MEMORY_BYTES = 2 * 2**30  # RLIMIT_AS of the child (address space, imports included)
 SPOOL_CHUNK_WRITES = 4  # threads that write spooled bodies
+# Imported once in the forkserver, so a check's child starts with them loaded (a check imports them lazily).
+CHECK_MODULES = (
+    "appliance.service.submission",
+    "appliance.agents.environment_loader",
+    "appliance.budget.device_plans",
+    "appliance.budget.plan",
+    "appliance.budget.shapes",
+    "appliance.config.best",
+    "appliance.judge.rubric",
+    "appliance.models.store",
+    "appliance.rewards.registry",
+    "appliance.tasks.load",
+)
 
 
 class Busy(ApplianceError):
@@ -126,7 +139,7 @@ class Admission:
         self._turns = Turns(max_checks, "submission")
         self._threads = ThreadPoolExecutor(max_workers=max_checks + SPOOL_CHUNK_WRITES, thread_name_prefix="admission")
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload(["appliance.service.submission"])
+        self._context.set_forkserver_preload(list(CHECK_MODULES))
 
     def warm(self) -> None:
         """Start the forkserver now, so the first submission does not wait for its imports."""

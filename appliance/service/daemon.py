@@ -104,6 +104,7 @@ class Daemon:
         self.forward_pool = ThreadPoolExecutor(FORWARD_THREADS, thread_name_prefix="forward")
         self._housekeeping_stop = threading.Event()
         self.store = JobStore(self.data_dir / "appliance.db")
+        self.store.on_final.append(self._job_ended)
         self.audit = AuditLog(self.data_dir / "audit.jsonl")
         self.bus = EventBus()
         self.exports = ExportRunner()
@@ -164,11 +165,19 @@ class Daemon:
             )
         freed = fair_share.folder_bytes(self.job_dir(job_id))
         self.store.delete(job_id)
+        uid = row.summary.uid
+        self.usage.bytes_by_uid[uid] = max(0, self.usage.bytes_by_uid.get(uid, 0) - freed)
         fair_share.remove(self.job_dir(job_id))
         upload = self._upload_of(row.spec)
         if upload is not None:
             fair_share.remove(upload)
         return JobDeleted(job_id=job_id, freed_bytes=freed)
+
+    def _job_ended(self, _job_id: str, spec: dict) -> None:
+        """A job reached a final state: its upload is not needed any more."""
+        upload = self._upload_of(spec)
+        if upload is not None:
+            fair_share.remove(upload)
 
     def _upload_of(self, spec: dict) -> Path | None:
         """The upload folder a job's dataset lies in, if it was uploaded."""

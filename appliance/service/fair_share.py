@@ -4,7 +4,8 @@ across users, and the sweeps that give space back (retention of finished jobs, u
 The caps are the administrator's (`appliance serve --max-queued-per-user
 ...`). The queue is not one FIFO: a waiting job's turn is its rank among its
 user's waiting jobs plus the slots its user holds now, so when a slot frees,
-the user with the fewest jobs ahead goes next (submission order breaks ties).
+the user with the fewest jobs ahead goes next; between equals, the user whose
+job started least recently (round robin), then submission order.
 A job of a user at the running cap is passed over without blocking others.
 Stored bytes are what a user's job folders hold on disk, measured by the
 supervisor's sweep every USAGE_SECONDS (so the cap is checked against a
@@ -77,9 +78,13 @@ def check_quota(daemon: "Daemon", uid: int, user: str) -> None:
         )
 
 
-def fair_order(waiting: list[JobSummary], running: Iterable[JobSummary]) -> list[JobSummary]:
-    """`waiting` (in submission order) in the order they should start: by their user's slots held now plus
-    their rank among that user's waiting jobs, then by submission."""
+def fair_order(
+    waiting: list[JobSummary], running: Iterable[JobSummary], last_started: dict[int, float] | None = None
+) -> list[JobSummary]:
+    """`waiting` (in submission order) in the order they should start: by their user's slots held now plus their
+    rank among that user's waiting jobs; on a tie, the user whose job started least recently first (round robin:
+    a user who just had a slot waits behind one who has not); then by submission."""
+    last_started = last_started or {}
     held: dict[int, int] = {}
     for job in running:
         held[job.uid] = held.get(job.uid, 0) + 1
@@ -88,8 +93,8 @@ def fair_order(waiting: list[JobSummary], running: Iterable[JobSummary]) -> list
     for position, job in enumerate(waiting):
         turn = held.get(job.uid, 0) + rank.get(job.uid, 0)
         rank[job.uid] = rank.get(job.uid, 0) + 1
-        keyed.append((turn, position, job))
-    return [job for _turn, _position, job in sorted(keyed, key=lambda item: item[:2])]
+        keyed.append((turn, last_started.get(job.uid, 0.0), position, job))
+    return [item[-1] for item in sorted(keyed, key=lambda item: item[:3])]
 
 
 def over_running_cap(job: JobSummary, running: Iterable[JobSummary], cap: int) -> bool:

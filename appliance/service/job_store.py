@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterable
 from appliance.config.text_rules import escaped
 from appliance.errors import ApplianceError
 from appliance.paths import STATE_FILE_MODE
-from appliance.service.api import JOB_STATES, JobEvent, JobSummary
+from appliance.service.api import JOB_STATES, TERMINAL_STATES, JobEvent, JobSummary
+
 
 MAX_REASON_CHARS = 4096  # a reason may quote a worker's log: kept short, and clean for every terminal
 
@@ -122,6 +123,8 @@ class JobStore:
         self._read_db: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
         self.listeners: list[Callable[[int], None]] = []
+        # Called with (job_id, spec) after a job reaches a final state (its upload is removed then).
+        self.on_final: list[Callable[[str, dict], None]] = []
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
@@ -202,7 +205,11 @@ class JobStore:
             )
             event = self._append(db, job_id, "state", None, {"from": state, "to": to, "reason": reason}, now)
         self._notify(event)
-        return self.get(job_id).summary
+        row = self.get(job_id)
+        if to in TERMINAL_STATES:
+            for callback in list(self.on_final):
+                callback(job_id, row.spec)
+        return row.summary
 
     def update(self, job_id: str, **columns: Any) -> None:
         """Columns other than the state (step, slot, pgid, attempts, restarts)."""

@@ -143,7 +143,7 @@ class Auditor:
         except Exception as error:
             self._record(action, job_id, f"error: {error}")
             raise
-        self._record(action, getattr(result, "id", job_id) if result is not None else job_id, "ok")
+        self._record(action, _job_id_of(result) or job_id, "ok")
         return result
 
     async def in_thread(self, action: str, job_id: str | None, run: Callable[[], T], pool=None) -> T:
@@ -155,6 +155,12 @@ class Auditor:
         await asyncio.get_running_loop().run_in_executor(
             self.daemon.control_pool, self.chatter, action, job_id, outcome
         )
+
+
+def _job_id_of(result: Any) -> str | None:
+    """The job an answer is about (a JobSummary, or a SubmitResponse's job), for its audit line."""
+    job = getattr(result, "job", None) or result
+    return getattr(job, "id", None) or getattr(job, "job_id", None)
 
 
 AuditorDep = Annotated[Auditor, Depends(Auditor)]

@@ -116,7 +116,9 @@ class _Server(uvicorn.Server):
 
 
 def resolve_group(name: str | None) -> int:
-    """The socket's group: --group, else 'appliance' when it exists, else the daemon's own group."""
+    """The socket's group: --group (a name or number), else 'appliance' when it exists, else the daemon's own."""
+    if name and name.isdigit():
+        return int(name)
     if name:
         try:
             return grp.getgrnam(name).gr_gid

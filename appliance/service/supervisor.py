@@ -158,6 +158,7 @@ class Supervisor:
         self.worker_env = dict(worker_env or {})  # set for every worker, over the daemon's own environment
         self.workers: dict[int, Worker] = {}
         self.retry_at: dict[str, float] = {}
+        self.last_started: dict[int, float] = {}  # uid -> when a job of theirs last started (fair-share ties)
         self.unsettled: dict[str, tuple[Worker, int]] = {}  # reaped workers whose end the store refused so far
         self.restarts_total = Counter(
             "appliance_worker_restarts", "Workers restarted after they died", registry=metrics.registry
@@ -380,7 +381,7 @@ class Supervisor:
         due = [job for job in self.store.list(("interrupted",)) if self.retry_at.get(job.id, now + 1) <= now]
         running = self.store.list(("running",))
         wanted = []
-        for job in fair_share.fair_order(due + self.store.list(("queued",)), running):
+        for job in fair_share.fair_order(due + self.store.list(("queued",)), running, self.last_started):
             if fair_share.over_running_cap(job, running, self.max_running_per_user):
                 continue  # its user holds their share of slots: passed over, never blocking the others
             spec = self.store.get(job.id).spec
@@ -399,6 +400,7 @@ class Supervisor:
                 f"{'restarted' if restart else 'started'} on {where}",
                 slot=slots[0].index,
             )
+            self.last_started[job.uid] = time.time()
             self._spawn(job, slots)
             self._publish_counts()
 
