@@ -140,9 +140,11 @@ class Daemon:
     env: dict
     proc: subprocess.Popen | None = None
     clients: list = field(default_factory=list)
+    prefix: list[str] = field(default_factory=list)  # e.g. unshare: what the daemon runs under
 
     def start(self, wait: bool = True) -> "Daemon":
         command = [
+            *self.prefix,
             sys.executable,
             "-m",
             "appliance",
