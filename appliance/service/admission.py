@@ -142,10 +142,11 @@ class Admission:
         self._context.set_forkserver_preload(list(CHECK_MODULES))
 
     def warm(self) -> None:
-        """Start the forkserver now, so the first submission does not wait for its imports."""
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
+        """Start the forkserver and let it import CHECK_MODULES now (one empty child), so the first submission
+        does not wait for them. Called on the housekeeping thread: serving starts meanwhile."""
+        child = self._context.Process(target=os.getpid, name="appliance-warm", daemon=True)
+        child.start()
+        child.join(60)
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
