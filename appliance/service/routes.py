@@ -17,7 +17,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Annotated, Any, Callable, TypeVar
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from appliance import __version__
 from appliance.errors import ApplianceError
@@ -53,6 +53,13 @@ if TYPE_CHECKING:
     from appliance.service.daemon import Daemon
 
 MAX_LONG_POLL_SECONDS = 60.0
+# Query parameters: bounded where they are parsed (a number past SQLite's 64 bits was a 500); pages are then
+# clamped to their own limits in the routes.
+Number = Annotated[int, Query(ge=-(2**62), le=2**62)]
+Cursor = Annotated[int, Query(ge=0, le=2**62)]
+Wait = Annotated[float, Query(ge=0.0, le=MAX_LONG_POLL_SECONDS, allow_inf_nan=False)]
+JobIdQuery = Annotated[str, Query(max_length=64)]
+Outcome = Annotated[str, Query(max_length=64)]
 MAX_RECORDS = 1000  # the most records one page of samples or judge calls holds
 TCP_UID = -1  # the owner recorded for a job submitted over TCP: a token holder, not a Unix user
 T = TypeVar("T")
@@ -186,7 +193,9 @@ async def status(daemon: DaemonDep, caller: AuditorDep) -> DaemonStatus:
 
 
 @daemon_router.get("/events")
-async def events(daemon: DaemonDep, after: int = 0, job: str | None = None, timeout: float = 0.0) -> EventsPage:
+async def events(
+    daemon: DaemonDep, after: Cursor = 0, job: JobIdQuery | None = None, timeout: Wait = 0.0
+) -> EventsPage:
     if job is not None:
         checked(job)
     deadline = time.monotonic() + max(0.0, min(timeout, MAX_LONG_POLL_SECONDS))
@@ -334,7 +343,7 @@ async def cancel_export(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> E
 
 
 @jobs_router.get("/{job_id}/metrics")
-def metrics(job_id: str, daemon: DaemonDep, after_step: int = 0, limit: int = 1000) -> MetricsPage:
+def metrics(job_id: str, daemon: DaemonDep, after_step: Number = 0, limit: Number = 1000) -> MetricsPage:
     daemon.store.get(checked(job_id))
     limit = max(1, min(limit, 10000))
     rows = records_after_step(daemon.job_dir(job_id) / "metrics.jsonl", after_step, limit)
@@ -343,14 +352,14 @@ def metrics(job_id: str, daemon: DaemonDep, after_step: int = 0, limit: int = 10
 
 
 @jobs_router.get("/{job_id}/samples")
-def samples(job_id: str, daemon: DaemonDep, limit: int = 100) -> RecordsPage:
+def samples(job_id: str, daemon: DaemonDep, limit: Number = 100) -> RecordsPage:
     daemon.store.get(checked(job_id))
     limit = max(1, min(limit, MAX_RECORDS))
     return RecordsPage(job_id=job_id, records=tail_records(daemon.job_dir(job_id) / "samples.jsonl", limit))
 
 
 @jobs_router.get("/{job_id}/judge")
-def judge(job_id: str, daemon: DaemonDep, outcome: str | None = None, limit: int = 100) -> RecordsPage:
+def judge(job_id: str, daemon: DaemonDep, outcome: Outcome | None = None, limit: Number = 100) -> RecordsPage:
     import json
 
     daemon.store.get(checked(job_id))
@@ -365,7 +374,7 @@ def judge(job_id: str, daemon: DaemonDep, outcome: str | None = None, limit: int
 
 
 @jobs_router.get("/{job_id}/log")
-def log(job_id: str, daemon: DaemonDep, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
+def log(job_id: str, daemon: DaemonDep, offset: Number = -16384, max_bytes: Number = 1 << 20) -> LogChunk:
     daemon.store.get(checked(job_id))
     return read_log(job_id, daemon.job_dir(job_id) / "log.txt", offset, max(1, min(max_bytes, 8 << 20)))
 
