@@ -179,6 +179,15 @@ def test_limits_past_a_machine_integer_are_refused(daemon, route):
     assert status in (404, 422), body  # never a 500, never a read
 
 
+@pytest.mark.parametrize(
+    "query", ["after=99999999999999999999999999", "after=-1", "timeout=nan", "timeout=1e400", "job=" + "a" * 100]
+)
+def test_an_events_cursor_past_64_bits_or_an_endless_wait_is_refused(daemon, query):
+    started = time.monotonic()
+    status, body = request(daemon, "GET", f"/events?{query}")
+    assert status == 422 and time.monotonic() - started < 1.0, body  # the cursor was a 500 from SQLite
+
+
 def secret_cases(daemon) -> dict:
     return {
         "absolute outside": str(daemon.outside),
