@@ -190,6 +190,11 @@ class GuardedProtocol(HttpToolsProtocol):
         self._timer = None
         if self.transport.is_closing():
             return
+        if self.waiting_since is None and self.flow is not None and self.flow.read_paused:
+            # The app has not read the body yet (a submission waiting for its turn): the wait is ours, not a
+            # slow client's. Look again later; the app's own bound (the turn's queue time) ends the wait.
+            self._timer = self.loop.call_later(self.gate.limits.body_seconds, self._timed_out, status)
+            return
         self.gate.note(self.peer, "timed_out")
         if self.cycle is not None and not self.cycle.response_complete and self.cycle.response_started:
             self.transport.abort()  # a body that stalled mid-request while the app answers: nothing more to say
