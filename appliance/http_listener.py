@@ -12,6 +12,9 @@ and each job's student endpoint (uvicorn with `guarded_protocol(...)`):
   the previous answer) and within `max_head_bytes`; a body within
   `body_seconds` of its head; a connection idle after an answer is closed
   after `idle_seconds` (uvicorn's keep-alive timeout);
+- an answer the peer does not read is dropped with its connection after
+  `write_seconds`, and a peer holds at most `stalled_per_peer` such answers
+  (the oldest goes first), so unread pages never pile up in memory;
 - the process's RLIMIT_NOFILE is raised to its hard limit, and the caps are
   sized to fit under it (`fit_caps`).
 A peer is a uid on a Unix socket (SO_PEERCRED), an address on TCP. What a
@@ -40,6 +43,7 @@ SUMMARY_SECONDS = 60.0
 LOG_INTERVAL_SECONDS = 60.0
 MAX_PEERS_COUNTED = 1024  # peers with their own line in a window's summary; the rest are summed
 _UCRED = struct.Struct("3i")
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset and frees the send queue
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class ListenerLimits:
     max_head_bytes: int = 64 * 1024
     body_seconds: float = 120.0
     idle_seconds: float = 5.0
+    write_seconds: float = 30.0
+    stalled_per_peer: int = 4
 
 
 class ConnectionGate:
@@ -76,6 +82,13 @@ class ConnectionGate:
         self.total += 1
         self.note(peer, "opened")
         return True
+
+    def stalled(self, connection) -> None:
+        """`connection`'s answer waits for its peer to read it: past the peer's allowance the oldest is dropped."""
+        waiting = [other for other in self.open.get(connection.peer, {}) if other.stalled_since is not None]
+        for oldest in sorted(waiting, key=lambda other: other.stalled_since)[: -self.limits.stalled_per_peer or None]:
+            self.note(oldest.peer, "unread")
+            oldest.evict()
 
     def release(self, connection) -> None:
         mine = self.open.get(connection.peer)
@@ -124,8 +137,9 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.peer, self.waiting_since = self.peer_of(transport), None
+        self.peer, self.waiting_since, self.stalled_since = self.peer_of(transport), None, None
         self._timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
         self._head_bytes, self._in_head = 0, False
         self.admitted = self.gate.admit(self)
         if not self.admitted:
@@ -135,6 +149,8 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._cancel()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
         if self.admitted:
             self.gate.release(self)
             self.admitted = False
@@ -172,8 +188,34 @@ class GuardedProtocol(HttpToolsProtocol):
         if not self.transport.is_closing() and idle and getattr(self, "_message_done", True):
             self._await_head()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.stalled_since is None:
+            self.stalled_since = time.monotonic()
+            self._write_timer = self.loop.call_later(self.gate.limits.write_seconds, self._unread)
+            self.gate.stalled(self)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.stalled_since = None
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _unread(self) -> None:
+        self._write_timer = None
+        self.gate.note(self.peer, "unread")
+        self.evict()  # the peer has not read its answer in write_seconds: it is dropped
+
     def evict(self) -> None:
+        """Close now with a reset: nothing more is sent, and the kernel drops what the peer left unread."""
         self._cancel()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+            except OSError:
+                pass
         self.transport.abort()
 
     def _await_head(self) -> None:

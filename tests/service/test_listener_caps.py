@@ -117,6 +117,37 @@ def test_a_stalled_body_and_an_idle_keep_alive_are_cut(serve):
     assert closed
 
 
+async def big_page(scope, receive, send) -> None:
+    """An app whose every answer is 8 MiB (a long page of a log)."""
+    if scope["type"] != "http":
+        return
+    body = b"x" * (8 << 20)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_answers_a_peer_does_not_read_are_dropped_and_never_pile_up(serve):
+    port = serve(ListenerLimits(write_seconds=2.0, stalled_per_peer=3), app=big_page)
+    readers = []
+    for _ in range(12):  # twelve 8 MiB pages asked for, none read
+        sock = connect(port, "127.0.0.2", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        readers.append(sock)
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert sum(map(established, readers)) <= 3, "more unread 8 MiB answers kept for one peer than it may hold"
+    assert get(port, "127.0.0.3")[0] == 200  # another peer is answered meanwhile
+    time.sleep(2.5)
+    assert not any(map(established, readers)), "an unread answer outlived write_seconds"
+    for sock in readers:
+        sock.close()
+
+
+def established(sock: socket.socket) -> bool:
+    """The connection is still up (TCP_INFO's state, read without reading the socket's data)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == 1  # TCP_ESTABLISHED
+
+
 def test_the_metrics_port_holds_a_thousand_connections_on_one_thread():
     server = serve_metrics(TrainingMetrics(version="t", student_model="m", judge_model=None), "127.0.0.1", 0)
     try:
