@@ -35,7 +35,7 @@ def register(subparsers) -> None:
     )
     check.add_argument("--json", action="store_true", help="one JSON document with per-file errors on stdout")
     add_data_dir(check)
-    check.set_defaults(handler=_check)
+    check.set_defaults(handler=_check, parser=check)
 
 
 def _limits(args) -> int:
@@ -55,8 +55,7 @@ def _check(args) -> int:
     if args.limits:
         return _limits(args)
     if not args.files:
-        print("error: name at least one job FILE to check (or pass --limits)", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        args.parser.error("name at least one job FILE to check (or pass --limits)")  # exits 2, with the usage
     data_dir = data_dir_of(args)
     results = []
     for file in args.files:

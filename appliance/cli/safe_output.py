@@ -1,6 +1,6 @@
 """What `appliance jobs` prints is escaped: the daemon's answers (reasons, logs, samples, model output) may hold
 control characters that would steer the terminal (title, clipboard, screen), so every character the string
-rule refuses is written visibly instead (config/text_rules.py), whatever the daemon sends."""
+rule refuses is written visibly instead (appliance/text_rules.py), whatever the daemon sends."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import io
 import sys
 from typing import Iterator
 
-from appliance.config.text_rules import escaped
+from appliance.text_rules import escaped
 
 
 class EscapingWriter(io.TextIOBase):

@@ -39,7 +39,8 @@ def _add_control_options(parser, default_socket: Path) -> None:
     parser.add_argument(
         "--group",
         default=None,
-        help="group allowed to use the socket (default: 'appliance' when it exists, else the daemon's)",
+        help="group (a name or number) allowed to use the socket (default: 'appliance' when it exists, else the "
+        "daemon's)",
     )
     parser.add_argument(
         "--admin-group",

@@ -21,7 +21,7 @@ from appliance.errors import ApplianceError
 from appliance.suggest import did_you_mean
 from appliance.config.limits import MAX_JOB_FILE_BYTES
 from appliance.config.schema import JobSpec
-from appliance.config.text_rules import escaped, first_bad, text_problem
+from appliance.text_rules import escaped, first_bad, text_problem
 
 _NOT_IN_TEXT_RAW = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from appliance.config import limits
 from appliance.config.sizes import parse_memory_budget
-from appliance.config.text_rules import Line, Text
+from appliance.text_rules import Line, Text
 
 
 class Spec(BaseModel):

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # Re-exported: the one string rule, and the escaping every client applies to what the daemon sends.
-from appliance.config.text_rules import Line, escaped as escaped
+from appliance.text_rules import Line, escaped as escaped
 
 # Re-exported: a metrics page's records in their typed form (what the TUI imports).
 from appliance.grpo.step_record import PHASES as PHASES

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from appliance.config.text_rules import escaped
+from appliance.text_rules import escaped
 from appliance.errors import ApplianceError
 from appliance.paths import STATE_FILE_MODE
 from appliance.service.api import JOB_STATES, TERMINAL_STATES, JobEvent, JobSummary
@@ -187,7 +187,7 @@ class JobStore:
     ) -> JobSummary:
         """Move a job to `to` if TRANSITIONS allows it (and it is in `expect`, when given).
 
-        The reason is stored escaped (config/text_rules.py) and cut: it may quote what a worker printed."""
+        The reason is stored escaped (appliance/text_rules.py) and cut: it may quote what a worker printed."""
         now = time.time()
         reason = escaped(reason)[:MAX_REASON_CHARS]
         with self._tx() as db:

@@ -200,8 +200,9 @@ async def events(
         checked(job)
     deadline = time.monotonic() + max(0.0, min(timeout, MAX_LONG_POLL_SECONDS))
     while True:
-        newest = daemon.store.last_event_id()
-        found = daemon.store.events(after, job, limit=1000)
+        # Off the event loop: a page of a thousand events is parsed from JSON.
+        newest = await asyncio.to_thread(daemon.store.last_event_id)
+        found = await asyncio.to_thread(daemon.store.events, after, job, None, 1000)
         if found or time.monotonic() >= deadline:
             cursor = found[-1].id if len(found) == 1000 else max([newest, after] + [e.id for e in found])
             return EventsPage(events=found, cursor=cursor)
@@ -275,7 +276,7 @@ async def submit(request: Request, response: Response, daemon: DaemonDep, caller
 
 
 @jobs_router.get("")
-async def list_jobs(daemon: DaemonDep) -> JobList:
+def list_jobs(daemon: DaemonDep) -> JobList:  # a plain def: FastAPI's thread pool, off the event loop
     return JobList(jobs=daemon.supervisor.with_phase(daemon.store.list()))
 
 

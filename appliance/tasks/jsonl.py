@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from appliance.config.limits import MAX_DATASET_ROW_BYTES, MAX_DATASET_ROWS
-from appliance.config.text_rules import text_problem
+from appliance.text_rules import text_problem
 from appliance.errors import ApplianceError
 from appliance.suggest import did_you_mean
 from appliance.tasks.task import Problem, TaskError
@@ -110,7 +110,7 @@ def count_problems(path: Path) -> int:
 
 
 def _clean(value: str, where: str) -> str:
-    """A row's text under the string rule (config/text_rules.py): it reaches prompts, logs and terminals."""
+    """A row's text under the string rule (appliance/text_rules.py): it reaches prompts, logs and terminals."""
     problem = text_problem(value, multiline=True)
     if problem:
         raise RowError(f"{where} {problem}")

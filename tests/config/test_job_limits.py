@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from appliance.config.job_file import parse_job, read_job
 from appliance.config.limits import MAX_JOB_FILE_BYTES, MAX_MULTIPLY_PROBLEMS, Limit, limits_table, table_text
-from appliance.config.text_rules import escaped, text_problem
+from appliance.text_rules import escaped, text_problem
 
 REPO = Path(__file__).resolve().parents[2]
 
