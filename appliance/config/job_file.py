@@ -290,6 +290,9 @@ def parse_job(text: str, file: str = "<job>") -> ParsedJob:
         column = f", column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         return ParsedJob(file, None, {}, None, [ConfigError(file, "", f"YAML syntax error{column}: {problem}", line)])
+    except (ValueError, OverflowError, RecursionError) as exc:  # a value the loader cannot build (a 5000-digit int)
+        message = f"a value cannot be read ({str(exc).split(';')[0][:MAX_SHOWN_VALUE]}); write it out plainly"
+        return ParsedJob(file, None, {}, None, [ConfigError(file, "", message)])
     finally:
         loader.dispose()
     if data is None:

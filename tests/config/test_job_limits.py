@@ -181,6 +181,11 @@ def test_a_control_character_in_a_key_is_shown_escaped():
     assert "\\x1b]52" in error.key and "\x1b" not in str(error)
 
 
+def test_a_value_the_loader_cannot_build_is_an_error_not_a_crash():
+    parsed = parse_job("name: x\ngrpo: {steps: " + "9" * 5000 + "}\n", "digits.yaml")
+    assert parsed.spec is None and "a value cannot be read (Exceeds the limit" in parsed.errors[0].message
+
+
 def test_the_raw_file_is_under_the_rule_too():
     parsed = parse_job("name: ok\n# \x00 a NUL in a comment\n", "raw.yaml")
     assert parsed.data is None and parsed.errors[0].line == 2 and "U+0000" in parsed.errors[0].message
