@@ -5,9 +5,10 @@ One mechanism for the control socket, the TCP control port, the metrics port
 and each job's student endpoint (uvicorn with `guarded_protocol(...)`):
 - a connection beyond its peer's cap, or beyond the listener's total, first
   evicts the oldest connection that is only waiting (for a first request, or
-  idle between requests) of the peer holding the most; with none to evict it
-  is answered 503 and closed, so a peer's idle or half-sent connections never
-  keep another peer out;
+  idle between requests) of that peer, or at the total of the peer holding
+  the most (even mid-request, when that peer holds more than the newcomer);
+  with none to evict it is answered 503 and closed, so no peer's connections,
+  idle, half-sent or long-polling, keep another peer out;
 - a request head must arrive within `head_seconds` of the connection (or of
   the previous answer) and within `max_head_bytes`; a body within
   `body_seconds` of its head; a connection idle after an answer is closed
@@ -75,7 +76,7 @@ class ConnectionGate:
         if len(mine) >= self.limits.per_peer and not self._evict_from(peer):
             self.note(peer, "refused")
             return False
-        if self.total >= self.limits.total and not self._evict_from(self._largest_peer()):
+        if self.total >= self.limits.total and not self._make_room(peer):
             self.note(peer, "refused")
             return False
         self.open.setdefault(peer, OrderedDict())[connection] = None
@@ -100,6 +101,21 @@ class ConnectionGate:
 
     def _largest_peer(self) -> Hashable:
         return max(self.open, key=lambda peer: len(self.open[peer]), default=None)
+
+    def _make_room(self, newcomer: Hashable) -> bool:
+        """At the total cap: evict a waiting connection of the peer holding the most; failing that, when that
+        peer holds more than the newcomer would, its oldest connection even mid-request (long-polls, say), so a
+        few peers can never keep the rest out."""
+        largest = self._largest_peer()
+        if self._evict_from(largest):
+            return True
+        if len(self.open.get(largest, {})) <= len(self.open.get(newcomer, {})) + 1:
+            return False
+        oldest = next(iter(self.open[largest]))
+        self.release(oldest)
+        oldest.evict()
+        self.note(largest, "evicted")
+        return True
 
     def _evict_from(self, peer: Hashable) -> bool:
         """Close the oldest connection of `peer` that is only waiting; False when it has none."""

@@ -4,6 +4,7 @@ started per connection, and accept failures at the descriptor limit are logged o
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -88,6 +89,28 @@ def test_one_peers_idle_and_half_sent_connections_never_keep_another_peer_out(se
     alive = sum(not closed_within(sock, 0.01)[0] for sock in held)
     assert alive <= 32, f"{alive} attacker connections still open past the total cap"
     for sock in held:
+        sock.close()
+
+
+async def long_poll(scope, receive, send) -> None:
+    """An app that answers after 4 s (the events long-poll, shortened)."""
+    if scope["type"] == "http":
+        await asyncio.sleep(4)
+        await hello(scope, receive, send)
+
+
+def test_requests_in_flight_from_a_few_peers_never_keep_another_out(serve):
+    port = serve(ListenerLimits(total=24, per_peer=8), app=long_poll)
+    held = [
+        connect(port, f"127.0.0.{2 + n % 3}", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") for n in range(24)
+    ]  # three peers, eight long-polls each: the listener is full of requests in flight
+    time.sleep(0.5)
+    newcomer = connect(port, "127.0.0.9", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    newcomer.settimeout(2)
+    with pytest.raises((socket.timeout, TimeoutError)):
+        newcomer.recv(100)  # admitted and waiting for its own answer, not refused with a 503
+    assert sum(map(established, held)) == 23  # one of the biggest peer's was cut to make room
+    for sock in held + [newcomer]:
         sock.close()
 
 
