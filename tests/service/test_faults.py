@@ -18,6 +18,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import textwrap
 import time
 from dataclasses import dataclass
@@ -320,3 +321,23 @@ def test_a_daemon_death_is_charged_to_no_job(tmp_path):
     assert "the daemon stopped while the job ran" in " ".join(
         event.data["reason"] for event in supervisor.store.events(0, job_id, kinds=("state",))
     )
+
+
+def test_a_workers_report_line_past_the_cap_is_skipped_and_the_reports_after_it_are_read():
+    """A job cannot size the daemon's memory through its report channel (nor kill the daemon with it)."""
+    from appliance.service.worker import MAX_MESSAGE_CHARS, Channel
+
+    ours, theirs = socket.socketpair()
+
+    def write() -> None:
+        with theirs:
+            theirs.sendall(b'{"type": "event", "text": "' + b"x" * (MAX_MESSAGE_CHARS + 10) + b'"}\n')
+            theirs.sendall((json.dumps({"type": "result", "result": {}}) + "\n").encode())
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    channel = Channel(ours)
+    messages = list(channel.messages())
+    writer.join()
+    channel.close()
+    assert messages == [{"type": "result", "result": {}}]
