@@ -38,6 +38,7 @@ CHECK_SECONDS = 60.0  # wall clock of one check; the child is killed past it
 CHECK_CPU_SECONDS = 30  # RLIMIT_CPU of the child
 CHECK_MEMORY_BYTES = 2 * 2**30  # RLIMIT_AS of the child (address space, imports included)
 SPOOL_CHUNK_WRITES = 4  # threads that write spooled bodies
+SPOOL_WRITE_BYTES = 1 << 20  # a spooled body is written a MiB at a time
 # Imported once in the forkserver, so a check's child starts with them loaded (a check imports them lazily).
 CHECK_MODULES = (
     "appliance.service.submission",
@@ -164,13 +165,18 @@ class Admission:
         size = 0
         try:
             handle = await loop.run_in_executor(self._threads, _open_private, path)
+            pending: list[bytes] = []
+            pending_bytes = 0
             async for chunk in chunks:
                 size += len(chunk)
                 if size > max_bytes:
                     raise Busy(f"the request body is over this daemon's limit of {max_bytes} bytes", 413)
-                if chunk:
-                    await loop.run_in_executor(self._threads, handle.write, chunk)
-            await loop.run_in_executor(self._threads, handle.close)
+                pending.append(chunk)
+                pending_bytes += len(chunk)
+                if pending_bytes >= SPOOL_WRITE_BYTES:  # one thread hop per MiB, not per network read
+                    await loop.run_in_executor(self._threads, handle.write, b"".join(pending))
+                    pending, pending_bytes = [], 0
+            await loop.run_in_executor(self._threads, _finish, handle, b"".join(pending))
         except OSError as error:  # the disk is full, or an I/O error: nothing was stored
             await loop.run_in_executor(self._threads, _close_and_remove, handle, path)
             raise Busy(
@@ -224,6 +230,11 @@ def _ended(child) -> str:
     child.join(5)
     code = child.exitcode
     return "it was killed" if code is None or code < 0 else f"it exited with {code}"
+
+
+def _finish(handle, tail: bytes) -> None:
+    handle.write(tail)
+    handle.close()
 
 
 def _open_private(path: Path):
