@@ -3,12 +3,13 @@ request head, time to send a body, idle keep-alive; errors logged once per inter
 
 One mechanism for the control socket, the TCP control port, the metrics port
 and each job's student endpoint (uvicorn with `guarded_protocol(...)`):
-- a connection beyond its peer's cap, or beyond the listener's total, first
-  evicts the oldest connection that is only waiting (for a first request, or
-  idle between requests) of that peer, or at the total of the peer holding
-  the most (even mid-request, when that peer holds more than the newcomer);
-  with none to evict it is answered 503 and closed, so no peer's connections,
-  idle, half-sent or long-polling, keep another peer out;
+- a connection beyond its peer's cap evicts that peer's oldest connection that
+  has only been waiting (for a first request, or idle between requests) for
+  `fresh_seconds` or more (a burst of fresh requests is let in while there is
+  room); beyond the listener's total it evicts a waiting connection of the
+  peer holding the most, or that peer's oldest outright when it holds more
+  than the newcomer; with none to evict it is answered 503 and closed, so no
+  peer's connections, idle, half-sent or long-polling, keep another peer out;
 - a request head must arrive within `head_seconds` of the connection (or of
   the previous answer) and within `max_head_bytes`; a body within
   `body_seconds` of its head; a connection idle after an answer is closed
@@ -57,6 +58,7 @@ class ListenerLimits:
     idle_seconds: float = 5.0
     write_seconds: float = 30.0
     stalled_per_peer: int = 4
+    fresh_seconds: float = 1.0  # a connection waiting less than this is a burst's, not evicted for its peer's cap
 
 
 class ConnectionGate:
@@ -73,9 +75,10 @@ class ConnectionGate:
         """Count `connection` in (evicting a waiting one when a cap is reached); False: refuse it."""
         peer = connection.peer
         mine = self.open.get(peer, {})
-        if len(mine) >= self.limits.per_peer and not self._evict_from(peer):
-            self.note(peer, "refused")
-            return False
+        if len(mine) >= self.limits.per_peer:
+            # Past its cap a peer's oldest stale connection makes way; a burst of fresh ones (a client sending
+            # many requests at once) is let in while the listener has room, the total and its eviction bound it.
+            self._evict_from(peer, min_age=self.limits.fresh_seconds)
         if self.total >= self.limits.total and not self._make_room(peer):
             self.note(peer, "refused")
             return False
@@ -117,10 +120,12 @@ class ConnectionGate:
         self.note(largest, "evicted")
         return True
 
-    def _evict_from(self, peer: Hashable) -> bool:
-        """Close the oldest connection of `peer` that is only waiting; False when it has none."""
+    def _evict_from(self, peer: Hashable, min_age: float = 0.0) -> bool:
+        """Close the oldest connection of `peer` that has only been waiting for at least `min_age` seconds;
+        False when it has none."""
+        newest = time.monotonic() - min_age
         for connection in self.open.get(peer, {}):
-            if connection.waiting_since is not None:
+            if connection.waiting_since is not None and connection.waiting_since <= newest:
                 self.release(connection)
                 connection.evict()
                 self.note(peer, "evicted")

@@ -83,25 +83,7 @@ def world_errors(
 
     `model_roots` (the daemon's): a model folder must lie under one of them, links included; None: anywhere."""
     data = parsed.data
-    errors: list[ConfigError] = []
-    if check_models:
-        store_names: list[str] | None = None
-        for section in ("student", "judge"):
-            if section == "judge" and _at(data, "judge", "endpoint"):
-                continue  # a remote judge's model is a name its server serves, not one of this box
-            reference = _at(data, section, "model")
-            if isinstance(reference, str) and reference:
-                if store_names is None:
-                    from appliance.models.store import ModelStore
-
-                    store_names = ModelStore(data_dir).names()
-                problem = (
-                    confined_model_problem(reference, f"{section}.model", model_roots, data_dir)
-                    if model_roots is not None and is_path_reference(reference)
-                    else model_problem(reference, base_dir, data_dir, store_names)
-                )
-                if problem:
-                    errors.append(parsed.error_at((section, "model"), problem))
+    errors: list[ConfigError] = _model_errors(parsed, base_dir, data_dir, model_roots) if check_models else []
     token_file = _at(data, "judge", "token_file")
     if isinstance(token_file, str) and token_file:
         path = _absolute(token_file, base_dir)
@@ -135,6 +117,32 @@ def world_errors(
     errors += _resources_errors(parsed)
     errors += _sampling_errors(parsed)
     errors += _rubric_errors(parsed)
+    return errors
+
+
+def _model_errors(
+    parsed: ParsedJob, base_dir: Path, data_dir: Path, model_roots: tuple[Path, ...] | None
+) -> list[ConfigError]:
+    """student.model and a local judge.model: in the model store, or a folder (under `model_roots` when given)."""
+    data = parsed.data
+    errors: list[ConfigError] = []
+    store_names: list[str] | None = None
+    for section in ("student", "judge"):
+        if section == "judge" and _at(data, "judge", "endpoint"):
+            continue  # a remote judge's model is a name its server serves, not one of this box
+        reference = _at(data, section, "model")
+        if isinstance(reference, str) and reference:
+            if store_names is None:
+                from appliance.models.store import ModelStore
+
+                store_names = ModelStore(data_dir).names()
+            problem = (
+                confined_model_problem(reference, f"{section}.model", model_roots, data_dir)
+                if model_roots is not None and is_path_reference(reference)
+                else model_problem(reference, base_dir, data_dir, store_names)
+            )
+            if problem:
+                errors.append(parsed.error_at((section, "model"), problem))
     return errors
 
 

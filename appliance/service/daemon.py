@@ -97,12 +97,7 @@ class Daemon:
         # The whole body of a submission: the job file and an upload, JSON-escaped (at most twice as long).
         self.submit_body_limit = 2 * options.max_upload_bytes + (1 << 20)
         self.trajectory_body_limit = MAX_TRAJECTORY_BODY_BYTES
-        self.admission = Admission(self.policy, uploads_dir(self.data_dir))
-        self.forwarding = Turns(FORWARD_THREADS, "trajectory submission")
-        self.control_pool = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="control")
-        self.export_pool = ThreadPoolExecutor(EXPORT_THREADS, thread_name_prefix="export")
-        self.forward_pool = ThreadPoolExecutor(FORWARD_THREADS, thread_name_prefix="forward")
-        self._housekeeping_stop = threading.Event()
+        self._start_pools()
         self.store = JobStore(self.data_dir / "appliance.db")
         self.store.on_final.append(self._job_ended)
         self.audit = AuditLog(self.data_dir / "audit.jsonl")
@@ -127,6 +122,15 @@ class Daemon:
             },
             max_running_per_user=options.quotas.max_running,
         )
+
+    def _start_pools(self) -> None:
+        """The admission's checks, and the daemon's own threads for control calls, exports and forwarding."""
+        self.admission = Admission(self.policy, uploads_dir(self.data_dir))
+        self.forwarding = Turns(FORWARD_THREADS, "trajectory submission")
+        self.control_pool = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="control")
+        self.export_pool = ThreadPoolExecutor(EXPORT_THREADS, thread_name_prefix="export")
+        self.forward_pool = ThreadPoolExecutor(FORWARD_THREADS, thread_name_prefix="forward")
+        self._housekeeping_stop = threading.Event()
 
     def job_dir(self, job_id: str) -> Path:
         return self.supervisor.job_dir(job_id)
