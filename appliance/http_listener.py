@@ -15,8 +15,9 @@ and each job's student endpoint (uvicorn with `guarded_protocol(...)`):
   `body_seconds` of its head; a connection idle after an answer is closed
   after `idle_seconds` (uvicorn's keep-alive timeout);
 - an answer the peer does not read is dropped with its connection after
-  `write_seconds`, and a peer holds at most `stalled_per_peer` such answers
-  (the oldest goes first), so unread pages never pile up in memory;
+  `write_seconds`, and the answers waiting for one peer to read them hold at
+  most `max_unread_bytes` (the oldest go first), so unread pages never pile up
+  in memory;
 - the process's RLIMIT_NOFILE is raised to its hard limit, and the caps are
   sized to fit under it (`fit_caps`).
 A peer is a uid on a Unix socket (SO_PEERCRED), an address on TCP. What a
@@ -57,7 +58,7 @@ class ListenerLimits:
     body_seconds: float = 120.0
     idle_seconds: float = 5.0
     write_seconds: float = 30.0
-    stalled_per_peer: int = 4
+    max_unread_bytes: int = 64 * 2**20
     fresh_seconds: float = 1.0  # a connection waiting less than this is a burst's, not evicted for its peer's cap
 
 
@@ -88,10 +89,19 @@ class ConnectionGate:
         return True
 
     def stalled(self, connection) -> None:
-        """`connection`'s answer waits for its peer to read it: past the peer's allowance the oldest is dropped."""
-        waiting = [other for other in self.open.get(connection.peer, {}) if other.stalled_since is not None]
-        for oldest in sorted(waiting, key=lambda other: other.stalled_since)[: -self.limits.stalled_per_peer or None]:
+        """`connection`'s answer waits for its peer to read it: while the peer's unread answers hold more than
+        max_unread_bytes, its oldest unread answer is dropped with its connection."""
+        waiting = sorted(
+            (other for other in self.open.get(connection.peer, {}) if other.stalled_since is not None),
+            key=lambda other: other.stalled_since,
+        )
+        unread = sum(other.transport.get_write_buffer_size() for other in waiting)
+        for oldest in waiting:
+            if unread <= self.limits.max_unread_bytes:
+                return
+            unread -= oldest.transport.get_write_buffer_size()
             self.note(oldest.peer, "unread")
+            self.release(oldest)
             oldest.evict()
 
     def release(self, connection) -> None:
