@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from appliance.bounded_file import MAX_SOURCE_BYTES, FileTooLarge, read_capped
 from appliance.config.job_file import ConfigError, JobFileError, ParsedJob, read_job
 from appliance.conventions import (
     BUILTIN_DATASET_PREFIX,
@@ -71,24 +72,18 @@ def load_checked_job(path: str | Path, data_dir: Path) -> JobSpec:
     return spec
 
 
-def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models: bool = True) -> list[ConfigError]:
-    """Every outside-world problem in `parsed.data` (a mapping), each at its key."""
-    data = parsed.data
-    errors: list[ConfigError] = []
-    if check_models:
-        store_names: list[str] | None = None
-        for section in ("student", "judge"):
-            if section == "judge" and _at(data, "judge", "endpoint"):
-                continue  # a remote judge's model is a name its server serves, not one of this box
-            reference = _at(data, section, "model")
-            if isinstance(reference, str) and reference:
-                if store_names is None:
-                    from appliance.models.store import ModelStore
+def world_errors(
+    parsed: ParsedJob,
+    base_dir: Path,
+    data_dir: Path,
+    check_models: bool = True,
+    model_roots: tuple[Path, ...] | None = None,
+) -> list[ConfigError]:
+    """Every outside-world problem in `parsed.data` (a mapping), each at its key.
 
-                    store_names = ModelStore(data_dir).names()
-                problem = model_problem(reference, base_dir, data_dir, store_names)
-                if problem:
-                    errors.append(parsed.error_at((section, "model"), problem))
+    `model_roots` (the daemon's): a model folder must lie under one of them, links included; None: anywhere."""
+    data = parsed.data
+    errors: list[ConfigError] = _model_errors(parsed, base_dir, data_dir, model_roots) if check_models else []
     token_file = _at(data, "judge", "token_file")
     if isinstance(token_file, str) and token_file:
         path = _absolute(token_file, base_dir)
@@ -107,6 +102,8 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
         problem = environment_problem(environment, data_dir)
         if problem:
             errors.append(parsed.error_at(("task", "environment"), problem))
+        elif parsed.spec is not None:
+            errors += _option_errors(parsed, data_dir)
     elif isinstance(dataset, str) and dataset:
         # With a valid schema the task itself is loaded (it also checks held_out against the
         # dataset size); otherwise only the dataset is checked.
@@ -121,6 +118,41 @@ def world_errors(parsed: ParsedJob, base_dir: Path, data_dir: Path, check_models
     errors += _sampling_errors(parsed)
     errors += _rubric_errors(parsed)
     return errors
+
+
+def _model_errors(
+    parsed: ParsedJob, base_dir: Path, data_dir: Path, model_roots: tuple[Path, ...] | None
+) -> list[ConfigError]:
+    """student.model and a local judge.model: in the model store, or a folder (under `model_roots` when given)."""
+    data = parsed.data
+    errors: list[ConfigError] = []
+    store_names: list[str] | None = None
+    for section in ("student", "judge"):
+        if section == "judge" and _at(data, "judge", "endpoint"):
+            continue  # a remote judge's model is a name its server serves, not one of this box
+        reference = _at(data, section, "model")
+        if isinstance(reference, str) and reference:
+            if store_names is None:
+                from appliance.models.store import ModelStore
+
+                store_names = ModelStore(data_dir).names()
+            problem = (
+                confined_model_problem(reference, f"{section}.model", model_roots, data_dir)
+                if model_roots is not None and is_path_reference(reference)
+                else model_problem(reference, base_dir, data_dir, store_names)
+            )
+            if problem:
+                errors.append(parsed.error_at((section, "model"), problem))
+    return errors
+
+
+def _option_errors(parsed: ParsedJob, data_dir: Path) -> list[ConfigError]:
+    """task.environment_options: each key a parameter of the environment, of its type and within its bounds."""
+    from appliance.agents.environment_loader import option_problems
+
+    task = parsed.spec.task
+    found = option_problems(task.environment, dict(task.environment_options), data_dir)
+    return [parsed.error_at(("task", "environment_options", key), problem) for key, problem in found]
 
 
 def _sampling_errors(parsed: ParsedJob) -> list[ConfigError]:
@@ -224,7 +256,7 @@ def _best_metric_errors(parsed: ParsedJob) -> list[ConfigError]:
 
 def model_problem(reference: str, base_dir: Path, data_dir: Path, store_names: list[str]) -> str | None:
     """Why `reference` (a store name, or a folder path if it has a '/') cannot be loaded here."""
-    if _is_path(reference):
+    if is_path_reference(reference):
         folder = _absolute(reference, base_dir)
         if not folder.is_dir():
             return (
@@ -248,10 +280,48 @@ def model_problem(reference: str, base_dir: Path, data_dir: Path, store_names: l
     return f"model '{reference}' is not in the model store at {where}; {hint}"
 
 
+# How many entries of a model folder the confinement check looks at (a model folder holds a few dozen).
+MAX_MODEL_FOLDER_ENTRIES = 10_000
+
+
+def confined_model_problem(reference: str, key: str, roots: tuple[Path, ...], data_dir: Path) -> str | None:
+    """Why the daemon may not load the model folder `reference` (a path): it must be absolute and lie under a
+    root, after links, and no entry of it may be a link out of that root. A refusal says nothing about what
+    exists outside the roots (the path is compared before anything is looked at)."""
+    from appliance.paths import models_dir
+
+    where = ", ".join(str(root) for root in roots if root != models_dir(data_dir)) or "none configured"
+    refusal = (
+        f"{key} must name a model in the model store (appliance models list) or a folder under the daemon's model "
+        f"roots ({where}); {reference!r} is neither, so ask an administrator to import it"
+    )
+    candidate = Path(os.path.normpath(reference))
+    root = next((root for root in roots if reference.startswith("/") and candidate.is_relative_to(root)), None)
+    if root is None:
+        return refusal
+    real, real_root = Path(os.path.realpath(candidate)), Path(os.path.realpath(root))
+    if not real.is_relative_to(real_root):
+        return refusal
+    if not (real / "config.json").is_file():
+        return f"{key}: {reference} has no config.json; point at a Hugging Face model folder under {root}"
+    try:
+        with os.scandir(real) as entries:
+            for count, entry in enumerate(entries):
+                if count >= MAX_MODEL_FOLDER_ENTRIES:
+                    return f"{key}: {reference} holds more than {MAX_MODEL_FOLDER_ENTRIES} entries; not a model folder"
+                if entry.is_symlink() and not Path(os.path.realpath(entry.path)).is_relative_to(real_root):
+                    return (
+                        f"{key}: {reference} holds {entry.name!r}, a link out of {root}; the daemon follows no link out"
+                    )
+    except OSError as error:
+        return f"{key}: {reference} cannot be read ({error.strerror})"
+    return None
+
+
 def dataset_problem(dataset: str, base_dir: Path, read_rows: bool = True) -> str | None:
     """Why `task.dataset` cannot be read here; with `read_rows` every row of a .jsonl file is checked."""
     from appliance.tasks.task import TaskError
-    from appliance.tasks.jsonl import load_jsonl_problems
+    from appliance.tasks.jsonl import count_problems
     from appliance.tasks.load import BUILTINS
 
     builtins = [BUILTIN_DATASET_PREFIX + name for name in BUILTINS]
@@ -268,7 +338,7 @@ def dataset_problem(dataset: str, base_dir: Path, read_rows: bool = True) -> str
         return f"dataset file {file} does not exist (relative paths start at the job file's folder)"
     if read_rows:
         try:
-            load_jsonl_problems(file)
+            count_problems(file)  # every row checked, none kept
         except TaskError as exc:
             return _one_line(exc)
         except (OSError, UnicodeDecodeError) as exc:
@@ -277,20 +347,21 @@ def dataset_problem(dataset: str, base_dir: Path, read_rows: bool = True) -> str
 
 
 def _task_errors(parsed: ParsedJob, base_dir: Path) -> list[ConfigError]:
-    """Load the task as the trainer will; its errors name task.held_out or concern the dataset."""
+    """What loading the task would refuse, found by counting its problems (none is built): errors name
+    task.held_out or concern the dataset."""
     from appliance.tasks.task import TaskError
-    from appliance.tasks.load import load_task
+    from appliance.tasks.load import held_out_problem
 
     try:
-        load_task(parsed.spec.task, base_dir)
+        message = held_out_problem(parsed.spec.task, base_dir)
     except TaskError as exc:
         message = _one_line(exc)
-        # Reported at the key the message names: held_out against the dataset's size, else the dataset itself.
-        key = ("task", "held_out") if message.startswith("task.held_out") else ("task", "dataset")
-        return [parsed.error_at(key, message)]
     except (OSError, UnicodeDecodeError) as exc:
         return [parsed.error_at(("task", "dataset"), f"dataset cannot be read: {exc}")]
-    return []
+    if message is None:
+        return []
+    key = ("task", "held_out") if message.startswith("task.held_out") else ("task", "dataset")
+    return [parsed.error_at(key, message)]
 
 
 def _one_line(exc: Exception) -> str:
@@ -305,10 +376,10 @@ def plugin_problem(file_part: str, function: str, base_dir: Path) -> str | None:
     if not file.is_file():
         return f"plugin file {file} does not exist (relative paths start at the job file's folder)"
     try:
-        tree = ast.parse(file.read_bytes(), filename=str(file))
+        tree = ast.parse(read_capped(file, MAX_SOURCE_BYTES), filename=str(file))
     except SyntaxError as exc:
         return f"plugin file {file} has a syntax error on line {exc.lineno}: {exc.msg}"
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, FileTooLarge) as exc:
         return f"plugin file {file} cannot be read: {exc}"
     defined = _top_level_names(tree)
     if function in defined:
@@ -397,10 +468,10 @@ def with_absolute_paths(spec: JobSpec, base_dir: Path) -> JobSpec:
     is stored under the data dir; neither knows the job file's folder.
     """
     student = spec.student
-    if _is_path(student.model):
+    if is_path_reference(student.model):
         student = student.model_copy(update={"model": str(_absolute(student.model, base_dir))})
     judge = spec.judge
-    if judge is not None and judge.endpoint is None and _is_path(judge.model):
+    if judge is not None and judge.endpoint is None and is_path_reference(judge.model):
         judge = judge.model_copy(update={"model": str(_absolute(judge.model, base_dir))})
     if judge is not None and judge.token_file is not None:
         judge = judge.model_copy(update={"token_file": str(_absolute(judge.token_file, base_dir))})
@@ -439,7 +510,8 @@ def _at(data: Any, *keys: str) -> Any:
     return data
 
 
-def _is_path(reference: str) -> bool:
+def is_path_reference(reference: str) -> bool:
+    """A model value that is a folder path rather than a model store name."""
     return "/" in reference or reference.startswith("~")
 
 

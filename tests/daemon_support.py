@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -139,9 +140,11 @@ class Daemon:
     env: dict
     proc: subprocess.Popen | None = None
     clients: list = field(default_factory=list)
+    prefix: list[str] = field(default_factory=list)  # e.g. unshare: what the daemon runs under
 
     def start(self, wait: bool = True) -> "Daemon":
         command = [
+            *self.prefix,
             sys.executable,
             "-m",
             "appliance",
@@ -296,3 +299,78 @@ def prometheus_query(base: str, query: str) -> list[dict]:
         body = json.loads(response.read())
     assert body["status"] == "success", body
     return body["data"]["result"]
+
+
+# ----- other users ----------------------------------------------------------------------------------------
+
+
+def can_switch_users() -> bool:
+    """Root can act as other uids (what setpriv does for a command), here by forking and dropping privileges."""
+    return os.geteuid() == 0
+
+
+def as_user(uid: int, gid: int, groups: tuple[int, ...], fn, *args, timeout: float = 600.0):
+    """fn(*args) in a forked child that runs as `uid`/`gid` with supplementary `groups`; its return value.
+
+    The interpreter cannot be started again as another uid here (its install is private to root), so the child
+    forks with every module already imported, then drops privileges; `fn` must use only loaded modules
+    (unix_request below does)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        status = 0
+        try:
+            os.close(read_end)
+            os.setgroups(list(groups))
+            os.setgid(gid)
+            os.setuid(uid)
+            payload = json.dumps({"value": fn(*args)})
+        except BaseException as error:  # noqa: BLE001 - reported to the parent
+            payload, status = json.dumps({"error": f"{type(error).__name__}: {error}"}), 1
+        with os.fdopen(write_end, "w") as out:
+            out.write(payload)
+        os._exit(status)
+    os.close(write_end)
+    deadline, data = time.monotonic() + timeout, b""
+    try:
+        while True:
+            ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                raise AssertionError(f"uid {uid}'s call did not end within {timeout:.0f} s")
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    text = data.decode()
+    result = json.loads(text)
+    if "error" in result:
+        raise AssertionError(f"as uid {uid}: {result['error']}")
+    return result["value"]
+
+
+def unix_request(socket_path, method: str, path: str, body: dict | None = None, timeout: float = 60.0):
+    """(status, JSON answer) of one request over the daemon's socket, with the standard library only."""
+    data = json.dumps(body).encode() if body is not None else b""
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(socket_path))
+        sock.sendall(head.encode() + b"Connection: close\r\n\r\n" + data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head_text, _, payload = answer.partition(b"\r\n\r\n")
+    status = int(head_text.split(b" ", 2)[1])
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, {"raw": payload.decode(errors="replace")}
+
+
+def open_socket_dir(daemon: "Daemon", gid: int) -> None:
+    """Let members of `gid` reach the daemon's socket (its folder is private to root by default)."""
+    os.chmod(daemon.socket_path.parent, 0o711)

@@ -20,7 +20,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from appliance.service.client import Client, default_socket
+from appliance.service.client import Client, EscapedClient, default_socket
 from tui import feeds, polling
 from tui import messages
 from tui.screens.daemon_screen import DaemonScreen
@@ -54,7 +54,8 @@ class ApplianceApp(App):
     def __init__(self, socket_path: str | None = None, *, now: Callable[[], float] = time.time):
         super().__init__()
         self.socket_path = socket_path or default_socket()
-        self.client = Client(self.socket_path, timeout=CLIENT_TIMEOUT_SECONDS)
+        # Every answer escaped on its way in: no screen shows a control character the daemon sent.
+        self.client = EscapedClient(Client(self.socket_path, timeout=CLIENT_TIMEOUT_SECONDS))
         self.now = now  # the clock for ages and ETAs (frozen in snapshot tests)
         self.reachable: bool | None = None
         self.unreachable_reason = ""

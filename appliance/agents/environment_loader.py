@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import typing
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,6 +18,7 @@ from appliance.agents.environment import AgentEnvironmentError, Environment
 from appliance.agents.envs.calculator import CalculatorEnvironment
 from appliance.agents.envs.email_search import EmailSearchEnvironment
 from appliance.agents.envs.game2048 import Game2048Environment
+from appliance.bounded_file import MAX_SOURCE_BYTES, FileTooLarge, read_capped
 from appliance.conventions import EXTERNAL_ENVIRONMENT, is_plugin_reward
 from appliance.rewards.plugins import load_from_file
 from appliance.suggest import closest
@@ -120,8 +122,8 @@ def environment_problem(name: str, data_dir: Path) -> str | None:
     if not resolved.is_file():
         return f"environment plugin {name!r}: {resolved} does not exist; an administrator installs plugins in {folder}"
     try:
-        tree = ast.parse(resolved.read_bytes(), filename=str(resolved))
-    except (SyntaxError, ValueError, OSError) as error:
+        tree = ast.parse(read_capped(resolved, MAX_SOURCE_BYTES), filename=str(resolved))
+    except (SyntaxError, ValueError, OSError, FileTooLarge) as error:
         return f"environment plugin {name!r}: {resolved} cannot be parsed: {error}"
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
     if class_name in classes:
@@ -129,3 +131,66 @@ def environment_problem(name: str, data_dir: Path) -> str | None:
     close = closest(class_name, classes)
     hint = f"; did you mean '{close}'?" if close else (f"; it defines: {', '.join(classes)}" if classes else "")
     return f"environment plugin {name!r}: {resolved.name} defines no class '{class_name}'{hint}"
+
+
+def option_problems(name: str, options: dict[str, Any], data_dir: Path) -> list[tuple[str, str]]:
+    """(option, problem) for each task.environment_options entry the environment does not take, or takes with
+    another type or outside its bounds; found without running plugin code (a plugin's __init__ is parsed)."""
+    if not options:
+        return []
+    if name in extra_names():
+        return [(key, f"environment {name!r} takes no options; drop task.environment_options") for key in options]
+    if name.startswith("builtin:") and name.removeprefix("builtin:") in BUILTIN:
+        factory = BUILTIN[name.removeprefix("builtin:")]
+        parameters = [
+            p
+            for p in inspect.signature(factory).parameters.values()
+            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+        ]
+        hints = typing.get_type_hints(factory.__init__)
+        bounds = getattr(factory, "option_bounds", {})
+        return [
+            (key, problem)
+            for key, value in options.items()
+            if (problem := _option_problem(key, value, [p.name for p in parameters], hints.get(key), bounds.get(key)))
+        ]
+    accepted = _plugin_parameters(name, data_dir)
+    if accepted is None:  # the name's own problem is reported at task.environment, or it takes **kwargs
+        return []
+    return [(key, problem) for key in options if (problem := _option_problem(key, None, accepted, None, None))]
+
+
+_KIND_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _option_problem(key: str, value: Any, accepted: list[str], kind: Any, bounds: tuple | None) -> str | None:
+    if key not in accepted:
+        close = closest(key, accepted)
+        hint = f"did you mean {close!r}?" if close else f"it takes: {', '.join(accepted) or 'no options'}"
+        return f"the environment has no option {key!r}; {hint}"
+    if kind in _KIND_WORDS and not (type(value) is kind or (kind is float and type(value) is int)):
+        return f"option {key!r} must be {_KIND_WORDS[kind]}"
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        return f"option {key!r} must be within {bounds[0]}..{bounds[1]}, not {value}"
+    return None
+
+
+def _plugin_parameters(name: str, data_dir: Path) -> list[str] | None:
+    """The keyword parameters of a plugin environment class's __init__ (parsed, not run); None when unknown."""
+    folder = plugins_dir(data_dir)
+    file_part, _, class_name = name.rpartition(":")
+    try:
+        source = read_capped((folder / file_part).resolve(), MAX_SOURCE_BYTES)
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError, FileTooLarge):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    if item.args.kwarg is not None:
+                        return None
+                    arguments = item.args.posonlyargs[1:] + item.args.args[1:] + item.args.kwonlyargs
+                    return [argument.arg for argument in arguments]
+            return []
+    return None

@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
@@ -60,6 +61,12 @@ def new_endpoint_token() -> str:
 
 class CollectStopped(StopBeforeStep):
     """The job was asked to stop while it waited for submitted trajectory groups."""
+
+
+class NoTrajectories(ApplianceError):
+    """No trajectory group arrived for the daemon's idle time: the job ends (it would hold its device for ever)."""
+
+    exit_code = 1
 
 
 def request_messages(messages: list[dict]) -> list[Message]:
@@ -171,8 +178,12 @@ class ExternalSource:
         bind: EndpointBind = LOOPBACK_ANY_PORT,
         policy: SamplingPolicy | None = None,
         max_staleness: int = 1,
+        idle_seconds: float | None = None,
     ):
         job_dir = Path(job_dir)
+        # With no group for this long the job ends with a reason (the daemon's --external-idle-timeout).
+        self.idle_seconds = idle_seconds or None
+        self._last_arrival = time.monotonic()
         self.group_size, self.max_queued_groups = group_size, max_queued_groups
         self.max_staleness = max_staleness
         self.stop_requested = stop_requested or (lambda: None)
@@ -242,6 +253,12 @@ class ExternalSource:
                         raise CollectStopped(
                             f"stopped ({reason}) while waiting for {scenarios} trajectory groups"
                             f" ({len(self._queue)} submitted)"
+                        )
+                    if self.idle_seconds and time.monotonic() - self._last_arrival > self.idle_seconds:
+                        raise NoTrajectories(
+                            f"no trajectory group arrived for {self.idle_seconds:g} s (the daemon's external idle "
+                            f"time) while step {step} waited for {scenarios}; the job ends here, its checkpoints "
+                            "kept: submit it again when its agents are ready"
                         )
                     self._arrived.wait(0.5)  # woken by a submission, else often enough to see a stop request
                 taken = [self._queue.popleft() for _ in range(scenarios)]
@@ -327,6 +344,7 @@ class ExternalSource:
         with self._arrived:
             self._queue.extend(entries)
             self.accepted_total += len(groups)
+            self._last_arrival = time.monotonic()
             self._arrived.notify_all()
             return {
                 "accepted": len(groups),

@@ -154,5 +154,7 @@ def make_source(
             policy=SamplingPolicy(spec.grpo.temperature, spec.grpo.top_p, max_tokens=spec.grpo.max_new_tokens),
             max_staleness=spec.task.max_staleness,
             bind=bind_from_environment(os.environ),
+            # Set by the daemon (`appliance serve --external-idle-timeout`); a foreground run waits for ever.
+            idle_seconds=float(os.environ.get("APPLIANCE_EXTERNAL_IDLE_SECONDS") or 0),
         )
     return EnvironmentSource(build_environment(spec, data_dir), engine, rollout_sampling(spec), seed=spec.grpo.seed)

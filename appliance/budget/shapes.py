@@ -208,10 +208,16 @@ def fixture_for(reference: str) -> Path | None:
 
 
 def load_config(path: Path) -> dict:
-    """Read a config.json; one clear error when it is missing or not JSON."""
+    """Read a config.json (at most MAX_MODEL_CONFIG_BYTES); one clear error when it is missing, too large or not JSON."""
+    from appliance.bounded_file import MAX_MODEL_CONFIG_BYTES, FileTooLarge, read_capped
+
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(read_capped(path, MAX_MODEL_CONFIG_BYTES))
     except FileNotFoundError:
         raise ShapeError(f"{path}: no such config.json") from None
+    except (FileTooLarge, UnicodeDecodeError) as exc:
+        raise ShapeError(f"{path}: not a readable config.json ({exc})") from None
+    except OSError as exc:
+        raise ShapeError(f"{path}: cannot be read ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
         raise ShapeError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None

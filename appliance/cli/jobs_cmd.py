@@ -1,10 +1,11 @@
 """`appliance jobs ...`: the daemon's command-line client (over its Unix socket).
 
-    appliance jobs submit FILE [--dry-run] | list | show ID | pause ID | resume ID | cancel ID
+    appliance jobs submit FILE [--dry-run] | list | show ID | pause ID | resume ID | cancel ID | delete ID
                    | logs ID [--follow] | metrics ID | endpoint ID | submit-trajectories ID FILE
                                                               [--json] [--socket PATH]
 
-Human tables by default, one JSON document with --json. Exit codes: 0 ok,
+Human tables by default, one JSON document with --json; either way every
+control character the daemon sends is printed escaped (cli/safe_output.py). Exit codes: 0 ok,
 1 the daemon is unreachable or failed, 2 bad input (job file errors, unknown
 job, a state change the job does not allow), 3 the job does not fit the device.
 
@@ -41,6 +42,7 @@ def register(subparsers) -> None:
     action("pause", "checkpoint and stop a job, freeing its device", _pause)
     action("resume", "queue a paused job again (it continues from its checkpoint)", _resume)
     action("cancel", "end a job for good", _cancel)
+    action("delete", "remove a finished job: its record, folder and upload", _delete)
     logs = action("logs", "the job's log.txt", _logs)
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing lines as they are written")
     logs.add_argument("--bytes", type=int, default=16384, help="how much of the end to show first (default 16384)")
@@ -96,6 +98,13 @@ def _add_action(actions, name: str, help_text: str, handler, with_id: bool) -> o
 
 
 def _run(args, handler) -> int:
+    from appliance.cli.safe_output import escaped_output
+
+    with escaped_output():  # whatever the daemon sends, no control character reaches the terminal
+        return _run_escaped(args, handler)
+
+
+def _run_escaped(args, handler) -> int:
     from appliance.service.client import Client, ClientError, DaemonUnreachable
     from appliance.service.token_file import TokenFileError, read_token_file
 
@@ -153,6 +162,8 @@ def _submit(client, args) -> int:
 
 def _list(client, args) -> int:
     jobs = client.jobs()
+    if client.unreadable_jobs:
+        print(f"({client.unreadable_jobs} jobs could not be read; another appliance version?)", file=sys.stderr)
     if args.json:
         print(json.dumps([job.model_dump() for job in jobs], indent=2))
         return EXIT_OK
@@ -216,6 +227,15 @@ def _state_change(method):
 
 
 _pause, _resume, _cancel = _state_change("pause"), _state_change("resume"), _state_change("cancel")
+
+
+def _delete(client, args) -> int:
+    deleted = client.delete(args.job_id)
+    if args.json:
+        _print_json(deleted)
+    else:
+        print(f"{deleted.job_id}: deleted ({deleted.freed_bytes / 2**20:.1f} MiB freed)")
+    return EXIT_OK
 
 
 def _logs(client, args) -> int:

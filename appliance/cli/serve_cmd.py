@@ -20,6 +20,7 @@ def register(subparsers) -> None:
     add_data_dir(parser)
     _add_control_options(parser, DEFAULT_SOCKET)
     _add_submission_options(parser)
+    _add_share_options(parser)
     parser.add_argument(
         "--stop-timeout",
         type=float,
@@ -38,7 +39,8 @@ def _add_control_options(parser, default_socket: Path) -> None:
     parser.add_argument(
         "--group",
         default=None,
-        help="group allowed to use the socket (default: 'appliance' when it exists, else the daemon's)",
+        help="group (a name or number) allowed to use the socket (default: 'appliance' when it exists, else the "
+        "daemon's)",
     )
     parser.add_argument(
         "--admin-group",
@@ -111,6 +113,58 @@ def _add_submission_options(parser) -> None:
     parser.add_argument(
         "--max-upload", default="64MiB", metavar="SIZE", help="largest dataset a submission may upload (default 64MiB)"
     )
+    parser.add_argument(
+        "--model-root",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="a folder whose model folders jobs may name by path (repeatable); by default jobs name models in the "
+        "model store only",
+    )
+
+
+def _add_share_options(parser) -> None:
+    """Each user's fair share: caps per user and how long finished jobs are kept."""
+    from appliance.service import fair_share
+
+    parser.add_argument(
+        "--max-queued-per-user",
+        type=int,
+        default=fair_share.DEFAULT_MAX_WAITING,
+        metavar="N",
+        help=f"jobs a user may have waiting: queued, paused or interrupted (default {fair_share.DEFAULT_MAX_WAITING}; "
+        "0: no cap)",
+    )
+    parser.add_argument(
+        "--max-running-per-user",
+        type=int,
+        default=0,
+        metavar="N",
+        help="device slots a user's jobs may hold at once (default 0: no cap beyond the fair-share queue order)",
+    )
+    parser.add_argument(
+        "--max-bytes-per-user",
+        default="200GiB",
+        metavar="SIZE",
+        help="disk a user's job folders may hold before their submissions are refused (default 200GiB; 0: no cap)",
+    )
+    parser.add_argument(
+        "--retention-days",
+        type=float,
+        default=fair_share.DEFAULT_RETENTION_SECONDS / 86_400,
+        metavar="DAYS",
+        help="finished jobs (succeeded, failed, cancelled) are deleted this long after they ended (default 30; "
+        "0: kept until deleted)",
+    )
+    parser.add_argument(
+        "--external-idle-timeout",
+        type=float,
+        default=fair_share.DEFAULT_EXTERNAL_IDLE_SECONDS,
+        metavar="SECONDS",
+        help="an external-rollout job that receives no trajectory group for this long ends, with that reason "
+        "(default 3600; 0: waits for ever)",
+    )
 
 
 def _serve(args) -> int:
@@ -119,17 +173,27 @@ def _serve(args) -> int:
     from appliance.metrics.scrape_server import parse_metrics_addr
     from appliance.service.client import default_socket
     from appliance.service.daemon import DaemonOptions
+    from appliance.service.fair_share import Quotas
     from appliance.service.server import run_daemon
 
     try:
         host, port = parse_metrics_addr(args.metrics_addr)
         control_addr = _control_addr(args.control_addr) if args.control_addr else None
         max_upload = size_option("--max-upload", args.max_upload)
+        quotas = Quotas(
+            max_waiting=_not_negative("--max-queued-per-user", args.max_queued_per_user),
+            max_running=_not_negative("--max-running-per-user", args.max_running_per_user),
+            max_bytes=size_option("--max-bytes-per-user", args.max_bytes_per_user),
+            retention_seconds=_not_negative("--retention-days", args.retention_days) * 86_400,
+            external_idle_seconds=_not_negative("--external-idle-timeout", args.external_idle_timeout),
+        )
         options = DaemonOptions(
             data_dir=data_dir_of(args),
             dataset_roots=tuple(args.dataset_root),
             secrets_roots=tuple(args.secrets_root),
             judge_endpoints=tuple(args.judge_endpoint),
+            model_roots=tuple(args.model_root),
+            quotas=quotas,
             max_upload_bytes=max_upload,
             stop_timeout=args.stop_timeout,
             agent_endpoint=parse_bind(args.agent_endpoint_addr, args.agent_endpoint_host),
@@ -147,6 +211,14 @@ def _serve(args) -> int:
     except ApplianceError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
+
+
+def _not_negative(option: str, value):
+    from appliance.errors import UsageError
+
+    if value < 0:
+        raise UsageError(f"{option} {value} is negative; give 0 (no limit) or more")
+    return value
 
 
 def _control_addr(text: str) -> tuple[str, int]:

@@ -9,6 +9,7 @@ finds (model store, files, reward registry) at the same keys and lines.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,24 @@ from pydantic import BaseModel, ValidationError
 
 from appliance.errors import ApplianceError
 from appliance.suggest import did_you_mean
+from appliance.config.limits import MAX_JOB_FILE_BYTES
 from appliance.config.schema import JobSpec
+from appliance.text_rules import escaped, first_bad, text_problem
+
+_NOT_IN_TEXT_RAW = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+# libyaml's parser where it is installed: a large job file costs milliseconds, not seconds of pure Python.
+SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # A key path (("rewards", 0, "name")) -> its 1-based line in the file.
 LineIndex = dict[tuple, int]
 
 # A job file is a few sections a few levels deep: deeper nesting is a mistake or an attack.
 MAX_DEPTH = 32
+# A file with more problems than this lists these and counts the rest (the answer stays small).
+MAX_REPORTED = 100
+# How much of a wrong value an error message repeats.
+MAX_SHOWN_VALUE = 80
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,8 @@ def dotted(path: tuple) -> str:
     """("rewards", 0, "name") -> "rewards[0].name"."""
     text = ""
     for part in path:
+        # A key is the caller's text: shown with control characters escaped, and cut when long.
+        part = part if isinstance(part, int) else escaped(str(part)[:MAX_SHOWN_VALUE], multiline=False)
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
 
@@ -189,7 +203,8 @@ def _schema_errors(exc: ValidationError, data: dict, file: str, lines: LineIndex
         if first["type"] not in ("value_error", "assertion_error", "missing", "extra_forbidden") and not isinstance(
             first.get("input"), dict
         ):
-            message += f" (got {first['input']!r})"
+            shown = repr(first["input"])
+            message += f" (got {shown[:MAX_SHOWN_VALUE] + '...' if len(shown) > MAX_SHOWN_VALUE else shown})"
         errors.append(ConfigError(file, dotted(path), message, nearest_line(lines, path)))
     return errors
 
@@ -201,7 +216,7 @@ def _shape_problem(text: str, file: str) -> ConfigError | None:
     bomb (a few hundred bytes expanding to gigabytes) from ever being expanded.
     """
     depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+    for event in yaml.parse(text, Loader=SafeLoader):
         line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             return ConfigError(
@@ -219,9 +234,50 @@ def _shape_problem(text: str, file: str) -> ConfigError | None:
     return None
 
 
+def _text_problem(text: str, file: str) -> ConfigError | None:
+    """The file as a whole: at most MAX_JOB_FILE_BYTES, and no character the string rule refuses."""
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_JOB_FILE_BYTES:
+        return ConfigError(
+            file,
+            "",
+            f"the job file is {size} bytes, over the limit of {MAX_JOB_FILE_BYTES}; a job file needs a few KiB",
+        )
+    plain = text.replace("\r", "\n")  # a carriage return is a YAML line break, not a control character here
+    position = first_bad(plain, multiline=True)
+    if position is not None:
+        line = plain.count("\n", 0, position) + 1
+        problem = text_problem(plain[position], multiline=True).split(" at character")[0]
+        return ConfigError(
+            file, _key_on_line(text, line), f"{problem}; remove it (write the value as plain text)", line
+        )
+    return None
+
+
+def _key_on_line(text: str, line: int) -> str:
+    """The deepest key written on `line` of a file whose bad characters are replaced (for the error's key)."""
+    clean = parse_job(_NOT_IN_TEXT_RAW.sub("\ufffd", text), "")
+    on_line = [path for path, number in clean.lines.items() if number == line]
+    marked = [path for path in on_line if "\ufffd" in str(path[-1:]) or "\ufffd" in str(_value_at(clean.data, path))]
+    found = marked or on_line
+    return dotted(max(found, key=len)) if found else ""
+
+
+def _value_at(data: Any, path: tuple) -> Any:
+    for part in path:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data if isinstance(data, str) else None
+
+
 def parse_job(text: str, file: str = "<job>") -> ParsedJob:
     """Parse and validate YAML text; every problem found is in the result's `errors`."""
-    loader = yaml.SafeLoader(text)
+    problem = _text_problem(text, file)
+    if problem is not None:
+        return ParsedJob(file, None, {}, None, [problem])
+    loader = SafeLoader(text)
     try:
         problem = _shape_problem(text, file)
         if problem is not None:
@@ -234,6 +290,9 @@ def parse_job(text: str, file: str = "<job>") -> ParsedJob:
         column = f", column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         return ParsedJob(file, None, {}, None, [ConfigError(file, "", f"YAML syntax error{column}: {problem}", line)])
+    except (ValueError, OverflowError, RecursionError) as exc:  # a value the loader cannot build (a 5000-digit int)
+        message = f"a value cannot be read ({str(exc).split(';')[0][:MAX_SHOWN_VALUE]}); write it out plainly"
+        return ParsedJob(file, None, {}, None, [ConfigError(file, "", message)])
     finally:
         loader.dispose()
     if data is None:
@@ -266,15 +325,28 @@ def parse_job(text: str, file: str = "<job>") -> ParsedJob:
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
-        return ParsedJob(file, data, lines, None, errors + _schema_errors(exc, data, file, lines))
-    return ParsedJob(file, data, lines, None if errors else spec, errors)
+        return ParsedJob(file, data, lines, None, _at_most(errors + _schema_errors(exc, data, file, lines)))
+    return ParsedJob(file, data, lines, None if errors else spec, _at_most(errors))
+
+
+def _at_most(errors: list[ConfigError]) -> list[ConfigError]:
+    """The first MAX_REPORTED errors, and one line counting the rest."""
+    if len(errors) <= MAX_REPORTED:
+        return errors
+    rest = ConfigError(errors[0].file, "", f"... and {len(errors) - MAX_REPORTED} more errors; fix these first")
+    return errors[:MAX_REPORTED] + [rest]
 
 
 def read_job(path: str | Path) -> ParsedJob:
     """Read a job file and validate it against the schema (no outside-world checks)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_JOB_FILE_BYTES + 1)  # never more than the cap, whatever the file's size
+        if len(data) > MAX_JOB_FILE_BYTES:
+            message = f"the job file is over the limit of {MAX_JOB_FILE_BYTES} bytes; a job file needs a few KiB"
+            return ParsedJob(str(path), None, {}, None, [ConfigError(str(path), "", message)])
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
         return ParsedJob(str(path), None, {}, None, [ConfigError(str(path), "", f"cannot read the job file: {reason}")])

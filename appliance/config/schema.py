@@ -7,34 +7,58 @@ that need the outside world (model store, dataset files, reward registry).
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from appliance.config import limits
 from appliance.config.sizes import parse_memory_budget
+from appliance.text_rules import Line, Text
 
 
 class Spec(BaseModel):
     """Base for every section: unknown keys are errors, values are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Infinity and NaN are never a setting; every number below also has an upper bound (config/limits.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-PositiveInt = Annotated[int, Field(ge=1)]
-Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+def Int(low: int, high: int):  # noqa: N802 (a type factory reads as a type)
+    return Annotated[int, Field(ge=low, le=high)]
+
+
+def Num(low: float, high: float, *, above: bool = False, below: bool = False):  # noqa: N802
+    """A float in [low, high]; `above`/`below` make that end open."""
+    return Annotated[float, Field(**{"gt" if above else "ge": low}, **{"lt" if below else "le": high})]
+
+
+Seed = Int(0, limits.MAX_SEED)
+Steps = Int(1, limits.MAX_STEPS)
+Tokens = Int(1, limits.MAX_TOKENS)
+Seconds = Num(0.0, limits.MAX_SECONDS, above=True)
+Name = Line(limits.MAX_NAME_CHARS, min_length=1)
+PathText = Line(limits.MAX_PATH_CHARS, min_length=1)
+# A key of a free-form mapping (environment_options, reward params, chat_template_kwargs) and its values.
+Key = Line(limits.MAX_KEY_CHARS, min_length=1)
+Scalar = (
+    bool
+    | Int(-limits.MAX_OPTION_NUMBER, limits.MAX_OPTION_NUMBER)
+    | Num(-limits.MAX_OPTION_NUMBER, limits.MAX_OPTION_NUMBER)
+    | Line(limits.MAX_OPTION_CHARS)
+)
+Options = Annotated[dict[Key, Scalar], Field(max_length=limits.MAX_OPTIONS)]
 
 
 class LoraSpec(Spec):
-    rank: PositiveInt = 16
-    alpha: Annotated[float, Field(gt=0)] = 32.0
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
-    target_modules: Annotated[list[str], Field(min_length=1)] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    rank: Int(1, 1024) = 16
+    alpha: Num(0.0, 1e4, above=True) = 32.0
+    dropout: Num(0.0, 1.0, below=True) = 0.0
+    target_modules: Annotated[list[Name], Field(min_length=1, max_length=64)] = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 class StudentSpec(Spec):
-    model: Annotated[str, Field(min_length=1)]
+    model: PathText
     quantization: Literal["nf4", "fp4", "none"] = "nf4"
     lora: LoraSpec = LoraSpec()
     # auto: bf16 on CUDA, fp32 on the CPU, where bf16 without bf16 units is many times slower (bench/README.md,
@@ -46,27 +70,27 @@ class StudentSpec(Spec):
 
 class JudgeSpec(Spec):
     # A model store name or folder; with `endpoint`, the model name the remote server serves.
-    model: Annotated[str, Field(min_length=1)]
+    model: PathText
     # A judge on another box of the lab's network: an OpenAI-compatible server (vLLM serve),
     # e.g. http://judge.lab:8000/v1. Then no judge is loaded or planned on this device.
-    endpoint: str | None = None
+    endpoint: Line(limits.MAX_URL_CHARS) | None = None
     # A file holding the endpoint's API key (sent as a bearer token, never logged).
-    token_file: str | None = None
+    token_file: PathText | None = None
     # Extra chat-template arguments (a local judge's tokenizer, or vLLM's chat_template_kwargs at an endpoint), e.g.
     # {enable_thinking: false} for a Qwen3 judge, which otherwise thinks before its score.
-    chat_template_kwargs: dict[str, bool | int | float | str] = {}
+    chat_template_kwargs: Options = {}
     # Requests to the endpoint at once, and each one's timeout (retried `retries` times).
     concurrency: Annotated[int, Field(ge=1, le=256)] = 8
-    request_timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
+    request_timeout_seconds: Seconds = 60.0
     quantization: Literal["none", "nf4", "int8"] = "none"
     mode: Literal["pointwise", "group"] = "pointwise"
     # Group mode: how many orders each group is read in (an order and its reversal, then rotations and theirs;
     # judge/grouping.py); a response's score is the mean of its readings, so where it stood cancels out.
-    group_orders: Annotated[int, Field(ge=2, le=16)] = 4
-    rubric: str | None = None
+    group_orders: Int(2, 16) = 4
+    rubric: Text(limits.MAX_PROSE_CHARS) | None = None
     # Numbers above 9 a probability-scored rubric may name because they are not scores ([100] for "answers over
     # 100 words"); any other is refused, since the judge reads one digit (judge/rubric.py).
-    rubric_numbers: Annotated[list[Annotated[float, Field(ge=0)]], Field(max_length=64)] = []
+    rubric_numbers: Annotated[list[Num(0.0, 1e12)], Field(max_length=64)] = []
     # probabilities: the score is read from the judge's next-token distribution (one forward pass,
     # no sampling); reasoned: the judge first writes a short rationale (up to max_new_tokens), then
     # the score is read from the distribution after it (G-Eval with reasoning); generate: the judge
@@ -75,7 +99,7 @@ class JudgeSpec(Spec):
     scoring: Literal["auto", "probabilities", "reasoned", "generate"] = "auto"
     # Probability scoring: a reading with less probability than this on the score tokens is a
     # failure (neutral score), not a score.
-    min_score_mass: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+    min_score_mass: Num(0.0, 1.0, above=True) = 0.5
     # What a response whose judge reading failed gets: the mean of its group's judged responses
     # (no advantage either way), or the lowest score (a policy cannot escape the judge by breaking it).
     on_failure: Literal["group_mean", "minimum"] = "group_mean"
@@ -85,21 +109,21 @@ class JudgeSpec(Spec):
     # The differential check (judge/differential.py): a response to a task with a numeric answer is also judged
     # without its text outside the answer and its working; when the two scores differ by more than this, the
     # reward is the lower. 0: text outside the answer never raises the reward; null: the check is off.
-    differential_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = 0.0
+    differential_threshold: Num(0.0, 1.0) | None = 0.0
     # The judge's context window in tokens; null: the engine's (vLLM max_model_len, the model's
     # positions). Longer judge prompts have their responses cut from the middle, and the cut logged.
-    max_prompt_tokens: PositiveInt | None = None
+    max_prompt_tokens: Tokens | None = None
     # Judge with the student's base weights (adapter disabled): weights held once.
     share_student_base: bool = False
-    max_new_tokens: PositiveInt = 128
-    temperature: Annotated[float, Field(ge=0.0)] = 0.0
-    retries: Annotated[int, Field(ge=0, le=10)] = 2
-    timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
+    max_new_tokens: Tokens = 128
+    temperature: Num(0.0, limits.MAX_TEMPERATURE) = 0.0
+    retries: Int(0, 10) = 2
+    timeout_seconds: Seconds = 300.0
     # Judge identical (question, reference, response) inputs once per job run.
     cache: bool = True
     # jobs/<id>/judge.jsonl rotates past this size, keeping log_backups older files.
-    log_max_bytes: PositiveInt = 64 * 1024 * 1024
-    log_backups: Annotated[int, Field(ge=0, le=100)] = 3
+    log_max_bytes: Int(1, limits.MAX_LOG_BYTES) = 64 * 1024 * 1024
+    log_backups: Int(0, 100) = 3
 
     @field_validator("endpoint")
     @classmethod
@@ -124,8 +148,8 @@ class JudgeSpec(Spec):
 
 
 class FewShotExample(Spec):
-    question: str
-    answer: str
+    question: Text(limits.MAX_FEW_SHOT_CHARS)
+    answer: Text(limits.MAX_FEW_SHOT_CHARS)
 
 
 # Task keys that describe a dataset job; an agent job (task.environment) sets none of them.
@@ -133,26 +157,27 @@ DATASET_KEYS = frozenset({"dataset", "system_prompt", "few_shot", "operand_min",
 
 
 class TaskSpec(Spec):
-    dataset: Annotated[str, Field(min_length=1)] = "builtin:multiply"
-    system_prompt: str | None = None
+    dataset: PathText = "builtin:multiply"
+    system_prompt: Text(limits.MAX_PROSE_CHARS) | None = None
     # Worked examples placed before the question as earlier chat turns.
-    few_shot: list[FewShotExample] = []
-    # builtin:multiply operand range (inclusive).
-    operand_min: int = 2
-    operand_max: int = 20
+    few_shot: Annotated[list[FewShotExample], Field(max_length=limits.MAX_FEW_SHOT)] = []
+    # builtin:multiply operand range (inclusive); every ordered pair is a problem, at most MAX_MULTIPLY_PROBLEMS.
+    operand_min: Int(-limits.MAX_OPERAND, limits.MAX_OPERAND) = 2
+    operand_max: Int(-limits.MAX_OPERAND, limits.MAX_OPERAND) = 20
     # Problems kept out of training for evaluation (first N of the shuffled set).
-    held_out: Annotated[int, Field(ge=0)] = 100
-    seed: int = 0
+    held_out: Int(0, limits.MAX_DATASET_ROWS) = 100
+    seed: Seed = 0
     # An agent job: multi-turn rollouts in an environment with tools instead of a dataset of prompts.
     # builtin:calculator | builtin:email_search | builtin:game2048 | "file.py:Class" in <data-dir>/plugins/
     # | external (trajectory groups submitted through the student endpoint).
-    environment: Annotated[str, Field(min_length=1)] | None = None
-    # Keyword arguments for the environment's class (e.g. calculator: {operand_max: 50}).
-    environment_options: dict[str, float | int | str | bool] = {}
+    environment: PathText | None = None
+    # Keyword arguments for the environment's class (e.g. calculator: {operand_max: 50}), checked against its
+    # parameters (job_checks.py).
+    environment_options: Options = {}
     # Overrides the environment's own turn limit (assistant turns per rollout).
-    max_turns: PositiveInt | None = None
+    max_turns: Int(1, 256) | None = None
     # External rollouts: a turn served more than this many steps before the step that trains it is refused.
-    max_staleness: Annotated[int, Field(ge=0)] = 1
+    max_staleness: Int(0, 1000) = 1
     # Truncated trajectories (a turn cut at max_new_tokens, or cut to the planned length): trained as they are
     # (off), without their cut turns (turn), or not at all (trajectory). Rewards see `truncated` either way.
     mask_truncated: Literal["off", "turn", "trajectory"] = "off"
@@ -161,6 +186,12 @@ class TaskSpec(Spec):
     def _operand_range(self) -> "TaskSpec":
         if self.operand_min > self.operand_max:
             raise ValueError(f"operand_min ({self.operand_min}) must not exceed operand_max ({self.operand_max})")
+        problems = (self.operand_max - self.operand_min + 1) ** 2  # counted, never built
+        if problems > limits.MAX_MULTIPLY_PROBLEMS:
+            raise ValueError(
+                f"operands {self.operand_min}..{self.operand_max} make {problems} multiply problems, over the limit "
+                f"of {limits.MAX_MULTIPLY_PROBLEMS}; narrow task.operand_min/task.operand_max"
+            )
         return self
 
     def _changed(self, keys: set[str]) -> list[str]:
@@ -195,53 +226,46 @@ class TaskSpec(Spec):
 
 class RewardSpec(Spec):
     # A registered name (correctness, strict_format, judge, ...) or a plugin "path/to/file.py:function".
-    name: Annotated[str, Field(min_length=1)]
-    weight: float = 1.0
+    name: PathText
+    weight: Num(-limits.MAX_WEIGHT, limits.MAX_WEIGHT) = 1.0
     # Extra keyword arguments for the reward function (e.g. length: {target: 64}).
-    params: dict[str, float | int | str | bool] = {}
-
-    @field_validator("weight")
-    @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("weight must be a finite number")
-        return value
+    params: Options = {}
 
 
 class GrpoSpec(Spec):
-    group_size: Annotated[int, Field(ge=2)] = 8
-    prompts_per_step: PositiveInt = 4
-    max_new_tokens: PositiveInt = 128
+    group_size: Int(2, limits.MAX_GROUP_SIZE) = 8
+    prompts_per_step: Int(1, limits.MAX_PROMPTS_PER_STEP) = 4
+    max_new_tokens: Tokens = 128
     # Longest prompt (chat template and few-shot included) the memory plan assumes.
-    max_prompt_tokens: PositiveInt = 512
-    temperature: Annotated[float, Field(gt=0.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    max_prompt_tokens: Tokens = 512
+    temperature: Num(0.0, limits.MAX_TEMPERATURE, above=True) = 1.0
+    top_p: Num(0.0, 1.0, above=True) = 1.0
     loss: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
-    epsilon: Annotated[float, Field(gt=0.0)] = 0.2
+    epsilon: Num(0.0, 10.0, above=True) = 0.2
     # null: symmetric clipping with epsilon.
-    epsilon_high: Annotated[float, Field(gt=0.0)] | None = 0.28
-    beta: Annotated[float, Field(ge=0.0)] = 0.0
+    epsilon_high: Num(0.0, 10.0, above=True) | None = 0.28
+    beta: Num(0.0, 100.0) = 0.0
     # Divide group advantages by the group's reward std (false: Dr. GRPO style).
     scale_rewards: bool = True
     # bench/README.md "learning_curve.py": 3e-4 learned fastest of 5e-5, 1e-4, 2e-4 and 3e-4 on the plain job.
-    learning_rate: Annotated[float, Field(gt=0.0)] = 3.0e-4
+    learning_rate: Num(0.0, 1.0, above=True) = 3.0e-4
     lr_schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: Annotated[int, Field(ge=0)] = 0
-    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
-    max_grad_norm: Annotated[float, Field(gt=0.0)] = 1.0
-    steps: PositiveInt = 200
+    warmup_steps: Int(0, limits.MAX_STEPS) = 0
+    weight_decay: Num(0.0, 10.0) = 0.0
+    max_grad_norm: Num(0.0, 1e6, above=True) = 1.0
+    steps: Steps = 200
     # Optimizer passes over each rollout (old logprobs are stored).
-    iterations: PositiveInt = 1
+    iterations: Int(1, 16) = 1
     # Sequences per forward/backward; null: the budget manager decides.
-    micro_batch_size: PositiveInt | None = None
-    seed: int = 0
+    micro_batch_size: Int(1, limits.MAX_GROUP_SIZE * limits.MAX_PROMPTS_PER_STEP) | None = None
+    seed: Seed = 0
     # DAPO dynamic sampling: draw prompts_per_step more prompts while fewer than prompts_per_step groups of the
     # step have reward spread, at most max_sampling_rounds generation rounds a step (grpo/rollout.py).
     dynamic_sampling: bool = False
-    max_sampling_rounds: Annotated[int, Field(ge=2, le=16)] = 3
+    max_sampling_rounds: Int(2, 16) = 3
     # Skip a prompt whose last N groups had no reward spread for its next N appearances, then try it again;
     # it is back for good once a group of it has spread. null: never skip (grpo/rollout.py).
-    skip_settled_after: PositiveInt | None = None
+    skip_settled_after: Int(1, 10_000) | None = None
 
     @model_validator(mode="after")
     def _rounds_need_dynamic_sampling(self) -> "GrpoSpec":
@@ -255,9 +279,9 @@ class GrpoSpec(Spec):
 
 class VllmSpec(Spec):
     # Cap for truncated importance sampling between vLLM's and the trainer's logprobs.
-    importance_sampling_cap: Annotated[float, Field(ge=1.0)] = 2.0
+    importance_sampling_cap: Num(1.0, 1e3) = 2.0
     # Longest prompt + completion vLLM must hold; null: the lengths the budget plans with.
-    max_model_len: PositiveInt | None = None
+    max_model_len: Int(1, 2 * limits.MAX_TOKENS) | None = None
 
 
 class EngineSpec(Spec):
@@ -276,7 +300,7 @@ class EngineSpec(Spec):
 
 class DeviceSpec(Spec):
     # A percentage of the device ("90%") or a size ("70GiB", 75161927680).
-    memory_budget: str | int = "90%"
+    memory_budget: Line(32) | Int(1, limits.MAX_MEMORY_BYTES) = "90%"
 
     @field_validator("memory_budget")
     @classmethod
@@ -293,12 +317,12 @@ class ResourcesSpec(Spec):
     parallelism. With no judge_gpus the judge (if any) shares every student device.
     """
 
-    gpus: PositiveInt = 1
-    nodes: PositiveInt = 1
+    gpus: Int(1, limits.MAX_DEVICES) = 1
+    nodes: Int(1, limits.MAX_NODES) = 1
     # null: every device not given to the judge.
-    student_gpus: PositiveInt | None = None
+    student_gpus: Int(1, limits.MAX_DEVICES) | None = None
     # 0: the judge (if any) is colocated with each student rank; N: one judge over N devices (TP=N).
-    judge_gpus: Annotated[int, Field(ge=0)] = 0
+    judge_gpus: Int(0, limits.MAX_DEVICES) = 0
     # How each rank holds the 4-bit base: ddp (a whole copy per device), fsdp (sharded over the
     # student's devices, FSDP-QLoRA), auto (fsdp only when the base does not fit one device).
     sharding: Literal["auto", "ddp", "fsdp"] = "auto"
@@ -338,26 +362,26 @@ def greedy_samples_problem(temperature: float, samples: int) -> str | None:
 
 
 class CheckpointSpec(Spec):
-    every: PositiveInt = 20
-    keep_last: PositiveInt = 3
+    every: Steps = 20
+    keep_last: Int(1, limits.MAX_KEEP_LAST) = 3
     # Held-out evaluation every N steps (and at the last); null: none during training. auto: every
     # AUTO_EVAL_EVERY steps on at most AUTO_EVAL_LIMIT problems (unless eval_limit says) when best/ follows
     # held-out accuracy (best_metric unset or eval.*) and the dataset task holds problems out; else none
     # (config/best.py: evaluation_every).
-    eval_every: PositiveInt | Literal["auto"] | None = "auto"
+    eval_every: Steps | Literal["auto"] | None = "auto"
     # Held-out problems (agent jobs: scenarios) per evaluation (the first N of the split); null: all of them
     # (an agent job: 32 scenarios; eval_every: auto during training: AUTO_EVAL_LIMIT). Also what
     # `appliance train --eval` evaluates unless --eval-limit says otherwise.
-    eval_limit: PositiveInt | None = None
+    eval_limit: Int(1, limits.MAX_DATASET_ROWS) | None = None
     # Held-out evaluation samples at this temperature; 0 is greedy. Greedy hides what sampling shows (a model
     # that is right greedily may be right in few sampled episodes): evaluate sampled to see what training moves.
-    eval_temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.0
+    eval_temperature: Num(0.0, 2.0) = 0.0
     # Samples per held-out problem or scenario, with fixed seeds (every evaluation of the job sees the same
     # scenarios and random draws); accuracy / success is the share of all sampled completions or episodes.
-    eval_samples: Annotated[int, Field(ge=1, le=64)] = 1
+    eval_samples: Int(1, 64) = 1
     # What best/ follows: null is eval.accuracy when the job evaluates during training, else reward_mean
     # (see config/best.py).
-    best_metric: str | None = None
+    best_metric: Line(256, min_length=1) | None = None
     # max or min; null: the metric's natural direction (min for loss and kl).
     best_mode: Literal["max", "min"] | None = None
 
@@ -377,18 +401,18 @@ class TrackingSpec(Spec):
     # A Weights & Biases run in offline mode in <job dir>/wandb/, uploaded later from a connected
     # machine with `wandb sync` (needs the `wandb` package).
     wandb: bool = False
-    wandb_project: Annotated[str, Field(min_length=1, max_length=128)] = "appliance"
+    wandb_project: Line(128, min_length=1) = "appliance"
 
 
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class JobSpec(Spec):
-    name: str
+    name: Line(64)
     student: StudentSpec
     judge: JudgeSpec | None = None
     task: TaskSpec = TaskSpec()
-    rewards: Annotated[list[RewardSpec], Field(min_length=1)]
+    rewards: Annotated[list[RewardSpec], Field(min_length=1, max_length=limits.MAX_REWARDS)]
     grpo: GrpoSpec = GrpoSpec()
     engine: EngineSpec = EngineSpec()
     device: DeviceSpec = DeviceSpec()

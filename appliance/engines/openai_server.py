@@ -5,7 +5,7 @@ student with its current adapter) with OpenAI's chat completions shapes and
 the vLLM extensions the appliance's remote engine uses
 (`continue_final_message` / `add_generation_prompt`, `return_token_ids`,
 `return_tokens_as_token_ids`). It renders with the engine's own tokenizer and
-generates with `engine.generate`, binds loopback (or a given host) only,
+generates with `engine.generate`, binds loopback (or a given host) only, caps its connections (appliance/http_listener.py),
 optionally requires a bearer token, and serialises engine calls (the engines
 are not thread-safe). `serve_in_thread` starts it on a free port.
 """
@@ -13,7 +13,6 @@ are not thread-safe). `serve_in_thread` starts it on a free port.
 from __future__ import annotations
 
 import secrets
-import socket
 import threading
 import time
 import uuid
@@ -24,6 +23,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.engines.engine import LocalEngine, Sampling
+from appliance.http_listener import ListenerLimits, RunningServer, serve_guarded
+
+# An endpoint serves a few agents of one job: a generation runs at a time, the rest wait in line.
+ENDPOINT_LIMITS = ListenerLimits(total=256, per_peer=64)
 
 
 class ChatMessage(BaseModel):
@@ -340,20 +343,6 @@ def build_app(service: ChatService, token: str | None = None):
     return app
 
 
-@dataclass
-class RunningServer:
-    """A server started by `serve_in_thread`: its URL and how to stop it."""
-
-    url: str
-    server: object
-    thread: threading.Thread
-
-    def close(self, timeout_seconds: float = 300.0) -> None:
-        """Stop accepting, let requests in flight finish (a generation cannot be cut short), then return."""
-        self.server.should_exit = True
-        self.thread.join(timeout=timeout_seconds)
-
-
 def serve_in_thread(
     engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None, served_name: str | None = None
 ) -> RunningServer:
@@ -364,28 +353,8 @@ def serve_in_thread(
 
 
 def serve_app_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
-    """Serve an ASGI `app` on host:port (0: a free port) in a background thread; returns once it accepts."""
-    import uvicorn
-
-    # The socket is bound here, not by uvicorn, so that a taken port fails in the caller and port 0's choice is
-    # known before the server thread starts.
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()  # the port is taken: the caller may try another
-        raise
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="openai-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30  # seconds; binding is done, so only a broken app takes this long
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            sock.close()
-            raise RuntimeError(f"the OpenAI-compatible server did not start on {host}:{port}")
-        time.sleep(0.02)
-    bound_host, bound_port = sock.getsockname()[:2]
-    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    return RunningServer(f"http://{shown}:{bound_port}/v1", server, thread)
+    """Serve an ASGI `app` on host:port (0: a free port) under the endpoint's connection caps
+    (appliance/http_listener.py); returns once it accepts. Its URL ends in /v1."""
+    running = serve_guarded(app, host, port, ENDPOINT_LIMITS, name="endpoint")
+    running.url += "/v1"
+    return running

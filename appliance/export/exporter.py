@@ -5,14 +5,17 @@ place when complete, so an export is whole or absent. A merged export loads
 the base's ORIGINAL weights from the model store unquantized (on the CPU, so a
 job training on the device keeps its memory), merges the LoRA into them and
 saves the result in the asked dtype; the 4-bit copy the student trained on is
-never the source of merged weights.
+never the source of merged weights. Files are copied only when they are
+regular files and not links: an export never holds a file reached through a link.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -83,17 +86,37 @@ def _staging_for(out: Path) -> Path:
     return Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
 
 
+def _copy_regular(source: Path, target: Path) -> None:
+    """Copy a regular file that is not a link (O_NOFOLLOW): an export never holds a file reached through a link,
+    whatever a model or job folder was made to contain."""
+    try:
+        descriptor = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ExportError(
+                f"{source} is a link; an export copies only regular files, never through a link"
+            ) from None
+        raise
+    with open(descriptor, "rb") as reading:
+        if not stat.S_ISREG(os.fstat(reading.fileno()).st_mode):
+            raise ExportError(f"{source} is not a regular file; an export copies only regular files")
+        with open(target, "wb") as writing:
+            shutil.copyfileobj(reading, writing, 1 << 20)
+
+
 def _copy_tokenizer(base: BaseModel, folder: Path) -> None:
-    copied = [name for name in TOKENIZER_FILES if (base.path / name).is_file()]
+    source = base.path.resolve()  # the model's own folder (a store entry may be a link the administrator made)
+    copied = [name for name in TOKENIZER_FILES if (source / name).is_file() or (source / name).is_symlink()]
     if "tokenizer.json" not in copied and "tokenizer.model" not in copied:
         raise ExportError(f"base model {base.path} has no tokenizer.json or tokenizer.model to export")
     for name in copied:
-        shutil.copy2(base.path / name, folder / name)
+        _copy_regular(source / name, folder / name)
 
 
 def _write_adapter(adapter: AdapterSource, base: BaseModel, folder: Path) -> None:
-    shutil.copy2(adapter.folder / ADAPTER_WEIGHTS, folder / ADAPTER_WEIGHTS)
-    config = json.loads((adapter.folder / ADAPTER_CONFIG).read_text())
+    source = adapter.folder.resolve()  # best/ is a link to the best checkpoint's adapter, by design
+    _copy_regular(source / ADAPTER_WEIGHTS, folder / ADAPTER_WEIGHTS)
+    config = json.loads((source / ADAPTER_CONFIG).read_text())
     # peft writes the path it loaded from (a temporary or job-local folder); name the base instead.
     config["base_model_name_or_path"] = base.name
     (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")

@@ -1,18 +1,25 @@
-"""Serve a TrainingMetrics registry over HTTP for Prometheus to scrape (`--metrics-addr HOST:PORT`)."""
+"""Serve a TrainingMetrics registry over HTTP for Prometheus to scrape (`--metrics-addr HOST:PORT`).
+
+The port is reachable by any local account, so it is served like every other
+listener (appliance/http_listener.py): one thread running an event loop, no
+thread per connection, connections capped per peer and in total, request
+heads and idle connections timed out.
+"""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import start_http_server
+from prometheus_client import make_asgi_app
 
 from appliance.errors import UsageError
+from appliance.http_listener import ListenerLimits, RunningServer, serve_guarded
 from appliance.metrics.training_metrics import TrainingMetrics
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
+# Prometheus keeps one connection per target; a few more for people with curl.
+METRICS_LIMITS = ListenerLimits(total=128, per_peer=32)
 
 
 @dataclass
@@ -21,8 +28,7 @@ class MetricsServer:
 
     host: str
     port: int
-    _httpd: WSGIServer
-    _thread: threading.Thread
+    _running: RunningServer
 
     @property
     def url(self) -> str:
@@ -30,9 +36,7 @@ class MetricsServer:
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
+        self._running.close(timeout_seconds=10)
 
 
 def parse_metrics_addr(text: str) -> tuple[str, int]:
@@ -47,6 +51,6 @@ def parse_metrics_addr(text: str) -> tuple[str, int]:
 
 
 def serve_metrics(metrics: TrainingMetrics, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> MetricsServer:
-    """Start serving `metrics` at http://host:port/metrics on a daemon thread; `.close()` stops it."""
-    httpd, thread = start_http_server(port, addr=host, registry=metrics.registry)
-    return MetricsServer(host, httpd.server_port, httpd, thread)
+    """Start serving `metrics` at http://host:port/metrics on one thread; `.close()` stops it."""
+    running = serve_guarded(make_asgi_app(registry=metrics.registry), host, port, METRICS_LIMITS, name="metrics")
+    return MetricsServer(host, int(running.url.rsplit(":", 1)[1]), running)

@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# Re-exported: the one string rule, and the escaping every client applies to what the daemon sends.
+from appliance.text_rules import Line, escaped as escaped
+
 # Re-exported: a metrics page's records in their typed form (what the TUI imports).
 from appliance.grpo.step_record import PHASES as PHASES
 from appliance.grpo.step_record import StepRecord as StepRecord
@@ -47,10 +50,12 @@ class SubmitRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    file_name: str = Field(description="the job file's name as the user gave it (errors are reported against it)")
-    yaml: str
+    file_name: Line(4096) = Field(
+        description="the job file's name as the user gave it (errors are reported against it)"
+    )
+    yaml: str = Field(description="the job file's text (at most 256 KiB; config/limits.py)")
     # task.dataset as written in the job file -> the file's text (JSON Lines).
-    uploads: dict[str, str] = Field(default_factory=dict)
+    uploads: dict[Line(1024, min_length=1), str] = Field(default_factory=dict, max_length=1)
     dry_run: bool = False
 
 
@@ -86,6 +91,11 @@ class JobSummary(_Wire):
 
 class JobList(_Wire):
     jobs: list[JobSummary]
+
+
+class JobDeleted(_Wire):
+    job_id: str
+    freed_bytes: int = Field(description="bytes its folder held on disk")
 
 
 class JobEvent(_Wire):

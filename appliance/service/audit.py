@@ -2,15 +2,19 @@
 
 A line: {"time", "uid", "pid", "user", "action", "job_id", "outcome",
 "transport"}. On the Unix socket the uid and pid are the caller's, read with
-SO_PEERCRED from the connection (never from anything the caller sends). On the
-optional TCP control port there are none: uid, pid and user are null and
-"remote" holds the connection's address (host:port). Refused calls are
-recorded too, and so is every 4xx answer. The file rotates by size
-(audit.jsonl.1, .2, ...). Refusals are not fsynced, and TCP requests refused
-for their token are rate-limited: the first few of each window are written,
-the rest summed into one line when the window ends.
-A line the disk refuses (full, I/O error) is written to the daemon's log
-instead, and the request is answered as it would have been.
+SO_PEERCRED from the connection (never from anything the caller sends; a
+caller in another PID namespace has pid 0). On the optional TCP control port
+there are none: uid, pid and user are null and "remote" holds the
+connection's address (host:port). The file rotates by size (audit.jsonl.1,
+.2, ...).
+
+What a caller can repeat at will (refusals, dry runs, the "received" line of a
+submission, unauthenticated TCP requests) is "chatter": per caller (a uid, or
+a TCP host) the first few lines of each window are written in full and the
+rest counted, then summed into one line per caller when the window ends, so
+no caller can rotate the history away. Chatter is not fsynced. A line the disk
+refuses (full, I/O error) is written to the daemon's log instead, and the
+request is answered as it would have been.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pwd
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -34,10 +39,20 @@ def user_name(uid: int) -> str:
 # The audit log rotates like the judge log: bounded, whatever the callers send.
 MAX_BYTES = 16 * 1024 * 1024
 BACKUPS = 5
-# A flood of unauthenticated refusals is written in full only WRITTEN_PER_WINDOW times per window.
-WINDOW_SECONDS = 10.0
-WRITTEN_PER_WINDOW = 5  # unauthenticated TCP refusals written in full per window; the rest are counted
+WINDOW_SECONDS = 60.0
+WRITTEN_PER_WINDOW = 20  # chatter lines written in full per caller and window; the rest are counted
+MAX_CALLERS = 4096  # callers whose window is tracked; past that, new callers share one
 MAX_FIELD = 256  # a path or message longer than this is cut: a caller chooses it
+
+
+@dataclass
+class _Window:
+    """One caller's chatter in the current window."""
+
+    start: float
+    written: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # "action outcome" -> lines counted, not written
+    fields: dict = field(default_factory=dict)  # uid / transport / remote of the summary line
 
 
 class AuditLog:
@@ -46,7 +61,7 @@ class AuditLog:
         self.max_bytes, self.backups = max_bytes, backups
         self._lock = threading.Lock()
         self._fd = self._open()
-        self._window_start, self._in_window, self._dropped = 0.0, 0, 0
+        self._windows: dict[tuple, _Window] = {}
 
     def _open(self) -> int:
         # O_APPEND: every line lands at the end, whatever else writes; 0640: audit is not for everyone.
@@ -79,18 +94,26 @@ class AuditLog:
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
         self._fd = self._open()
 
-    def refused_tcp(self, remote: str, outcome: str) -> None:
-        """An unauthenticated TCP request: written in full for the first few of a window, else counted."""
+    def chatter(self, caller: tuple, **fields) -> None:
+        """A line a caller can repeat at will (`fields` as for record()): written in full for the first
+        WRITTEN_PER_WINDOW of the caller's window, else counted into the window's summary line."""
         now = time.time()
         with self._lock:
-            if now - self._window_start >= WINDOW_SECONDS:
-                self._summarise(now)
-                self._window_start, self._in_window = now, 0
-            self._in_window += 1
-            if self._in_window > WRITTEN_PER_WINDOW:
-                self._dropped += 1
+            self._summarise(now)
+            if caller not in self._windows and len(self._windows) >= MAX_CALLERS:
+                caller = ("others",)
+            window = self._windows.setdefault(caller, _Window(now, fields=_who(fields)))
+            window.written += 1
+            if window.written > WRITTEN_PER_WINDOW:
+                kind = f"{fields['action']} {fields['outcome'].split(':')[0].split(' ')[0]}"  # "submit refused"
+                window.dropped[kind] = window.dropped.get(kind, 0) + 1
                 return
-        self.record(
+        self.record(**fields, durable=False)
+
+    def refused_tcp(self, remote: str, outcome: str) -> None:
+        """An unauthenticated TCP request: chatter of its host."""
+        self.chatter(
+            ("tcp", remote.rsplit(":", 1)[0]),
             uid=None,
             pid=None,
             action="authenticate",
@@ -98,19 +121,25 @@ class AuditLog:
             outcome=outcome,
             transport="tcp",
             remote=remote,
-            durable=False,
         )
 
-    def _summarise(self, now: float) -> None:
-        if self._dropped:
-            entry = {
-                "time": now,
-                "action": "authenticate",
-                "outcome": f"refused: {self._dropped} more unauthenticated TCP requests since {self._window_start:.0f}",
-                "transport": "tcp",
-            }
-            self._write((json.dumps(entry) + "\n").encode(), durable=False)
-            self._dropped = 0
+    def _summarise(self, now: float, everything: bool = False) -> None:
+        """One line per caller whose window ended (or every caller), counting what was not written (lock held)."""
+        for caller, window in list(self._windows.items()):
+            if not everything and now - window.start < WINDOW_SECONDS:
+                continue
+            del self._windows[caller]
+            if window.dropped:
+                counted = ", ".join(f"{count} {kind}" for kind, count in sorted(window.dropped.items()))
+                entry = {
+                    "time": now,
+                    **window.fields,
+                    "action": "summary",
+                    "job_id": None,
+                    "outcome": f"{sum(window.dropped.values())} more lines since {window.start:.0f} not written "
+                    f"in full: {counted}"[:MAX_FIELD],
+                }
+                self._write((json.dumps(entry) + "\n").encode(), durable=False)
 
     def record(
         self,
@@ -142,6 +171,15 @@ class AuditLog:
 
     def close(self) -> None:
         with self._lock:
-            self._summarise(time.time())
+            self._summarise(time.time(), everything=True)
             if self._fd >= 0:
                 os.close(self._fd)
+
+
+def _who(fields: dict) -> dict:
+    """The caller part of a line, for its summary."""
+    who = {"uid": fields.get("uid"), "user": user_name(fields["uid"]) if fields.get("uid") is not None else None}
+    who["transport"] = fields.get("transport", "unix")
+    if fields.get("remote"):
+        who["remote"] = fields["remote"].rsplit(":", 1)[0]
+    return who

@@ -17,6 +17,8 @@ from typing import Any, Iterator
 import httpx
 import yaml
 
+from pydantic import BaseModel, ValidationError
+
 from appliance.errors import ApplianceError
 from appliance.service.api import (
     DEFAULT_SOCKET,
@@ -28,8 +30,8 @@ from appliance.service.api import (
     ExportCancelResponse,
     ExportRequest,
     ExportResponse,
+    JobDeleted,
     JobDetail,
-    JobList,
     JobSummary,
     LogChunk,
     MetricsPage,
@@ -40,6 +42,7 @@ from appliance.service.api import (
     EndpointInfo,
     TrajectoriesAccepted,
     TrajectorySubmission,
+    escaped,
 )
 
 BUILTIN_PREFIX = "builtin:"
@@ -99,6 +102,7 @@ class Client:
                 raise ClientError(
                     "--control-addr needs the daemon's token: pass --token-file FILE (or set APPLIANCE_TOKEN_FILE)"
                 )
+            self.unreadable_jobs = 0
             self.socket_path = control_addr
             self._where = f"TCP {control_addr}"
             self._hint = "check the address and that the daemon was started with --control-addr"
@@ -106,6 +110,7 @@ class Client:
                 base_url=tcp_base_url(control_addr), timeout=timeout, headers={"Authorization": f"Bearer {token}"}
             )
             return
+        self.unreadable_jobs = 0
         self.socket_path = str(socket_path or default_socket())
         self._where = self.socket_path
         self._hint = "start it with 'appliance serve', or pass --socket PATH (or set APPLIANCE_SOCKET)"
@@ -179,7 +184,17 @@ class Client:
         return self.submit_text(str(path), text, uploads, dry_run)
 
     def jobs(self) -> list[JobSummary]:
-        return JobList.model_validate(self._request("GET", "/jobs")).jobs
+        """Every job the daemon lists; a row this client cannot read is left out (and counted in
+        `unreadable_jobs`), so one bad job never empties the list."""
+        rows = self._request("GET", "/jobs").get("jobs")
+        found = []
+        for row in rows if isinstance(rows, list) else []:
+            try:
+                found.append(JobSummary.model_validate(row))
+            except ValidationError:
+                continue
+        self.unreadable_jobs = (len(rows) if isinstance(rows, list) else 0) - len(found)
+        return found
 
     def job(self, job_id: str) -> JobDetail:
         return JobDetail.model_validate(self._request("GET", f"/jobs/{_segment(job_id)}"))
@@ -192,6 +207,10 @@ class Client:
 
     def cancel(self, job_id: str) -> JobSummary:
         return JobSummary.model_validate(self._request("POST", f"/jobs/{_segment(job_id)}/cancel"))
+
+    def delete(self, job_id: str) -> JobDeleted:
+        """Remove a finished job (its record, folder and upload); the job's owner, root or an admin."""
+        return JobDeleted.model_validate(self._request("DELETE", f"/jobs/{_segment(job_id)}"))
 
     def metrics(self, job_id: str, after_step: int = 0, limit: int = 1000) -> MetricsPage:
         return MetricsPage.model_validate(
@@ -284,6 +303,46 @@ class Client:
         return TrajectoriesAccepted.model_validate(
             self._request("POST", f"/jobs/{_segment(job_id)}/trajectories", json=request.model_dump(), timeout=330.0)
         )
+
+
+class EscapedClient:
+    """A Client whose every answer (and error message) has its text escaped for a terminal: what a screen shows
+    of the daemon's text can never steer the terminal (title, clipboard, screen), whatever the daemon sends.
+    The TUI talks through one; its `.client` is the plain Client underneath."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.client, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args, **kwargs):
+            try:
+                return escaped_tree(attribute(*args, **kwargs))
+            except ClientError as error:
+                raise escaped_error(error) from error
+
+        return call
+
+
+def escaped_tree(value: Any) -> Any:
+    """`value` with every string in it (keys included, models walked) escaped for a terminal."""
+    if isinstance(value, str):
+        return escaped(value)
+    if isinstance(value, BaseModel):
+        return type(value).model_validate(escaped_tree(value.model_dump()))
+    if isinstance(value, dict):
+        return {escaped_tree(key): escaped_tree(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(escaped_tree(item) for item in value)
+    return value
+
+
+def escaped_error(error: ClientError) -> ClientError:
+    response = escaped_tree(error.response) if error.response is not None else None
+    return type(error)(escaped(str(error)), error.status, response)
 
 
 def _dataset_reference(text: str) -> str | None:

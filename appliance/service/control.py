@@ -5,14 +5,19 @@ connection's ASGI state); a request without them is refused before routing,
 except on the optional TCP control port, where it must carry the daemon's
 bearer token instead (compared in constant time; a refusal is a 401, audited).
 Every mutating call is written to the audit log with its outcome, refusals
-included. Files of a job (metrics, samples, judge log, log.txt) are read from
-its job folder, which the worker writes; the job store holds states and events.
+included (rate-limited per caller: audit.py's chatter). Files of a job
+(metrics, samples, judge log, log.txt) are read from its job folder, which the
+worker writes; the job store holds states and events. Every body is bounded
+before it is read (a submission's and a trajectory upload's by their own
+limits, any other by SMALL_BODY_BYTES), and every answer is ASCII JSON: text
+the daemon holds (old data included) is escaped, never a reason to fail.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import secrets
 import sys
 import traceback
@@ -36,8 +41,19 @@ if TYPE_CHECKING:
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 
 
+SMALL_BODY_BYTES = 64 * 1024  # any body other than a submission's or a trajectory upload's
+
+
 class Unauthenticated(ApplianceError):
     http_status = 403
+
+
+class ASCIIJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: a lone surrogate in stored text is sent as \\udXXX rather
+    than failing the encoder (a 500 for ever, for every caller of that job)."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 class EventBus:
@@ -95,7 +111,7 @@ class PeerCredentials:
             if self.audit is not None:
                 what = f"refused: {problem} ({scope['method']} {scope['path'][:MAX_AUDIT_PATH]})"
                 await asyncio.to_thread(self.audit.refused_tcp, remote, what)
-            response = JSONResponse(
+            response = ASCIIJSONResponse(
                 ErrorResponse(
                     error=f"{problem}; send 'Authorization: Bearer <token>' with "
                     "the token of the daemon's --control-token-file"
@@ -105,7 +121,7 @@ class PeerCredentials:
             )
             await response(scope, receive, send)
             return
-        response = JSONResponse(
+        response = ASCIIJSONResponse(
             ErrorResponse(
                 error="the caller's credentials could not be read from the "
                 "connection; connect over the daemon's Unix socket"
@@ -134,19 +150,20 @@ class _BodyTooLarge(Exception):
 
 
 class BodyLimit:
-    """Pure ASGI middleware: a body over `max_bytes` is a 413, from Content-Length before anything is read,
-    else as soon as the streamed chunks pass the limit (never buffered whole)."""
+    """Pure ASGI middleware: a body over the route's limit (`limit_of(method, path)`) is a 413, from
+    Content-Length before anything is read, else as soon as the streamed chunks pass it (never buffered whole)."""
 
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, limit_of) -> None:
+        self.app, self.limit_of = app, limit_of
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        self.max_bytes = max_bytes = self.limit_of(scope["method"], scope["path"])
         declared = [value for name, value in scope.get("headers", []) if name == b"content-length"]
         # A declared length is trusted only to refuse early; the streamed count below holds whatever it says.
-        if declared and (not declared[-1].isdigit() or int(declared[-1]) > self.max_bytes):
+        if declared and (not declared[-1].isdigit() or int(declared[-1]) > max_bytes):
             await self._refuse(scope, receive, send)
             return
         seen, started, refused = 0, False, False
@@ -155,7 +172,7 @@ class BodyLimit:
             nonlocal seen, refused
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
+            if seen > max_bytes:
                 if not started and not refused:
                     refused = True  # answered here: whatever the app makes of the error below is dropped
                     await self._refuse(scope, receive, send)
@@ -175,8 +192,9 @@ class BodyLimit:
             pass
 
     async def _refuse(self, scope, receive, send) -> None:
-        message = f"the request body is over this daemon's limit of {self.max_bytes} bytes"
-        await JSONResponse(ErrorResponse(error=message).model_dump(), status_code=413)(scope, receive, send)
+        limit = self.limit_of(scope["method"], scope["path"])
+        message = f"the request body is over this daemon's limit of {limit} bytes for {scope['method']} requests here"
+        await ASCIIJSONResponse(ErrorResponse(error=message).model_dump(), status_code=413)(scope, receive, send)
 
 
 class AuditRefusals:
@@ -201,16 +219,18 @@ class AuditRefusals:
         state = scope.get("state") or {}
         if 400 <= status < 500 and not state.get("audited"):
             pid, uid, _gid = state.get("peer") or (None, None, None)
-            how = {"transport": "unix"} if state.get("peer") else {"transport": "tcp", "remote": state.get("remote")}
+            remote = state.get("remote")
+            how = {"transport": "unix"} if state.get("peer") else {"transport": "tcp", "remote": remote}
+            caller = ("uid", uid) if state.get("peer") else ("tcp", (remote or "?").rsplit(":", 1)[0])
             where = f"{scope['method']} {scope['path'][:MAX_AUDIT_PATH]}"
             await asyncio.to_thread(
-                self.audit.record,
+                self.audit.chatter,
+                caller,
                 uid=uid,
                 pid=pid,
                 action="request",
                 job_id=None,
                 outcome=f"refused: {status} ({where})",
-                durable=False,
                 **how,
             )
 
@@ -226,14 +246,14 @@ async def appliance_error(_request: Request, error: ApplianceError) -> JSONRespo
         errors=error.items() if isinstance(error, SubmissionRejected) else [],
         plan=error.plan if isinstance(error, SubmissionRejected) else None,
     )
-    return JSONResponse(body.model_dump(), status_code=status_of(error))
+    return ASCIIJSONResponse(body.model_dump(), status_code=status_of(error))
 
 
 async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
     message = (
         f"no API route {request.method} {request.url.path}" if error.status_code in (404, 405) else str(error.detail)
     )
-    return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=error.status_code)
+    return ASCIIJSONResponse(ErrorResponse(error=message).model_dump(), status_code=error.status_code)
 
 
 async def os_error(_request: Request, error: OSError) -> JSONResponse:
@@ -244,25 +264,43 @@ async def os_error(_request: Request, error: OSError) -> JSONResponse:
             f"the daemon could not write{where} ({error.strerror}); it keeps serving reads. "
             "Free space on that file system (or fix the I/O error) and retry"
         )
-        return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=507)
+        return ASCIIJSONResponse(ErrorResponse(error=message).model_dump(), status_code=507)
     traceback.print_exception(error, file=sys.stderr)
     message = f"the daemon failed on{where or ' a file'}: {error}; the traceback is in the daemon's log"
-    return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=500)
+    return ASCIIJSONResponse(ErrorResponse(error=message).model_dump(), status_code=500)
 
 
 async def bad_request(_request: Request, error: RequestValidationError) -> JSONResponse:
     first = error.errors()[0] if error.errors() else {}
     where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
     message = f"bad request: {where + ': ' if where else ''}{first.get('msg', 'invalid')}"
-    return JSONResponse(ErrorResponse(error=message).model_dump(), status_code=422)
+    return ASCIIJSONResponse(ErrorResponse(error=message).model_dump(), status_code=422)
+
+
+def body_limits(daemon: "Daemon"):
+    """The largest body each route takes: (method, path) -> bytes."""
+
+    def limit_of(method: str, path: str) -> int:
+        if method == "POST" and path.rstrip("/") == "/jobs":
+            return daemon.submit_body_limit
+        if method == "POST" and path.endswith("/trajectories"):
+            return daemon.trajectory_body_limit
+        return SMALL_BODY_BYTES
+
+    return limit_of
 
 
 def create_app(daemon: "Daemon", control_token: str | None = None, admin_gid: int | None = None) -> FastAPI:
-    app = FastAPI(title="appliance control API", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="appliance control API",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        default_response_class=ASCIIJSONResponse,
+    )
     app.state.daemon, app.state.admin_gid = daemon, admin_gid
-    # A submission's JSON body carries the upload as an escaped string beside the job file: room for both.
-    app.add_middleware(BodyLimit, max_bytes=2 * daemon.policy.max_upload_bytes + (1 << 20))
-    # Added last, run first (Starlette wraps in reverse): credentials are checked before any body is read.
+    app.add_middleware(BodyLimit, limit_of=body_limits(daemon))
     app.add_middleware(AuditRefusals, audit=daemon.audit)
     app.add_middleware(PeerCredentials, token=control_token, audit=daemon.audit)
     app.add_exception_handler(ApplianceError, appliance_error)

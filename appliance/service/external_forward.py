@@ -3,9 +3,9 @@
 `GET /jobs/{id}/endpoint` reads `<job>/endpoint.json`, which the job's worker
 writes (0600) while it serves (a file left by an earlier worker of the job is
 not handed out); `POST /jobs/{id}/trajectories` forwards the
-groups over loopback to that endpoint's submission route, with its token, so
-they are checked against the served-token ledger where it lives, and the
-caller gets the worker's verdict (422 naming the group, trajectory and turn
+body as it came (the daemon never parses it) over loopback to that endpoint's
+submission route, with its token, so the groups are checked against the
+served-token ledger where it lives, and the caller gets the worker's verdict (422 naming the group, trajectory and turn
 when refused). Only jobs with `task.environment: external` have an endpoint.
 """
 
@@ -63,17 +63,18 @@ def _serving_document(daemon: "Daemon", job_id: str) -> tuple[int, dict]:
     return summary.step, document
 
 
-def forward_trajectories(daemon: "Daemon", job_id: str, groups: list[dict]) -> TrajectoriesAccepted:
-    """Hand `groups` to the job's endpoint for checking and queueing; its verdict, as the API's answer."""
+def forward_trajectories(daemon: "Daemon", job_id: str, body: bytes) -> TrajectoriesAccepted:
+    """Hand the request `body` ({"groups": [...]}) to the job's endpoint for checking and queueing; its verdict,
+    as the API's answer."""
     _, document = _serving_document(daemon, job_id)
     # Over loopback, wherever else the endpoint listens (a worker from before local_url was written: its url).
     base = str(document.get("local_url") or document["url"]).removesuffix("/").removesuffix("/v1")
     try:
         response = httpx.post(
             base + SUBMIT_ROUTE,
-            json={"groups": groups},
+            content=body,
             timeout=FORWARD_TIMEOUT_SECONDS,
-            headers={"Authorization": f"Bearer {document['token']}"},
+            headers={"Authorization": f"Bearer {document['token']}", "Content-Type": "application/json"},
         )
     except httpx.TimeoutException:
         raise EndpointRefused(
@@ -92,11 +93,11 @@ def forward_trajectories(daemon: "Daemon", job_id: str, groups: list[dict]) -> T
             message = response.text[:500]
         # The worker's own refusals (4xx) pass through as they are; its failures are the gateway's (502).
         raise EndpointRefused(response.status_code if 400 <= response.status_code < 500 else 502, message)
-    body = response.json()
+    answer = response.json()
     return TrajectoriesAccepted(
         job_id=job_id,
-        accepted=body["accepted"],
-        queued=body["queued"],
-        step=body["step"],
-        unserved_messages_dropped=body.get("unserved_messages_dropped", 0),
+        accepted=answer["accepted"],
+        queued=answer["queued"],
+        step=answer["step"],
+        unserved_messages_dropped=answer.get("unserved_messages_dropped", 0),
     )

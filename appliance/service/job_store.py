@@ -20,10 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from appliance.text_rules import escaped
 from appliance.errors import ApplianceError
 from appliance.paths import STATE_FILE_MODE
-from appliance.service.api import JOB_STATES, JobEvent, JobSummary
+from appliance.service.api import JOB_STATES, TERMINAL_STATES, JobEvent, JobSummary
 from appliance.service.store_migrations import SCHEMA_VERSION, open_schema
+
+
+MAX_REASON_CHARS = 4096  # a reason may quote a worker's log: kept short, and clean for every terminal
 
 __all__ = ["SCHEMA_VERSION", "JobStore"]
 
@@ -121,6 +125,8 @@ class JobStore:
         self._read_db: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
         self.listeners: list[Callable[[int], None]] = []
+        # Called with (job_id, spec) after a job reaches a final state (its upload is removed then).
+        self.on_final: list[Callable[[str, dict], None]] = []
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer, nor it them
             self._db.execute("PRAGMA synchronous=FULL")  # a committed transition survives a power cut
@@ -178,8 +184,11 @@ class JobStore:
     def transition(
         self, job_id: str, to: str, reason: str = "", expect: Iterable[str] | None = None, **columns: Any
     ) -> JobSummary:
-        """Move a job to `to` if TRANSITIONS allows it (and it is in `expect`, when given)."""
+        """Move a job to `to` if TRANSITIONS allows it (and it is in `expect`, when given).
+
+        The reason is stored escaped (appliance/text_rules.py) and cut: it may quote what a worker printed."""
         now = time.time()
+        reason = escaped(reason)[:MAX_REASON_CHARS]
         with self._tx() as db:
             row = db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
             if row is None:
@@ -196,7 +205,11 @@ class JobStore:
             )
             event = self._append(db, job_id, "state", None, {"from": state, "to": to, "reason": reason}, now)
         self._notify(event)
-        return self.get(job_id).summary
+        row = self.get(job_id)
+        if to in TERMINAL_STATES:
+            for callback in list(self.on_final):
+                callback(job_id, row.spec)
+        return row.summary
 
     def update(self, job_id: str, **columns: Any) -> None:
         """Columns other than the state (step, slot, pgid, attempts, restarts)."""
@@ -213,6 +226,13 @@ class JobStore:
                 db.execute("UPDATE jobs SET step=? WHERE id=?", (step, job_id))
         self._notify(event)
         return event
+
+    def delete(self, job_id: str) -> None:
+        """Remove a job and its events (the caller checked that it has finished)."""
+        with self._tx() as db:
+            if db.execute("DELETE FROM jobs WHERE id=?", (job_id,)).rowcount == 0:
+                raise UnknownJob(f"no job '{job_id}'; 'appliance jobs list' shows the jobs")
+            db.execute("DELETE FROM events WHERE job_id=?", (job_id,))
 
     def claim_next(self, slot: int) -> JobSummary | None:
         """The oldest queued job, now running on `slot` (None when the queue is empty)."""

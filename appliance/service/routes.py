@@ -2,7 +2,12 @@
 
 Reads of job files are plain `def` routes (FastAPI runs them in its thread
 pool) over bounded pages; mutating calls go through `Auditor`, which writes
-their outcome to the audit log and checks that the caller may act on the job.
+their outcome to the audit log and checks that the caller may act on the job,
+on the daemon's own control threads (never behind a submission's check or an
+export). The caller's groups were read from the connection (SO_PEERGROUPS)
+when it was made. Submissions and trajectory groups are taken as raw bodies:
+the daemon streams them on (service/admission.py, the job's endpoint) and
+never parses them itself.
 """
 
 from __future__ import annotations
@@ -10,10 +15,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Callable, TypeVar
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from appliance import __version__
 from appliance.errors import ApplianceError
@@ -27,6 +31,7 @@ from appliance.service.api import (
     ExportCancelResponse,
     ExportRequest,
     ExportResponse,
+    JobDeleted,
     JobDetail,
     JobList,
     JobSummary,
@@ -42,11 +47,19 @@ from appliance.service.api import (
 )
 from appliance.service.audit import user_name
 from appliance.service.bounded_reads import checkpoints, json_file, read_log, records_after_step, tail_records
+from appliance.service.fair_share import check_quota
 
 if TYPE_CHECKING:
     from appliance.service.daemon import Daemon
 
 MAX_LONG_POLL_SECONDS = 60.0  # a long poll holds a request open: a caller's wait is capped, not trusted
+# Query parameters: bounded where they are parsed (a number past SQLite's 64 bits was a 500); pages are then
+# clamped to their own limits in the routes.
+Number = Annotated[int, Query(ge=-(2**62), le=2**62)]
+Cursor = Annotated[int, Query(ge=0, le=2**62)]
+Wait = Annotated[float, Query(ge=0.0, le=MAX_LONG_POLL_SECONDS, allow_inf_nan=False)]
+JobIdQuery = Annotated[str, Query(max_length=64)]
+Outcome = Annotated[str, Query(max_length=64)]
 MAX_RECORDS = 1000  # the most records one page of samples or judge calls holds
 TCP_UID = -1  # the owner recorded for a job submitted over TCP: a token holder, not a Unix user
 T = TypeVar("T")
@@ -62,29 +75,16 @@ class Forbidden(ApplianceError):
     http_status = 403
 
 
-def caller_groups(pid: int, gid: int) -> set[int]:
-    """The peer process's primary and supplementary groups, read from /proc while its connection is open."""
-    groups = {gid}
-    # SO_PEERCRED gives only the primary gid; the supplementary ones are in /proc. A process gone meanwhile
-    # keeps only its primary group: the admin check then refuses, never admits by mistake.
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Groups:"):
-                groups.update(int(value) for value in line.split()[1:])
-    except (OSError, ValueError):
-        pass
-    return groups
-
-
 def may_act(state: dict, owner_uid: int, admin_gid: int | None) -> bool:
-    """Owner, root, the admin group, or a TCP token holder (the administrator's token) may act on a job."""
+    """Owner, root, the admin group, or a TCP token holder (the administrator's token) may act on a job.
+    The groups are those the connection carried when it was made (server.py), whatever the peer's pid."""
     credentials = state.get("peer")
     if not credentials:
         return state.get("remote") is not None  # passed PeerCredentials with the daemon's bearer token
-    pid, uid, gid = credentials
+    _pid, uid, gid = credentials
     if uid in (0, owner_uid):
         return True
-    return admin_gid is not None and admin_gid in caller_groups(pid, gid)
+    return admin_gid is not None and admin_gid in {gid, *(state.get("groups") or ())}
 
 
 def checked(job_id: str) -> str:
@@ -110,6 +110,9 @@ class Auditor:
         credentials = self.state.get("peer")
         self.pid, self.uid = (credentials[0], credentials[1]) if credentials else (None, None)
         self.how = {"transport": "unix"} if credentials else {"transport": "tcp", "remote": self.state.get("remote")}
+        remote = self.state.get("remote") or "?"
+        # Who a per-caller bound counts: a uid on the socket, a host on the TCP port.
+        self.key = ("uid", self.uid) if credentials else ("tcp", remote.rsplit(":", 1)[0])
 
     def owner(self) -> tuple[int, str]:
         if self.uid is not None:
@@ -129,22 +132,42 @@ class Auditor:
     def _record(self, action: str, job_id: str | None, outcome: str) -> None:
         self.daemon.audit.record(uid=self.uid, pid=self.pid, action=action, job_id=job_id, outcome=outcome, **self.how)
 
+    def chatter(self, action: str, job_id: str | None, outcome: str) -> None:
+        """A line the caller can repeat at will (a refusal, a dry run, "received"): rate-limited per caller."""
+        if not outcome.startswith("received"):
+            self.state["audited"] = True  # the answer's own line: AuditRefusals writes no second one
+        fields = dict(uid=self.uid, pid=self.pid, action=action, job_id=job_id, outcome=outcome, **self.how)
+        self.daemon.audit.chatter(self.key, **fields)
+
     def call(self, action: str, job_id: str | None, run: Callable[[], T]) -> T:
         """run() with its outcome audited, refusals included (AuditRefusals then skips the 4xx)."""
         self.state["audited"] = True
         try:
             result = run()
         except ApplianceError as error:
-            self._record(action, job_id, f"refused: {str(error).splitlines()[0] if str(error) else ''}")
+            self.chatter(action, job_id, f"refused: {str(error).splitlines()[0] if str(error) else ''}")
             raise
         except Exception as error:
             self._record(action, job_id, f"error: {error}")
             raise
-        self._record(action, getattr(result, "id", job_id) if result is not None else job_id, "ok")
+        self._record(action, _job_id_of(result) or job_id, "ok")
         return result
 
-    async def in_thread(self, action: str, job_id: str | None, run: Callable[[], T]) -> T:
-        return await asyncio.to_thread(self.call, action, job_id, run)
+    async def in_thread(self, action: str, job_id: str | None, run: Callable[[], T], pool=None) -> T:
+        """call() on the daemon's control threads (or `pool`): never behind submissions or exports."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(pool or self.daemon.control_pool, self.call, action, job_id, run)
+
+    async def note(self, action: str, job_id: str | None, outcome: str) -> None:
+        await asyncio.get_running_loop().run_in_executor(
+            self.daemon.control_pool, self.chatter, action, job_id, outcome
+        )
+
+
+def _job_id_of(result: Any) -> str | None:
+    """The job an answer is about (a JobSummary, or a SubmitResponse's job), for its audit line."""
+    job = getattr(result, "job", None) or result
+    return getattr(job, "id", None) or getattr(job, "job_id", None)
 
 
 AuditorDep = Annotated[Auditor, Depends(Auditor)]
@@ -170,13 +193,16 @@ async def status(daemon: DaemonDep, caller: AuditorDep) -> DaemonStatus:
 
 
 @daemon_router.get("/events")
-async def events(daemon: DaemonDep, after: int = 0, job: str | None = None, timeout: float = 0.0) -> EventsPage:
+async def events(
+    daemon: DaemonDep, after: Cursor = 0, job: JobIdQuery | None = None, timeout: Wait = 0.0
+) -> EventsPage:
     if job is not None:
         checked(job)
     deadline = time.monotonic() + max(0.0, min(timeout, MAX_LONG_POLL_SECONDS))
     while True:
-        newest = daemon.store.last_event_id()
-        found = daemon.store.events(after, job, limit=1000)
+        # Off the event loop: a page of a thousand events is parsed from JSON.
+        newest = await asyncio.to_thread(daemon.store.last_event_id)
+        found = await asyncio.to_thread(daemon.store.events, after, job, None, 1000)
         if found or time.monotonic() >= deadline:
             # A full page: the caller goes on from its last event. Else the newest id overall, so a filtered
             # poll does not re-scan other jobs' events next time.
@@ -213,26 +239,46 @@ def models(daemon: DaemonDep) -> ModelList:
     return ModelList(models=found)
 
 
-@jobs_router.post("", status_code=201)
-async def submit(body: SubmitRequest, response: Response, daemon: DaemonDep, caller: AuditorDep) -> SubmitResponse:
+def _raw_body(model) -> dict:
+    """The OpenAPI request body of a route that takes its body raw (the schema clients and fuzzers see)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+@jobs_router.post("", status_code=201, response_model=SubmitResponse, openapi_extra=_raw_body(SubmitRequest))
+async def submit(request: Request, response: Response, daemon: DaemonDep, caller: AuditorDep) -> SubmitResponse:
+    """Check a job file in a child process (service/admission.py), then queue it unless it is a dry run."""
+    declared = request.headers.get("content-length", "?")
+    await caller.note("submit", None, f"received ({declared} bytes)")  # before any costly work
     uid, user = caller.owner()
+    loop = asyncio.get_running_loop()
+    try:
+        async with daemon.admission.turn(caller.key):
+            await loop.run_in_executor(daemon.control_pool, check_quota, daemon, uid, user)
+            body = await daemon.admission.spool(request.stream(), daemon.submit_body_limit)
+            device = await loop.run_in_executor(daemon.control_pool, daemon.device)
+            verdict = daemon.placeable(await daemon.admission.check(body, device))
+    except ApplianceError as error:  # busy, over a cap or the body limit: refused before any check
+        await caller.note("submit", None, f"refused: {str(error).splitlines()[0]}")
+        raise
+    action = "dry_run" if verdict.dry_run else "submit"
+    if not verdict.accepted:
+        await caller.note(action, None, f"refused: {verdict.message}")
+        raise verdict.refusal()
+    if verdict.dry_run:
+        await asyncio.get_running_loop().run_in_executor(daemon.control_pool, verdict.discard)
+        await caller.note(action, None, "ok")
+        response.status_code = 200  # nothing was created
+        return SubmitResponse(job=None, plan=verdict.plan, dry_run=True)
 
     def run() -> SubmitResponse:
-        accepted = daemon.check(body)
-        if body.dry_run:
-            accepted.discard()
-            return SubmitResponse(job=None, plan=accepted.plan.to_dict(), dry_run=True)
-        job = daemon.supervisor.submit(accepted, uid=uid, user=user)
-        return SubmitResponse(job=job, plan=accepted.plan.to_dict())
+        job = daemon.queue(verdict, uid=uid, user=user)
+        return SubmitResponse(job=job, plan=verdict.plan)
 
-    if body.dry_run:
-        response.status_code = 200  # nothing was created
-    # Validation loads the dataset and plans the job: keep it off the event loop.
-    return await caller.in_thread("dry_run" if body.dry_run else "submit", None, run)
+    return await caller.in_thread("submit", None, run)
 
 
 @jobs_router.get("")
-async def list_jobs(daemon: DaemonDep) -> JobList:
+def list_jobs(daemon: DaemonDep) -> JobList:  # a plain def: FastAPI's thread pool, off the event loop
     return JobList(jobs=daemon.supervisor.with_phase(daemon.store.list()))
 
 
@@ -286,8 +332,8 @@ async def export(job_id: str, body: ExportRequest, daemon: DaemonDep, caller: Au
             path=str(result.path), kind=result.kind, job_id=job_id, step=result.step, manifest=result.manifest
         )
 
-    # The export waits for its slot and its child process: keep it off the event loop.
-    return await caller.in_thread("export", job_id, run)
+    # The export waits for its slot and its child process: on its own threads, off the event loop.
+    return await caller.in_thread("export", job_id, run, pool=daemon.export_pool)
 
 
 @jobs_router.delete("/{job_id}/export")
@@ -300,7 +346,7 @@ async def cancel_export(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> E
 
 
 @jobs_router.get("/{job_id}/metrics")
-def metrics(job_id: str, daemon: DaemonDep, after_step: int = 0, limit: int = 1000) -> MetricsPage:
+def metrics(job_id: str, daemon: DaemonDep, after_step: Number = 0, limit: Number = 1000) -> MetricsPage:
     daemon.store.get(checked(job_id))  # an unknown job is a 404 before any file is read
     limit = max(1, min(limit, 10000))
     rows = records_after_step(daemon.job_dir(job_id) / "metrics.jsonl", after_step, limit)
@@ -309,14 +355,14 @@ def metrics(job_id: str, daemon: DaemonDep, after_step: int = 0, limit: int = 10
 
 
 @jobs_router.get("/{job_id}/samples")
-def samples(job_id: str, daemon: DaemonDep, limit: int = 100) -> RecordsPage:
+def samples(job_id: str, daemon: DaemonDep, limit: Number = 100) -> RecordsPage:
     daemon.store.get(checked(job_id))
     limit = max(1, min(limit, MAX_RECORDS))
     return RecordsPage(job_id=job_id, records=tail_records(daemon.job_dir(job_id) / "samples.jsonl", limit))
 
 
 @jobs_router.get("/{job_id}/judge")
-def judge(job_id: str, daemon: DaemonDep, outcome: str | None = None, limit: int = 100) -> RecordsPage:
+def judge(job_id: str, daemon: DaemonDep, outcome: Outcome | None = None, limit: Number = 100) -> RecordsPage:
     import json
 
     daemon.store.get(checked(job_id))
@@ -333,7 +379,7 @@ def judge(job_id: str, daemon: DaemonDep, outcome: str | None = None, limit: int
 
 # offset: negative counts from the end (the default shows the last lines); a chunk is capped whatever is asked.
 @jobs_router.get("/{job_id}/log")
-def log(job_id: str, daemon: DaemonDep, offset: int = -16384, max_bytes: int = 1 << 20) -> LogChunk:
+def log(job_id: str, daemon: DaemonDep, offset: Number = -16384, max_bytes: Number = 1 << 20) -> LogChunk:
     daemon.store.get(checked(job_id))
     return read_log(job_id, daemon.job_dir(job_id) / "log.txt", offset, max(1, min(max_bytes, 8 << 20)))
 
@@ -348,13 +394,23 @@ async def endpoint(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> Endpoi
     )
 
 
-@jobs_router.post("/{job_id}/trajectories")
-async def trajectories(
-    job_id: str, body: TrajectorySubmission, daemon: DaemonDep, caller: AuditorDep
-) -> TrajectoriesAccepted:
+@jobs_router.post(
+    "/{job_id}/trajectories", response_model=TrajectoriesAccepted, openapi_extra=_raw_body(TrajectorySubmission)
+)
+async def trajectories(job_id: str, request: Request, daemon: DaemonDep, caller: AuditorDep) -> TrajectoriesAccepted:
+    """Forward the groups, as sent, to the job's endpoint, which checks them; one call at a time per caller."""
     from appliance.service.external_forward import forward_trajectories
 
-    def run() -> TrajectoriesAccepted:
-        return forward_trajectories(daemon, caller.owned(job_id, "submit trajectories to"), body.groups)
+    async with daemon.forwarding.turn(caller.key):
+        body = await daemon.forwarding.read(request.stream(), daemon.trajectory_body_limit)
 
-    return await caller.in_thread("submit_trajectories", job_id, run)
+        def run() -> TrajectoriesAccepted:
+            return forward_trajectories(daemon, caller.owned(job_id, "submit trajectories to"), body)
+
+        return await caller.in_thread("submit_trajectories", job_id, run, pool=daemon.forward_pool)
+
+
+@jobs_router.delete("/{job_id}")
+async def delete(job_id: str, daemon: DaemonDep, caller: AuditorDep) -> JobDeleted:
+    """Remove a finished job: its row, events, folder and upload (owner, root or the admin group; audited)."""
+    return await caller.in_thread("delete", job_id, lambda: daemon.delete(caller.owned(job_id, "delete")))

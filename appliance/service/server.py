@@ -3,12 +3,16 @@
 The socket is bound inside a fresh 0700 folder next to its final path, given
 its group and mode there, and renamed into place: no one ever sees it with
 other permissions (uvicorn's own `uds=` would chmod it to 0666). Each
-connection's SO_PEERCRED (pid, uid, gid) is read once in the HTTP protocol's
-connection_made and put in the ASGI scope's state, where control.py finds it.
+connection's SO_PEERCRED (pid, uid, gid) and SO_PEERGROUPS (its supplementary
+groups) are read once in the HTTP protocol's connection_made and put in the
+ASGI scope's state, where control.py finds them: they hold when the peer is in
+another PID namespace (pid 0) and cannot change under a reused pid.
 
 `--control-addr HOST:PORT` (only with a token file) adds a TCP listener to
 the same app: a TCP connection has no SO_PEERCRED, so its state carries the
 remote address instead, and control.py answers it only with the bearer token.
+Every listener is capped (appliance/http_listener.py); what the TCP port saw
+before any token was checked is audited in one summary line per peer and window.
 
 SIGTERM/SIGINT: STOPPING=1, the running jobs checkpoint at the end of their
 step (bounded by the stop timeout, else the last checkpoint stands) and are
@@ -30,12 +34,26 @@ import tempfile
 from pathlib import Path
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from appliance.http_listener import (
+    SUMMARY_SECONDS,
+    ConnectionGate,
+    GuardedProtocol,
+    ListenerLimits,
+    fit_caps,
+    guarded_protocol,
+    quiet_errors,
+    raise_nofile_limit,
+)
 from appliance.service.daemon import Daemon, DaemonError, DaemonOptions
 
 DEFAULT_GROUP = "appliance"
 _UCRED = struct.Struct("3i")  # Linux's struct ucred: pid, uid, gid
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux's value; Python names it only from 3.12
+MAX_PEER_GROUPS = 256  # getsockopt returns at most 1024 bytes: 256 group ids
+# The share of the descriptors each listener may hold at its cap (the metrics port has its own thread).
+SOCKET_LIMITS = ListenerLimits(total=512, per_peer=64)
+TCP_LIMITS = ListenerLimits(total=256, per_peer=32)
 
 
 def peer_credentials(transport) -> tuple[int, int, int] | None:
@@ -47,6 +65,19 @@ def peer_credentials(transport) -> tuple[int, int, int] | None:
         return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     except OSError:
         return None
+
+
+def peer_groups(transport) -> tuple[int, ...]:
+    """The supplementary groups of the process on the other end of a Unix socket, as the kernel recorded them
+    at connect time (SO_PEERGROUPS); () when they cannot be read."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family != socket.AF_UNIX:
+        return ()
+    try:
+        data = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * MAX_PEER_GROUPS)
+    except OSError:
+        return ()
+    return struct.unpack(f"{len(data) // 4}I", data[: len(data) // 4 * 4])
 
 
 def tcp_remote(transport) -> str | None:
@@ -61,13 +92,19 @@ def tcp_remote(transport) -> str | None:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class PeerCredProtocol(HttpToolsProtocol):
-    """uvicorn's HTTP protocol, with the peer's credentials in every request's scope["state"]["peer"]
-    (Unix socket) or its address in scope["state"]["remote"] (TCP)."""
+class PeerCredProtocol(GuardedProtocol):
+    """The capped HTTP protocol, with the peer's credentials and groups in every request's scope["state"]
+    ("peer", "groups": Unix socket) or its address ("remote": TCP)."""
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
+        credentials = peer_credentials(transport)
+        self.app_state = {
+            **self.app_state,
+            "peer": credentials,
+            "groups": peer_groups(transport) if credentials else (),
+            "remote": tcp_remote(transport),
+        }
         super().connection_made(transport)
-        self.app_state = {**self.app_state, "peer": peer_credentials(transport), "remote": tcp_remote(transport)}
 
 
 class _Server(uvicorn.Server):
@@ -79,7 +116,9 @@ class _Server(uvicorn.Server):
 
 
 def resolve_group(name: str | None) -> int:
-    """The socket's group: --group, else 'appliance' when it exists, else the daemon's own group."""
+    """The socket's group: --group (a name or number), else 'appliance' when it exists, else the daemon's own."""
+    if name and name.isdigit():
+        return int(name)
     if name:
         try:
             return grp.getgrnam(name).gr_gid
@@ -195,28 +234,29 @@ async def _serve(
     from appliance.service.control import create_app
 
     loop = asyncio.get_running_loop()
+    quiet_errors(loop)
     daemon.bus.loop = loop
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    # proxy_headers off: X-Forwarded-For must never stand in for the address the audit log records.
-    config = uvicorn.Config(
-        create_app(daemon, control_token=control_token, admin_gid=admin_gid),
-        http=PeerCredProtocol,
-        lifespan="off",
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=5,
-        proxy_headers=False,
-    )
-    server = _Server(config)
+    app = create_app(daemon, control_token=control_token, admin_gid=admin_gid)
+    gates = [ConnectionGate("control socket", fit_caps(SOCKET_LIMITS, 0.5))]
+    if tcp is not None:
+        gates.append(ConnectionGate("control port", fit_caps(TCP_LIMITS, 0.25), on_summary=_audit_summary(daemon)))
+    servers = [_server(app, gate) for gate in gates]
     daemon.supervisor.start()
-    serving = asyncio.create_task(server.serve(sockets=[sock] + ([tcp] if tcp is not None else [])))
-    while not server.started and not serving.done():
+    daemon.start_housekeeping()
+    serving = [
+        asyncio.create_task(server.serve(sockets=[listener]))
+        for server, listener in zip(servers, [sock] + ([tcp] if tcp is not None else []))
+    ]
+    summaries = asyncio.create_task(_summaries(gates))
+    while not all(server.started for server in servers) and not any(task.done() for task in serving):
         await asyncio.sleep(0.02)
-    if serving.done():
-        serving.result()
-        return
+    for task in serving:
+        if task.done():
+            task.result()
+            return
     print(f"appliance serve: control API on {socket_path}", file=sys.stderr, flush=True)
     if tcp is not None:
         host, port = tcp.getsockname()[:2]
@@ -231,10 +271,70 @@ async def _serve(
     notifier.send("STOPPING=1")
     print("appliance serve: stopping; running jobs checkpoint at the end of their step", file=sys.stderr, flush=True)
     await asyncio.to_thread(daemon.supervisor.shutdown, stop_timeout)
-    server.should_exit = True
-    await serving
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*serving)
+    summaries.cancel()
+    for gate in gates:
+        _flush(gate)
     if watchdog:
         watchdog.cancel()
+
+
+def _server(app, gate: ConnectionGate) -> "_Server":
+    """One uvicorn server of `app` for one listener, under `gate`."""
+    # proxy_headers off: X-Forwarded-For must never stand in for the address the audit log records.
+    config = uvicorn.Config(
+        app,
+        http=guarded_protocol(gate, PeerCredProtocol),
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=int(gate.limits.idle_seconds),
+        proxy_headers=False,
+    )
+    return _Server(config)
+
+
+def _audit_summary(daemon: Daemon):
+    """Audit what one TCP peer did in a window before any token was checked (connections, not requests)."""
+
+    def write(summary: dict) -> None:
+        counts = ", ".join(
+            f"{summary[key]} {key}" for key in ("opened", "refused", "evicted", "timed_out") if key in summary
+        )
+        peer = summary["peer"]
+        daemon.audit.chatter(
+            ("tcp", str(peer[1] if isinstance(peer, tuple) else peer)),
+            uid=None,
+            pid=None,
+            action="connections",
+            job_id=None,
+            outcome=f"{counts} since {summary['since']:.0f}",
+            transport="tcp",
+            remote=str(peer[1] if isinstance(peer, tuple) else peer),
+        )
+
+    return write
+
+
+async def _summaries(gates: list[ConnectionGate]) -> None:
+    while True:
+        await asyncio.sleep(SUMMARY_SECONDS)
+        for gate in gates:
+            found = gate.flush()  # on the loop, which alone counts into the gate
+            await asyncio.to_thread(_write, gate, found)
+
+
+def _flush(gate: ConnectionGate) -> None:
+    _write(gate, gate.flush())
+
+
+def _write(gate: ConnectionGate, summaries: list[dict]) -> None:
+    for summary in summaries:
+        if gate.on_summary is not None:
+            gate.on_summary(summary)
 
 
 async def _watchdog(notifier: Notifier) -> None:
@@ -264,6 +364,7 @@ def run_daemon(
     if control_token_file is not None and control_addr is None:
         raise DaemonError("--control-token-file is used only with --control-addr HOST:PORT; add one or drop it")
     control_token = read_token_file(control_token_file) if control_token_file is not None else None
+    raise_nofile_limit()  # before any listener: the caps are sized from it
     gid = resolve_group(group)
     admin_gid = resolve_admin_group(admin_group) if admin_group else None
     daemon = Daemon(options)

@@ -6,7 +6,11 @@ The daemon never runs or reads what a caller points at:
 - `task.dataset` is read only inside the dataset roots (`<data-dir>/datasets/`
   or the configured list; relative names start at the first root); any other
   file comes as an upload with the submission, bounded in size, and is checked
-  line by line by the same loader as `appliance config check`.
+  line by line by the same loader as `appliance config check`;
+- a model is a name in the model store or a folder under a model root the
+  administrator configured, with no link out of it (job_checks.confined_model_problem).
+Nothing here materialises a dataset: rows are counted, a multiply range is
+counted arithmetically. service/admission.py runs this in a child process.
 Everything else is the existing validation (config.job_file + job_checks), so a
 refusal lists the errors exactly as `appliance config check` prints them. A
 job that does not fit the device is refused with its plan.
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from appliance.job_checks import PLUGIN_REWARD, with_absolute_paths, world_errors
+from appliance.job_checks import PLUGIN_REWARD, is_path_reference, with_absolute_paths, world_errors
 from appliance.config.job_file import ConfigError, ParsedJob, parse_job
 from appliance.config.schema import JobSpec
 from appliance.durable import write_atomically
@@ -58,15 +62,22 @@ class Policy:
     max_upload_bytes: int
     secrets_roots: tuple[Path, ...] = ()  # default: <data-dir>/secrets
     judge_endpoints: tuple[str, ...] = ()  # URLs whose origin a judge.endpoint may name; none by default
+    model_roots: tuple[Path, ...] = ()  # folders model paths may name, besides the model store
 
     def secret_roots(self) -> tuple[Path, ...]:
         return self.secrets_roots or (self.data_dir / "secrets",)
+
+    def models_roots(self) -> tuple[Path, ...]:
+        """Where a model folder may lie: the model store, then the administrator's roots."""
+        from appliance.paths import models_dir
+
+        return (models_dir(self.data_dir), *self.model_roots)
 
 
 @dataclass(frozen=True)
 class Accepted:
     spec: JobSpec
-    plan: Any  # appliance.budget.plan.Plan
+    plan: dict[str, Any]  # appliance.budget.plan.Plan.to_dict()
     upload_dir: Path | None  # holds the uploaded dataset the spec points at; removed if the job is not stored
 
     def discard(self) -> None:
@@ -189,17 +200,20 @@ def _token_problem(reference: str, roots: tuple[Path, ...]) -> str | None:
     if not candidate.is_absolute():
         candidate = roots[0] / candidate
     where = ", ".join(str(root) for root in roots)
+    # One answer for every refusal: a caller learns nothing about which files exist there.
+    refusal = (
+        f"judge.token_file must name a token file an administrator installed in {where} (a regular file, "
+        f"owned by the daemon's user, mode 600); {reference!r} is not one"
+    )
     if not any(_inside(candidate, root) for root in roots):
-        return f"the daemon reads judge token files only inside {where} (after links); ask an administrator to put it there"
+        return refusal
     try:
         info = os.stat(os.path.realpath(candidate))
     except OSError:
-        return f"no token file {reference} in {where}; ask an administrator to install it there"
-    if not stat.S_ISREG(info.st_mode):
-        return f"{reference} is not a regular file"
+        return refusal
     # As ssh treats private keys: no access for group or others, owned by the daemon's user (or root).
-    if info.st_mode & 0o077 or info.st_uid not in (0, os.geteuid()):
-        return f"{reference} must be owned by the daemon's user and readable by it alone (chmod 600)"
+    if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077 or info.st_uid not in (0, os.geteuid()):
+        return refusal
     return None
 
 
@@ -258,7 +272,7 @@ def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted
         parsed, plugin_errors = _plugins(parsed, policy.plugins_dir)
         parsed, judge_errors = _judge_errors(parsed, policy)
         errors = parsed.errors + errors + plugin_errors + judge_errors
-        errors += world_errors(parsed, policy.plugins_dir, policy.data_dir)
+        errors += world_errors(parsed, policy.plugins_dir, policy.data_dir, model_roots=policy.models_roots())
         if upload_dir is not None:  # say the user's file name, not where the daemon keeps the upload
             staged, original = str(upload_dir / UPLOAD_FILE), request.uploads and next(iter(request.uploads))
             errors = [dataclasses.replace(e, message=e.message.replace(staged, str(original))) for e in errors]
@@ -266,17 +280,28 @@ def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted
             # In file order, as `appliance config check` prints them.
             errors.sort(key=lambda e: e.line if e.line is not None else 0)
             raise SubmissionRejected(422, f"{request.file_name} has {len(errors)} error(s)", errors)
-        spec = with_absolute_paths(parsed.spec, policy.plugins_dir)
+        spec = _real_model_paths(with_absolute_paths(parsed.spec, policy.plugins_dir))
         plan = plan_on(spec, policy.data_dir, device)
         if not plan.fits:
             raise SubmissionRejected(
                 409, f"job '{spec.name}' does not fit this device: {plan.refusal()}", plan=plan.to_dict()
             )
-        return Accepted(spec, plan, upload_dir)
+        return Accepted(spec, plan.to_dict(), upload_dir)
     except BaseException:  # a refusal, or anything else: the written upload goes with it
         if upload_dir is not None:
             shutil.rmtree(upload_dir, ignore_errors=True)
         raise
+
+
+def _real_model_paths(spec: JobSpec) -> JobSpec:
+    """Model folders as the checks resolved them: a link changed after submit cannot move the job elsewhere."""
+    student = spec.student
+    if is_path_reference(student.model):
+        student = student.model_copy(update={"model": os.path.realpath(student.model)})
+    judge = spec.judge
+    if judge is not None and judge.endpoint is None and is_path_reference(judge.model):
+        judge = judge.model_copy(update={"model": os.path.realpath(judge.model)})
+    return spec.model_copy(update={"student": student, "judge": judge})
 
 
 def plan_on(spec: JobSpec, data_dir: Path, device):

@@ -12,7 +12,12 @@ Reports from a worker (steps, phases, memory, log lines) are appended to the
 job store as events and fed to the daemon's one TrainingMetrics. A worker
 that dies is restarted from its newest complete checkpoint after a backoff,
 at most `max_restarts` times in a row without a finished step; then the job
-fails with the last lines of its log as the reason.
+fails with the last lines of its log as the reason. A daemon that dies is
+charged to no job: nothing a job does reaches the daemon but bounded report
+lines (worker.py's Channel), so the job that ran is requeued as it was.
+
+Waiting jobs start in fair-share order across users (fair_share.py), each
+user held to the administrator's running cap.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from appliance.errors import ApplianceError
 from appliance.paths import STATE_DIR_MODE, STATE_FILE_MODE, jobs_dir
 from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
 from appliance.service.groups import describe_exit, is_worker_group, kill_group, wait_gone
-from appliance.service import slot_assignment
+from appliance.service import fair_share, slot_assignment
 from appliance.service.reaper import reap_orphans
 from appliance.service.job_store import BadTransition, JobStore, StoreUnwritable
 from appliance.service.worker import EXIT_BAD_JOB, MODULE, Channel
@@ -143,15 +148,17 @@ class Supervisor:
         stop_timeout: float = 120.0,
         version: str = "",
         worker_env: dict[str, str] | None = None,
+        max_running_per_user: int = 0,
     ):
         from prometheus_client import Counter
 
         self.store, self.data_dir, self.slots, self.metrics = store, Path(data_dir), slots, metrics
         self.max_restarts, self.backoff_seconds, self.stop_timeout = max_restarts, backoff_seconds, stop_timeout
-        self.version = version
+        self.version, self.max_running_per_user = version, max_running_per_user
         self.worker_env = dict(worker_env or {})  # set for every worker, over the daemon's own environment
         self.workers: dict[int, Worker] = {}
         self.retry_at: dict[str, float] = {}
+        self.last_started: dict[int, float] = {}  # uid -> when a job of theirs last started (fair-share ties)
         self.unsettled: dict[str, tuple[Worker, int]] = {}  # reaped workers whose end the store refused so far
         self.restarts_total = Counter(
             "appliance_worker_restarts", "Workers restarted after they died", registry=metrics.registry
@@ -172,8 +179,8 @@ class Supervisor:
     def recover(self) -> None:
         """After a start: leftovers of a dead daemon's workers are killed; running/interrupted jobs requeued.
 
-        A job the daemon died under counts as a restart (persisted), so a job that kills its daemon fails
-        after `max_restarts` daemon starts instead of looping; a job without its job.yaml fails."""
+        The daemon's death is charged to no job (its restart count is left as it was): a job reaches the daemon
+        only through bounded report lines, so it cannot have caused it. A job without its job.yaml fails."""
         for job in self.store.list(("running", "interrupted", "queued")):
             row = self.store.get(job.id)
             if row.pgid and is_worker_group(row.pgid):
@@ -185,18 +192,7 @@ class Supervisor:
             if job.state == "queued":
                 continue
             if job.state == "running":
-                restarts = row.restarts + 1
-                if restarts > self.max_restarts:
-                    self.store.transition(
-                        job.id,
-                        "failed",
-                        f"the daemon stopped while the job ran, {restarts} times in a row; not restarted again",
-                        slot=None,
-                        pgid=None,
-                        restarts=restarts,
-                    )
-                    continue
-                self.store.transition(job.id, "interrupted", "the daemon stopped while the job ran", restarts=restarts)
+                self.store.transition(job.id, "interrupted", "the daemon stopped while the job ran")
             self.store.transition(
                 job.id, "queued", "requeued at daemon start; resumes from its newest checkpoint", slot=None, pgid=None
             )
@@ -280,7 +276,7 @@ class Supervisor:
                 uid,
                 user,
                 spec.model_dump(mode="json"),
-                accepted.plan.to_dict(),
+                accepted.plan,
                 spec.grpo.steps,
                 before_commit=write_job_file,
             )
@@ -383,8 +379,11 @@ class Supervisor:
             return
         now = time.time()
         due = [job for job in self.store.list(("interrupted",)) if self.retry_at.get(job.id, now + 1) <= now]
+        running = self.store.list(("running",))
         wanted = []
-        for job in due + self.store.list(("queued",)):
+        for job in fair_share.fair_order(due + self.store.list(("queued",)), running, self.last_started):
+            if fair_share.over_running_cap(job, running, self.max_running_per_user):
+                continue  # its user holds their share of slots: passed over, never blocking the others
             spec = self.store.get(job.id).spec
             reason = slot_assignment.unplaceable(spec, len(self.slots))
             if reason:  # waiting would hold up the queue for ever (no back-filling)
@@ -401,6 +400,7 @@ class Supervisor:
                 f"{'restarted' if restart else 'started'} on {where}",
                 slot=slots[0].index,
             )
+            self.last_started[job.uid] = time.time()
             self._spawn(job, slots)
             self._publish_counts()
 

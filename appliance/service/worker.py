@@ -33,6 +33,8 @@ from typing import Callable
 
 MODULE = "appliance.service.worker"
 EXIT_DONE, EXIT_CRASH, EXIT_BAD_JOB, EXIT_DISK_FULL = 0, 1, 2, 3
+# The longest report line the daemon reads; a longer one is skipped (a job cannot size the daemon's memory).
+MAX_MESSAGE_CHARS = 4 * 2**20
 
 
 class Channel:
@@ -53,8 +55,13 @@ class Channel:
                 return False  # the peer is gone; the caller finds out from its own loop
 
     def messages(self):
+        """Each report as it arrives; a line over MAX_MESSAGE_CHARS or not JSON is skipped."""
         try:
-            for line in self._reader:
+            while line := self._reader.readline(MAX_MESSAGE_CHARS + 1):
+                if len(line) > MAX_MESSAGE_CHARS:
+                    while line and not line.endswith("\n"):  # the rest of it, a chunk at a time
+                        line = self._reader.readline(MAX_MESSAGE_CHARS)
+                    continue
                 try:
                     yield json.loads(line)
                 except json.JSONDecodeError:  # a line cut by the peer's death: the next ones still count

@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from appliance.config.limits import MAX_DATASET_ROW_BYTES, MAX_DATASET_ROWS
+from appliance.text_rules import text_problem
 from appliance.errors import ApplianceError
 from appliance.suggest import did_you_mean
 from appliance.tasks.task import Problem, TaskError
@@ -31,31 +33,46 @@ class RowError(ApplianceError):
 
 
 def read_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed value) for each non-blank line; bad JSON yields (line, RowError)."""
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
+    """(line number, parsed value) for each non-blank line; bad JSON, or a line over MAX_DATASET_ROW_BYTES,
+    yields (line, RowError). A line is never read past that cap."""
+    with open(path, "rb") as handle:
+        line_number = 0
+        while True:
+            line = handle.readline(MAX_DATASET_ROW_BYTES + 1)
+            if not line:
+                return
+            line_number += 1
+            if len(line) > MAX_DATASET_ROW_BYTES:
+                while line and not line.endswith(b"\n"):  # skip the rest of the long line, a chunk at a time
+                    line = handle.readline(MAX_DATASET_ROW_BYTES)
+                yield line_number, RowError(f"the line is over the limit of {MAX_DATASET_ROW_BYTES} bytes")
+                continue
+            text = line.decode("utf-8")
+            if not text.strip():
                 continue
             try:
-                yield line_number, json.loads(line)
+                yield line_number, json.loads(text)
             except json.JSONDecodeError as error:
                 yield line_number, RowError(f"not valid JSON ({error.msg} at column {error.colno})")
 
 
-def parse_rows(path: Path, parse_row: Callable[[Any, int, Path], Problem]) -> list[Problem]:
-    """Parse every line of `path` with `parse_row`; raise one TaskError listing the first bad lines."""
+def checked_rows(path: Path, parse_row: Callable[[Any, int, Path], Problem]) -> Iterator[Problem]:
+    """Each problem of `path` as it is read; at the end, one TaskError listing the first bad lines (if any)."""
     path = Path(path)
     if not path.is_file():
         raise TaskError(f"task.dataset: {path} does not exist")
-    problems: list[Problem] = []
     errors: list[str] = []
-    error_count = 0
+    error_count = rows = 0
     try:
         for line_number, row in read_json_lines(path):
             try:
                 if isinstance(row, RowError):
                     raise row
-                problems.append(parse_row(row, line_number, path))
+                problem = parse_row(row, line_number, path)
+                rows += 1
+                if rows > MAX_DATASET_ROWS:
+                    raise TaskError(f"task.dataset: {path} holds more than {MAX_DATASET_ROWS} problems; split it")
+                yield problem
             except RowError as error:
                 error_count += 1
                 if len(errors) < MAX_REPORTED_ERRORS:
@@ -65,9 +82,39 @@ def parse_rows(path: Path, parse_row: Callable[[Any, int, Path], Problem]) -> li
     if errors:
         more = f"\n... and {error_count - len(errors)} more bad lines" if error_count > len(errors) else ""
         raise TaskError(f"{error_count} bad line(s) in dataset {path}:\n" + "\n".join(errors) + more)
-    if not problems:
+    if not rows:
         raise TaskError(f"task.dataset: {path} holds no problems (one JSON object per line)")
-    return problems
+
+
+def _clean_tree(value: Any, where: str) -> None:
+    """Every key and string inside a JSON value under the string rule."""
+    if isinstance(value, str):
+        _clean(value, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _clean(key, f"{where} key")
+            _clean_tree(item, f"{where}.{key[:40]}")
+    elif isinstance(value, list):
+        for item in value:
+            _clean_tree(item, where)
+
+
+def parse_rows(path: Path, parse_row: Callable[[Any, int, Path], Problem]) -> list[Problem]:
+    """Parse every line of `path` with `parse_row`; raise one TaskError listing the first bad lines."""
+    return list(checked_rows(path, parse_row))
+
+
+def count_problems(path: Path) -> int:
+    """How many problems a user JSONL file holds, every row checked and none kept (admission counts)."""
+    return sum(1 for _ in checked_rows(path, parse_problem_row))
+
+
+def _clean(value: str, where: str) -> str:
+    """A row's text under the string rule (appliance/text_rules.py): it reaches prompts, logs and terminals."""
+    problem = text_problem(value, multiline=True)
+    if problem:
+        raise RowError(f"{where} {problem}")
+    return value
 
 
 def _check_keys(row: dict) -> None:
@@ -89,6 +136,7 @@ def _messages(value: Any) -> list[dict[str, str]]:
             raise RowError(f"messages[{position}].role is {message['role']!r}; use one of {', '.join(ROLES)}")
         if not isinstance(message["content"], str):
             raise RowError(f"messages[{position}].content must be a string")
+        _clean(message["content"], f"messages[{position}].content")
         messages.append({"role": message["role"], "content": message["content"]})
     if messages[-1]["role"] != "user":
         raise RowError("the last of 'messages' must be a user turn (the question to answer)")
@@ -101,7 +149,7 @@ def _answer(row: dict) -> str | None:
     answer = row["answer"]
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
         raise RowError(f"'answer' must be a string or a number, not {type(answer).__name__}")
-    return answer if isinstance(answer, str) else str(answer)
+    return _clean(answer, "'answer'") if isinstance(answer, str) else str(answer)
 
 
 def parse_problem_row(row: Any, line_number: int, path: Path) -> Problem:
@@ -115,11 +163,13 @@ def parse_problem_row(row: Any, line_number: int, path: Path) -> Problem:
     metadata = row.get("metadata", {})
     if not isinstance(metadata, dict):
         raise RowError("'metadata' must be a JSON object")
+    _clean_tree(metadata, "'metadata'")
     metadata = dict(metadata)
     if has_question:
         question = row["question"]
         if not isinstance(question, str) or not question.strip():
             raise RowError("'question' must be a non-empty string")
+        _clean(question, "'question'")
     else:
         messages = _messages(row["messages"])
         metadata["messages"] = messages
@@ -127,6 +177,8 @@ def parse_problem_row(row: Any, line_number: int, path: Path) -> Problem:
     row_id = row.get("id", f"{path.stem}-{line_number}")
     if isinstance(row_id, bool) or not isinstance(row_id, (str, int)):
         raise RowError("'id' must be a string or an integer")
+    if isinstance(row_id, str):
+        _clean(row_id, "'id'")
     metadata.setdefault("line", line_number)
     return Problem(id=str(row_id), question=question, answer=_answer(row), metadata=metadata)
 

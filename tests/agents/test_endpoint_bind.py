@@ -3,6 +3,9 @@ or careless administrator would, and on real sockets (ports taken, another host'
 
 from __future__ import annotations
 
+import json
+import time
+
 import os
 import socket
 
@@ -127,7 +130,7 @@ def test_an_endpoint_on_every_address_is_reached_by_name_and_forwarded_to_over_l
         assert answer.status_code == 200 and answer.json()["data"][0]["id"] == "student"
         # The daemon forwards over loopback, not to the public name (which does not even resolve here).
         with pytest.raises(EndpointRefused) as refused:
-            forward_trajectories(daemon, job.id, [{"trajectories": []}])
+            forward_trajectories(daemon, job.id, json.dumps({"groups": [{"trajectories": []}]}).encode())
         assert refused.value.status == 422 and "cannot be reached" not in str(refused.value)
     finally:
         source.close()
@@ -154,3 +157,19 @@ def test_a_range_with_every_port_taken_is_refused_naming_it(tiny_engine, tmp_pat
     finally:
         for squatter in squatters:
             squatter.close()
+
+
+@pytest.mark.model
+def test_an_external_job_with_no_trajectory_for_its_idle_time_ends_with_that_reason(tiny_engine, tmp_path):
+    """It held the device for ever before; now the step that waits ends the job, saying why (the worker sends
+    the ApplianceError as the job's failure reason)."""
+    from appliance.agents.external_source import ExternalSource, NoTrajectories
+
+    source = ExternalSource(tiny_engine, tmp_path, group_size=2, served_name="student", idle_seconds=1.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(NoTrajectories, match=r"no trajectory group arrived for 1 s .* step 1 waited for 2"):
+            source.collect(step=1, scenarios=2, group_size=2)
+        assert 1.0 <= time.monotonic() - started < 5.0
+    finally:
+        source.close()

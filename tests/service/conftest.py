@@ -53,7 +53,11 @@ def make_daemon(tmp_path, store_data_dir):
     folders: list[Path] = []
 
     def make(
-        args: list[str] | None = None, env: dict | None = None, data_dir: Path | None = None, start: bool = True
+        args: list[str] | None = None,
+        env: dict | None = None,
+        data_dir: Path | None = None,
+        start: bool = True,
+        prefix: list[str] | None = None,
     ) -> Daemon:
         folder = short_tmp_dir()
         folders.append(folder)
@@ -66,6 +70,7 @@ def make_daemon(tmp_path, store_data_dir):
             tmp_path / f"daemon{len(started)}.log",
             ["--stop-timeout", "60", *(args or [])],
             daemon_env(env),
+            prefix=list(prefix or []),
         )
         started.append(daemon)
         return daemon.start() if start else daemon

@@ -1,4 +1,4 @@
-"""The audit log rotates by size and sums a flood of unauthenticated TCP refusals into one line per window."""
+"""The audit log rotates by size and sums what a caller repeats (refusals, dry runs) into one line per window."""
 
 from __future__ import annotations
 
@@ -37,9 +37,29 @@ def test_a_flood_of_unauthenticated_requests_is_summarised(tmp_path, monkeypatch
     log.refused_tcp("10.0.0.9:4444", "refused: no bearer token")
     log.close()
     found = lines(tmp_path / "audit.jsonl")
-    assert "995 more unauthenticated TCP requests" in found[audit.WRITTEN_PER_WINDOW]["outcome"]
+    summary = found[audit.WRITTEN_PER_WINDOW]
+    assert summary["action"] == "summary" and summary["remote"] == "10.0.0.9"
+    assert f"{1000 - audit.WRITTEN_PER_WINDOW} authenticate refused" in summary["outcome"]
     assert found[-1]["outcome"] == "refused: no bearer token"
     assert (tmp_path / "audit.jsonl").stat().st_size < 10_000
+
+
+def test_one_callers_flood_neither_rotates_the_history_nor_silences_another_caller(tmp_path):
+    log = AuditLog(tmp_path / "audit.jsonl", max_bytes=64 * 1024)
+    log.record(uid=1000, pid=5, action="submit", job_id="00000000aa", outcome="ok")
+    for number in range(20_000):  # a 404 loop: what rotated the whole history out before
+        log.chatter(("uid", 1001), uid=1001, pid=6, action="request", job_id=None, outcome=f"refused: 404 ({number})")
+    log.chatter(("uid", 1002), uid=1002, pid=7, action="dry_run", job_id=None, outcome="refused: bad file")
+    log.record(uid=1001, pid=6, action="cancel", job_id="00000000bb", outcome="ok")  # real actions are all written
+    log.close()
+    found = lines(tmp_path / "audit.jsonl")
+    assert not (tmp_path / "audit.jsonl.1").exists(), "a flood rotated the log"
+    assert found[0]["job_id"] == "00000000aa"
+    assert [line["uid"] for line in found if line["action"] == "request"] == [1001] * audit.WRITTEN_PER_WINDOW
+    assert any(line["uid"] == 1002 and line["action"] == "dry_run" for line in found)
+    assert any(line["job_id"] == "00000000bb" for line in found)
+    summary = next(line for line in found if line["action"] == "summary")
+    assert summary["uid"] == 1001 and f"{20_000 - audit.WRITTEN_PER_WINDOW} request refused" in summary["outcome"]
 
 
 def test_a_line_the_full_disk_refuses_goes_to_the_daemon_log_and_the_log_writes_again_after(small_disk, capfd):

@@ -83,17 +83,18 @@ def test_audit_lines_carry_the_callers_uid_and_pid(make_daemon, tmp_path):
         proc.communicate(timeout=60)
     lines = [json.loads(line) for line in (daemon.data_dir / "audit.jsonl").read_text().splitlines()]
     assert [(line["action"], line["pid"], line["uid"]) for line in lines] == [
+        ("submit", pids[0], os.getuid()),  # "received", written before any check
         ("dry_run", pids[0], os.getuid()),
         ("cancel", pids[1], os.getuid()),
         ("pause", pids[2], os.getuid()),
     ]
-    assert lines[0]["outcome"] == "ok"
-    assert lines[1]["outcome"].startswith("refused: no job '0123456789'")
-    assert lines[1]["job_id"] == "0123456789"
+    assert lines[0]["outcome"].startswith("received (") and lines[1]["outcome"] == "ok"
+    assert lines[2]["outcome"].startswith("refused: no job '0123456789'")
+    assert lines[2]["job_id"] == "0123456789"
     # GETs are not audited; the status call answered with the caller's uid.
     with Client(daemon.socket_path) as client:
         assert client.status().caller_uid == os.getuid()
-    assert len((daemon.data_dir / "audit.jsonl").read_text().splitlines()) == 3
+    assert len((daemon.data_dir / "audit.jsonl").read_text().splitlines()) == 4
 
 
 def _listening_tcp_ports(pid: int) -> list[tuple[str, int]]:

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -131,7 +132,10 @@ def test_the_cli_talks_to_the_tcp_port_and_its_calls_are_audited_as_tcp(tcp_daem
     no_token = jobs("list", "--control-addr", f"127.0.0.1:{port}")
     assert no_token.returncode == 1 and "--token-file" in no_token.stderr
     lines = audit_lines(daemon)
-    assert [(line["action"], line["transport"], line["uid"], line["outcome"].split(":")[0]) for line in lines] == [
+    assert [
+        (line["action"], line["transport"], line["uid"], line["outcome"].split(" (")[0].split(":")[0]) for line in lines
+    ] == [
+        ("submit", "tcp", None, "received"),  # written before the file is checked
         ("dry_run", "tcp", None, "ok"),
         ("cancel", "tcp", None, "refused"),
     ]
@@ -170,3 +174,17 @@ def test_the_daemon_refuses_to_start_with_a_bad_token_file(make_daemon, tmp_path
     assert not daemon.socket_path.exists()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_connections_that_never_send_a_request_are_audited_in_summary(tcp_daemon):
+    """Pre-authentication: no request, so no token to refuse; the listener counts them for the audit log."""
+    daemon, port = tcp_daemon, tcp_daemon.control_port
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(300)]
+    time.sleep(1.0)
+    daemon.stop()  # the summary of the window is written when the daemon stops (else once a minute)
+    for sock in held:
+        sock.close()
+    summaries = [line for line in audit_lines(daemon) if line["action"] == "connections"]
+    assert summaries and summaries[0]["transport"] == "tcp" and summaries[0]["remote"] == "127.0.0.1"
+    counted = summaries[0]["outcome"]
+    assert "300 opened" in counted and "evicted" in counted, counted  # past the 32-per-address cap

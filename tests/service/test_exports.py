@@ -88,3 +88,25 @@ def test_the_umask_is_read_without_being_set(monkeypatch):
     finally:
         monkeypatch.undo()
         os.umask(previous)
+
+
+def test_an_export_copies_no_file_reached_through_a_link(tmp_path):
+    """The attack: a model folder whose tokenizer files link to the administrator's 0600 secret."""
+    from appliance.export.exporter import BaseModel, _copy_tokenizer
+
+    secret = tmp_path / "judge.token"
+    secret.write_text("the admin's token")
+    secret.chmod(0o600)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "tokenizer_config.json").symlink_to(secret)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ExportError, match="is a link; an export copies only regular files"):
+        _copy_tokenizer(BaseModel("m", folder, {}), out)
+    assert not any("token" in path.read_text() for path in out.iterdir() if path.is_file())
+    (folder / "tokenizer_config.json").unlink()
+    os.mkfifo(folder / "tokenizer_config.json")  # a FIFO would block a plain copy for ever: it is passed over
+    _copy_tokenizer(BaseModel("m", folder, {}), out)
+    assert sorted(path.name for path in out.iterdir()) == ["tokenizer.json"]

@@ -18,6 +18,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import textwrap
 import time
 from dataclasses import dataclass
@@ -300,19 +301,43 @@ def test_a_daemon_killed_during_submit_leaves_no_job_without_its_file(tmp_path, 
     assert job.state == "failed" and "job.yaml is missing" in job.reason
 
 
-def test_restarts_are_capped_across_daemon_starts(tmp_path):
+def test_a_daemon_death_is_charged_to_no_job(tmp_path):
+    """The daemon dies (an OOM from something else, a kill) five times while a job runs: the job is requeued
+    each time with its restart count untouched, never failed for what it did not cause."""
     job_id = None
-    for start in range(3):
+    for _start in range(5):
         supervisor = _supervisor(tmp_path, max_restarts=2)
         if job_id is None:
             job_id = _submit(supervisor)
         supervisor.recover()
-        if start < 2:
-            assert supervisor.store.get(job_id).summary.state == "queued"
-            supervisor.store.claim_next(0)  # the daemon dies while the job runs
+        row = supervisor.store.get(job_id)
+        assert row.summary.state == "queued" and row.restarts == 0, row.summary.reason
+        supervisor.store.claim_next(0)  # the daemon dies while the job runs
         supervisor.store.close()
     supervisor = _supervisor(tmp_path, max_restarts=2)
-    supervisor.store.claim_next(0)
     supervisor.recover()
-    job = supervisor.store.get(job_id).summary
-    assert job.state == "failed" and "3 times in a row" in job.reason
+    job = supervisor.store.get(job_id)
+    assert job.summary.state == "queued" and job.restarts == 0
+    assert "the daemon stopped while the job ran" in " ".join(
+        event.data["reason"] for event in supervisor.store.events(0, job_id, kinds=("state",))
+    )
+
+
+def test_a_workers_report_line_past_the_cap_is_skipped_and_the_reports_after_it_are_read():
+    """A job cannot size the daemon's memory through its report channel (nor kill the daemon with it)."""
+    from appliance.service.worker import MAX_MESSAGE_CHARS, Channel
+
+    ours, theirs = socket.socketpair()
+
+    def write() -> None:
+        with theirs:
+            theirs.sendall(b'{"type": "event", "text": "' + b"x" * (MAX_MESSAGE_CHARS + 10) + b'"}\n')
+            theirs.sendall((json.dumps({"type": "result", "result": {}}) + "\n").encode())
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    channel = Channel(ours)
+    messages = list(channel.messages())
+    writer.join()
+    channel.close()
+    assert messages == [{"type": "result", "result": {}}]

@@ -44,6 +44,13 @@ class CalculatorState:
 class CalculatorEnvironment(ToolEnvironment):
     name = "calculator"
     max_turns = 3
+    # environment_options each takes, and its bounds (checked at admission, before the class builds anything).
+    option_bounds = {
+        "operand_min": (0, 500),
+        "operand_max": (0, 500),
+        "held_out": (0, 100_000),
+        "split_seed": (0, 2**32 - 1),
+    }
     # The longest tool message the loop writes here, an unreadable call's error with its example call, takes
     # 62 tokens with its template and the next turn's header (a product: 14; tests/agents/test_agent_job_config.py).
     result_tokens = BUILTIN_RESULT_TOKENS["builtin:calculator"]

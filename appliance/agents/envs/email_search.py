@@ -57,6 +57,13 @@ def states_fact(answer: str, fact: str) -> bool:
 class EmailSearchEnvironment(ToolEnvironment):
     name = "email_search"
     max_turns = 6
+    # environment_options each takes, and its bounds (checked at admission, before the class builds anything).
+    option_bounds = {
+        "mailbox_seed": (0, 2**32 - 1),
+        "mailbox_size": (1, 2000),
+        "held_out_fraction": (0.0, 1.0),
+        "worked_examples": (0, 8),
+    }
 
     def __init__(
         self, mailbox_seed: int = 0, mailbox_size: int = 60, held_out_fraction: float = 0.25, worked_examples: int = 0

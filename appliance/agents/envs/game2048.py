@@ -96,6 +96,8 @@ class GameState:
 
 class Game2048Environment(ToolEnvironment):
     name = "game2048"
+    # environment_options each takes, and its bounds (checked at admission, before the class builds anything).
+    option_bounds = {"target": (8, 2**17), "max_turns": (1, 1000), "worked_examples": (0, 8)}
 
     def __init__(self, target: int = 64, max_turns: int = 40, worked_examples: int = 0):
         if target < 8 or target & (target - 1):  # a power of two has a single bit set
