@@ -154,8 +154,8 @@ def _add_share_options(parser) -> None:
         type=float,
         default=fair_share.DEFAULT_RETENTION_SECONDS / 86_400,
         metavar="DAYS",
-        help="finished jobs (succeeded, failed, cancelled) are deleted this long after they ended (default 30; "
-        "0: kept until deleted)",
+        help="finished jobs (succeeded, failed, cancelled) are deleted this long after they ended (default 0: kept "
+        "until deleted with 'appliance jobs delete')",
     )
     parser.add_argument(
         "--external-idle-timeout",

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_WAITING = 500
 DEFAULT_MAX_BYTES = 200 * 2**30
-DEFAULT_RETENTION_SECONDS = 30 * 86_400.0
+# Finished jobs are kept until deleted unless the administrator sets a retention: a new default must never
+# delete runs an upgrade finds on the box.
+DEFAULT_RETENTION_SECONDS = 0.0
 DEFAULT_EXTERNAL_IDLE_SECONDS = 3600.0
 USAGE_SECONDS = 60.0  # how often stored bytes are measured and the retention rule applied
 UPLOAD_GRACE_SECONDS = 600.0  # an upload younger than this may belong to a submission being stored
