@@ -87,7 +87,7 @@ def train(args) -> int:
         # The training stack (torch, transformers) loads only when a job runs, not for `appliance --help`.
         from appliance.grpo.distributed import LAUNCHER, process_role
 
-        world = process_role(spec.resources.world_size > 1 or bool(args.nnodes or args.node_rank))
+        world = process_role(spec.resources, several=bool(args.nnodes or args.node_rank))
         if world == LAUNCHER:
             return _launch(args, spec, data_dir)
         job_dir = _job_dir(args, spec, data_dir, world)

@@ -248,6 +248,9 @@ class VllmSpec(Spec):
     importance_sampling_cap: Annotated[float, Field(ge=1.0)] = 2.0
     # Longest prompt + completion vLLM must hold; null: the lengths the budget plans with.
     max_model_len: PositiveInt | None = None
+    # Ranks of a data-parallel job that share one vLLM copy of the student, tensor-parallel over their devices
+    # (TRL's vllm_tensor_parallel_size); 1: every rank holds a whole copy. It divides the job's ranks.
+    tensor_parallel_size: PositiveInt = 1
 
 
 class EngineSpec(Spec):
