@@ -112,6 +112,8 @@ def process_role(
         layout = device_layout(int(environ.get("LOCAL_WORLD_SIZE", world)), 0, visible)
         if layout.student:
             environ["CUDA_VISIBLE_DEVICES"] = layout.student[local_rank]
+        if environ.get("OMP_NUM_THREADS", "").isdigit():  # a forked rank's pool may predate its share of the box
+            torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return RankInfo(int(environ["RANK"]), world, local_rank, device)
     if several or (resources is not None and resources.world_size > 1):
