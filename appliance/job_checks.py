@@ -221,7 +221,46 @@ def _resources_errors(parsed: ParsedJob) -> list[ConfigError]:
                 f"data-parallel ranks (resources); use a multiple of {ranks}",
             )
         )
-    return errors
+    return errors + [parsed.error_at(key, message) for key, message in layout_refusals(spec)]
+
+
+def layout_refusals(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
+    """Placements the runtime does not deliver, each refused in one sentence at its key (docs/scaling.md)."""
+    resources, ranks = spec.resources, spec.resources.world_size
+    tensor_parallel = spec.engine.vllm.tensor_parallel_size
+    refusals = []
+    if resources.judge_gpus and ranks > 1:
+        why = (
+            f"a judge on devices of its own serves a one-rank job, and this job has {ranks} ranks; serve the judge "
+            "with 'vllm serve --tensor-parallel-size N' on those devices and set judge.endpoint, or leave one rank"
+        )
+        refusals.append((("resources", "judge_gpus"), why))
+    if resources.sharding == "fsdp" and ranks == 1:
+        why = "sharding: fsdp shards the base over the job's ranks and this job has one; set gpus to 2 or more"
+        refusals.append((("resources", "sharding"), why))
+    if resources.sharding == "fsdp" and spec.engine.rollout_weights == "merged_copy":
+        why = (
+            "a merged copy is a whole dequantized copy of the base on every rank, which a sharded base exists to "
+            "avoid; set rollout_weights: shared, or engine.rollout: vllm with engine.vllm.tensor_parallel_size"
+        )
+        refusals.append((("engine", "rollout_weights"), why))
+    if tensor_parallel > 1 and (ranks == 1 or resources.student_devices % tensor_parallel):
+        why = (
+            f"tensor_parallel_size ({tensor_parallel}) is the group of ranks on one box that share a vLLM copy; it "
+            f"must divide the job's {resources.student_devices} student device(s) a box, with more than one rank"
+        )
+        refusals.append((("engine", "vllm", "tensor_parallel_size"), why))
+    local_judge = spec.judge is not None and spec.judge.endpoint is None and not spec.judge.share_student_base
+    if local_judge and ranks > 1 and spec.engine.judge == "vllm":
+        why = (
+            f"a vLLM judge on each of the job's {ranks} ranks is not run (vLLM runs once per rank, as the student's "
+            "engine); set engine.judge: hf (or auto), or serve the judge elsewhere and set judge.endpoint"
+        )
+        refusals.append((("engine", "judge"), why))
+    if tensor_parallel > 1 and spec.engine.rollout == "hf":
+        why = "tensor_parallel_size splits vLLM's copy of the student; set engine.rollout: vllm (or auto on CUDA)"
+        refusals.append((("engine", "vllm", "tensor_parallel_size"), why))
+    return refusals
 
 
 def _best_metric_errors(parsed: ParsedJob) -> list[ConfigError]:

@@ -1,12 +1,62 @@
-"""How a job's ranks share a box: the CPU threads each rank may use.
+"""How a job's processes are started and share a box: the one launcher of a job's ranks, which devices the
+student's ranks and the judge each see, and the CPU threads each rank may use.
 
-Imports nothing heavy: the daemon reads it to start a job's ranks without loading torch.
+`appliance train` and the daemon's worker both start ranks through `launch_ranks`, over torch's elastic launcher:
+the rendezvous port is the launcher's to choose, its environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_PORT) the
+launcher's to write. Imports nothing heavy: the daemon reads it to place a job without loading torch.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance.errors import ApplianceError
+
+# Where the NVIDIA driver lists the box's GPUs: the hardware boundary that tests replace with a folder of their own.
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+
+
+class PlacementError(ValueError):
+    """The box does not have the devices a job's placement asks for; the message says how many."""
+
+
+def visible_devices(environ: Mapping[str, str] = os.environ, gpus_dir: Path = NVIDIA_GPUS) -> list[str]:
+    """The GPU ids this process may use: CUDA_VISIBLE_DEVICES, else every GPU the driver lists; none on a CPU box."""
+    present = sorted(gpus_dir.iterdir()) if gpus_dir.is_dir() else []
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        ids = [part.strip() for part in listed.split(",") if part.strip() and part.strip() != "-1"]
+        return ids if present else []
+    return [str(index) for index in range(len(present))]
+
+
+@dataclass(frozen=True)
+class DeviceLayout:
+    """One box's devices as a job uses them: one per student rank, then the judge's (its tensor-parallel group)."""
+
+    student: tuple[str, ...]
+    judge: tuple[str, ...]
+
+
+def device_layout(student_devices: int, judge_devices: int, visible: list[str]) -> DeviceLayout:
+    """The first `student_devices` visible devices for the student's ranks, the next `judge_devices` for the judge.
+
+    The one rule for placing a job on a box: `appliance train` and the daemon (which hands a job contiguous slots
+    and makes exactly those visible) both come here. On a CPU box (no device visible) everything shares the CPU.
+    """
+    if not visible:
+        return DeviceLayout((), ())
+    wanted = student_devices + judge_devices
+    if len(visible) < wanted:
+        raise PlacementError(
+            f"the job places {student_devices} student rank(s) and a judge over {judge_devices} device(s) on this "
+            f"box, {wanted} in all, and {len(visible)} are visible (CUDA_VISIBLE_DEVICES); lower resources.gpus"
+        )
+    return DeviceLayout(tuple(visible[:student_devices]), tuple(visible[student_devices:wanted]))
+
 
 # torch starts one thread per core in every process, so N ranks on one box would run N times as many threads as
 # it has cores and spend their time switching (bench/README.md, "One rank and two on the demo job"). torchrun's
@@ -23,3 +73,63 @@ def share_cores(env: MutableMapping[str, str], ranks_on_box: int) -> None:
     """Set OMP_NUM_THREADS to each rank's share, unless the operator already set it."""
     if ranks_on_box > 1:
         env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(ranks_on_box)))
+
+
+# ----- the launcher -----------------------------------------------------------------------------------------
+
+
+class LaunchError(ApplianceError):
+    """The ranks cannot be started as asked, or one of them failed; the message says which and how."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One box's part of a job: boxes in all, this box's rank (None: the only box), the rendezvous, its ranks."""
+
+    nnodes: int
+    node_rank: int | None
+    endpoint: str | None
+    nproc_per_node: int
+
+
+def launch_ranks(name: str, shape: Topology, entrypoint: Callable[..., None], args: tuple) -> None:
+    """Start this box's ranks of job `name`, each running `entrypoint(*args)`, and wait for them all.
+
+    The ranks are forked from this process, so they stay in its process group (ending the group ends the job)
+    and inherit what it holds (the daemon's report channel). A rank that fails ends the others; LaunchError
+    then names it and how it ended. `entrypoint` raises SystemExit(code) to fail.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if shape.nnodes == 1:  # torchrun --standalone: c10d on a loopback port the store binds and reports
+        backend, endpoint, configs = "c10d", "localhost:0", {}
+    else:  # static: node ranks are given, so each box keeps its ranks (and their RNG) across resumes
+        backend, endpoint, configs = "static", shape.endpoint, {"rank": shape.node_rank}
+    config = LaunchConfig(
+        min_nodes=shape.nnodes,
+        max_nodes=shape.nnodes,
+        nproc_per_node=shape.nproc_per_node,
+        run_id=name,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=configs,
+        max_restarts=0,  # a dead rank ends the job; a resume continues from the last checkpoint
+        # Forked, not spawned: a forked rank ends with os._exit, skipping the interpreter's finalization, where
+        # gloo's threads can abort a finished rank (SIGABRT in a C++ destructor).
+        start_method="fork",
+    )
+    share_cores(os.environ, shape.nproc_per_node)  # the ranks inherit this process's environment
+    try:
+        elastic_launch(config, entrypoint)(*args)
+    except ChildFailedError as error:
+        ended = ", ".join(f"rank {rank} ({_how(failure.exitcode)})" for rank, failure in sorted(error.failures.items()))
+        raise LaunchError(f"{ended} of '{name}' failed, so the launcher ended the others") from None
+
+
+def _how(exitcode: int) -> str:
+    if exitcode < 0:
+        import signal
+
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"

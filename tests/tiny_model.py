@@ -21,7 +21,20 @@ def text_length(prompt, completion, reference, metadata):
 """
 
 
-def make_tiny_model(source: Path, target: Path, generation: dict | None = None) -> Path:
+# The tiny model's shape: seconds a step, every real part.
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2}  # fmt: skip
+# A model whose decoder layers hold most of its weights (the embeddings under a tenth), as in a large model: what
+# sharding the base over ranks is for.
+DEEP = {"hidden_size": 64, "intermediate_size": 4096, "num_hidden_layers": 48, "num_attention_heads": 1,
+        "num_key_value_heads": 1}  # fmt: skip
+# Head dim 64, which vLLM's CPU attention takes, and two heads, which tensor parallelism splits over 2 ranks.
+SPLITTABLE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 2}  # fmt: skip
+
+
+def make_tiny_model(source: Path, target: Path, generation: dict | None = None, shape: dict | None = None) -> Path:
+    """A random Llama of `shape` (TINY by default) with the bundled model's tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import torch
@@ -30,16 +43,12 @@ def make_tiny_model(source: Path, target: Path, generation: dict | None = None) 
     base = json.loads((source / "config.json").read_text())
     config = LlamaConfig(
         vocab_size=base["vocab_size"],
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=1024,
         bos_token_id=base["bos_token_id"],
         eos_token_id=base["eos_token_id"],
         pad_token_id=base["pad_token_id"],
         tie_word_embeddings=True,
+        **(shape or TINY),
     )
     LlamaForCausalLM(config).save_pretrained(target)
     for name in TOKENIZER_FILES:

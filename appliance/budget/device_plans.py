@@ -152,8 +152,8 @@ def _judge_device(job: JobSpec, judge_config: dict | None, device: DeviceInfo) -
     """One of the judge's shards: weights and the KV cache of the step's judge calls over TP x PP (halved to fit)."""
     if judge_config is None:
         raise ValueError(f"judge.model: no config.json for '{job.judge.model}' to plan with")
-    # vLLM: TP over the judge's devices of a box, PP over the boxes (engines/parallel.py).
-    tp = job.resources.judge_gpus * job.resources.nodes
+    # vLLM: tensor parallel over the judge's devices (engines/vllm_args.judge_settings).
+    tp = job.resources.judge_gpus
     shape = shape_from_config(judge_config, job.judge.model)
     # The judge computes in the student's dtype: one compute dtype per job.
     dtype = components.DTYPE_BYTES[resolve_compute_dtype(job.student.compute_dtype, device.kind)]

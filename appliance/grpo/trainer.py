@@ -18,7 +18,6 @@ import dataclasses
 import json
 import resource
 import shutil
-import statistics
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -45,10 +44,10 @@ from appliance.grpo.checkpoint import (
     write_adapter,
     write_payload,
 )
-from appliance.grpo.distributed import DistributedError, GradientReducer, RankInfo
-from appliance.grpo.fsdp import generates_with, layer_elements_held, remerges_from, shard_student, whole_weights
-from appliance.grpo.records import RunRecords, judging_for
-from appliance.grpo.rollout import PromptSource, SamplingRounds, ScoredRollout, concat_rollouts
+from appliance.grpo.distributed import GradientReducer, RankInfo
+from appliance.grpo.fsdp import generates_with, layer_elements_held, remerges_from, whole_weights
+from appliance.grpo.records import RunRecords, StepFigures, judging_for
+from appliance.grpo.rollout import PromptSource, SamplingRounds, ScoredRollout
 from appliance.grpo.step_record import (
     PLANNED_PHASES,
     MemoryReading,
@@ -153,27 +152,15 @@ class Trainer:
             self._join_world()
 
     def _join_world(self) -> None:
-        """One rank of several: sum gradients over the ranks, start from rank 0's adapter, shard the base."""
-        world, resources = self.world, self.spec.resources
-        if world.world_size != resources.world_size:
-            raise DistributedError(
-                f"this run has {world.world_size} ranks but the job's resources give {resources.world_size}; "
-                "start it with 'appliance train', which launches what resources say"
-            )
-        if self.spec.task.environment is not None:
-            raise DistributedError("agent jobs (task.environment) run on one rank; set resources.gpus: 1")
-        if resources.judge_gpus:
-            raise DistributedError(
-                "a judge on devices of its own (resources.judge_gpus) is not shared by several ranks yet; serve it "
-                "with 'vllm serve --tensor-parallel-size N' on those devices and set judge.endpoint, or drop judge_gpus"
-            )
+        """One rank of several (build_trainer checked the count): sum gradients over the ranks, start from rank 0's
+        adapter, keep the judge's log apart."""
+        world = self.world
         sharded = self.choices.sharding == "fsdp"
         self.updater.reducer = GradientReducer(lockstep=sharded)  # every forward of a sharded base is a collective
         GradientReducer.broadcast_parameters(self.student.trainable_parameters())
         if not world.is_main:
             self.judging.log_to(self.job_dir / f"judge.rank{world.rank}.jsonl")  # judge.jsonl is rank 0's
-        if sharded:
-            shard_student(self.student.model, world)
+        if sharded:  # Student loaded this rank's shard of the base (grpo/fsdp.py)
             held, whole = layer_elements_held(self.student.model)
             self.log(
                 f"the student's base is sharded over {world.world_size} ranks with FSDP: each holds {held:,} of the "
@@ -210,11 +197,10 @@ class Trainer:
         self.step = step
         with clock.phase("sync"):
             self._sync_engine()  # the new adapter to the rollout engine
-        everyone = self._whole_step(scored)  # a data-parallel job's record reads as one rank's with the whole batch
-        if self.world.is_main:
-            self.records.samples(everyone.sample_records(self.step, self.student.tokenizer, SAMPLES_PER_STEP))
+        self._keep_samples(scored)
         evaluation = self._evaluate_if_due(clock)
-        record = self._record(everyone, stats, before, clock, evaluation, len(rounds.rounds))
+        figures = StepFigures.of(scored, self.world)  # a data-parallel job's: summed over its ranks from numbers
+        record = self._record(figures, stats, before, clock, evaluation, len(rounds.rounds))
         self._keep_best(record)
         if self.step % self.spec.checkpoint.every == 0 or self.step == self.spec.grpo.steps:
             with clock.phase("checkpoint"):
@@ -267,15 +253,23 @@ class Trainer:
             return
         root = self.job_dir / "rollout-adapter"
         folder = root / f"v{self.step:06d}"
-        write_adapter(self.student, folder)
-        self.engine.update_adapter(folder, self.step)
-        for older in root.iterdir():
-            if older != folder:
-                shutil.rmtree(older, ignore_errors=True)
+        if self.world.is_main:  # every rank's adapter is the same (the gradients were summed): one writes it
+            write_adapter(self.student, folder)
+        self.world.barrier()
+        self.engine.update_adapter(folder, self.step)  # each rank's engine (or its share of a copy) loads it
+        self.world.barrier()  # no rank removes a folder another is still reading
+        if self.world.is_main:
+            for older in root.iterdir():
+                if older != folder:
+                    shutil.rmtree(older, ignore_errors=True)
 
-    def _whole_step(self, scored: ScoredRollout | ScoredTrajectories) -> ScoredRollout | ScoredTrajectories:
-        """Every rank's share of the step in rank order: the rollout one rank with the whole batch would have made."""
-        return scored if self.world.world_size == 1 else concat_rollouts(self.world.gather(scored))
+    def _keep_samples(self, scored: ScoredRollout | ScoredTrajectories) -> None:
+        """samples.jsonl: the step's first completions, in rank order (each rank offers at most the bound's worth)."""
+        offered = scored.sample_records(self.step, self.student.tokenizer, SAMPLES_PER_STEP)
+        if self.world.world_size > 1:
+            offered = [record for part in self.world.gather(offered) for record in part]
+        if self.world.is_main:
+            self.records.samples(offered[:SAMPLES_PER_STEP])
 
     def _whole_base(self, needed: bool):
         """A base sharded with FSDP gathered whole while ranks generate through it (they stop at different tokens)."""
@@ -379,13 +373,13 @@ class Trainer:
         }
         if self.world.world_size == 1:
             return totals
-        parts = self.world.gather(totals)
-        return {
-            key: tuple(map(sum, zip(*(part[key] for part in parts))))
-            if isinstance(totals[key], tuple)
-            else sum(part[key] for part in parts)
-            for key in totals
-        }
+        flat = [
+            value for key in totals for value in (totals[key] if isinstance(totals[key], tuple) else (totals[key],))
+        ]
+        summed, out = iter(self.world.sum(flat)), {}
+        for key, value in totals.items():  # every rank's engines count the same keys in the same order
+            out[key] = tuple(int(next(summed)) for _ in value) if isinstance(value, tuple) else next(summed)
+        return out
 
     def memory_reading(self) -> MemoryReading:
         ledger = self.ledger
@@ -398,9 +392,8 @@ class Trainer:
         )
 
     def _record(
-        self, scored, stats: UpdateStats, before: dict, clock: PhaseClock, evaluation, rounds: int
+        self, figures: StepFigures, stats: UpdateStats, before: dict, clock: PhaseClock, evaluation, rounds: int
     ) -> StepRecord:
-        lengths, informative = scored.completion_lengths, scored.advantages.informative
         after, seconds = self._token_totals(), self.judging.split_seconds(clock.total(), before)
         roles = {"student": "generate", "judge": "judge"}
         generated = {role: after[role][0] - before[role][0] for role in roles if role in before}
@@ -409,23 +402,23 @@ class Trainer:
             step=self.step,
             steps_total=self.spec.grpo.steps,
             time=time.time(),
-            reward_mean=_mean(scored.scores.total),
-            reward_std=_std(scored.scores.total),
-            rewards={name: RewardStats(float(s.mean), float(s.std)) for name, s in scored.scores.stats().items()},
+            reward_mean=figures.reward_mean,
+            reward_std=figures.reward_std,
+            rewards={name: RewardStats(float(mean), float(std)) for name, (mean, std) in figures.rewards.items()},
             loss=stats.loss,
             kl=stats.kl,
             clip_ratio=stats.clip_ratio,
             grad_norm=stats.grad_norm,
             learning_rate=float(self.scheduler.get_last_lr()[0]),
             nonfinite=stats.nonfinite,
-            groups_informative=int(informative.sum()),
-            groups_total=len(scored.groups),
+            groups_informative=figures.groups_informative,
+            groups_total=figures.groups_total,
             trained_sequences=stats.sequences,
             trained_tokens=stats.tokens,
             micro_batch_size=self.micro_batch_size,
-            completions=len(lengths),
-            completion_length_mean=_mean(lengths),
-            completion_length_max=max(lengths) if lengths else 0,
+            completions=figures.completions,
+            completion_length_mean=figures.completion_length_mean,
+            completion_length_max=figures.completion_length_max,
             generated_tokens=generated,
             prompt_tokens={role: after[role][1] - before[role][1] for role in roles if role in before},
             tokens_per_second={
@@ -438,7 +431,7 @@ class Trainer:
             logprob_diff_mean=stats.logprob_diff_mean,
             logprob_diff_max=stats.logprob_diff_max,
             judge_outcomes=self.judging.outcomes(),
-            groups_trained=int(scored.trained.sum()),
+            groups_trained=figures.groups_trained,
             sampling_rounds=rounds,
             prompts_skipped=self.source.prompts_skipped,
         )
@@ -571,13 +564,3 @@ def enter_phase(phase: str, rollout: GenerationEngine, judge: GenerationEngine |
             engine.sleep()
     if awake is not None:
         awake.wake()
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return statistics.fmean(values) if values else 0.0
-
-
-def _std(values) -> float:
-    values = list(values)
-    return statistics.stdev(values) if len(values) >= 2 else 0.0

@@ -1,7 +1,7 @@
 """samples.jsonl lines as the operator sees them: single-turn completions and agent trajectories.
 
 A single-turn line is {"step", "question", "reference", "completion", "reward",
-"rewards", "advantage"}. An agent job writes one line per trajectory:
+"rewards", "advantage", "policy_version", "rank"}. An agent job writes one line per trajectory:
 
     {"step", "kind": "trajectory", "environment", "scenario", "reward", "rewards",
      "advantage", "metrics", "messages": [OpenAI chat messages], "segments":

@@ -52,17 +52,26 @@ def test_student_ranks_and_judge_shards_each_get_a_plan():
     assert all(d.fits for d in devices) and refusal(devices) == ""
 
 
-def test_fsdp_shards_the_base_that_ddp_cannot_hold():
+def test_fsdp_shards_the_base_that_ddp_cannot_hold_and_vllm_holds_its_share_of_a_copy():
+    """The plan counts what the runtime holds: each rank's shard of the base, and vLLM's copy over the ranks that
+    share it (engine.vllm.tensor_parallel_size); a whole vLLM copy on every rank does not fit beside it."""
     student = "student: {model: Llama-3.1-70B, quantization: nf4, gradient_checkpointing: true}\n"
     gpu40 = DeviceInfo("cuda", 40 * GIB, 0, "fake")  # the 4-bit 70B base (~37 GiB) leaves no room whole
     ddp = plan_devices(job(student + "resources: {gpus: 8, sharding: ddp}\n"), config("Llama-3.1-70B"), None, gpu40)
-    auto = plan_devices(job(student + "resources: {gpus: 8}\n"), config("Llama-3.1-70B"), None, gpu40)
+    whole_copies = plan_devices(job(student + "resources: {gpus: 8}\n"), config("Llama-3.1-70B"), None, gpu40)
+    spec = job(student + "resources: {gpus: 8}\n")
+    vllm = spec.engine.vllm.model_copy(update={"tensor_parallel_size": 8})
+    shared_copy = spec.model_copy(update={"engine": spec.engine.model_copy(update={"vllm": vllm})})
+    auto = plan_devices(shared_copy, config("Llama-3.1-70B"), None, gpu40)
     whole = ddp[0].components["student_weights"]
     assert auto[0].sharding == "fsdp" and ddp[0].sharding == "ddp" and not ddp[0].fits
     shape = shape_from_config(config("Llama-3.1-70B"))
     packed = (shape.linear_params + 1) // 2  # the layers' 4-bit weights: sharded; the rest whole on each rank
     assert auto[0].components["student_weights"] == whole - packed + -(-packed // 8) + -(-packed // shape.layers)
     assert whole / 8 < auto[0].components["student_weights"] < whole / 2
+    copy = whole_copies[0].components["rollout_weights"]
+    assert auto[0].components["rollout_weights"] == -(-copy // 8)
+    assert not whole_copies[0].fits and "rollout_weights" in refusal(whole_copies)
     assert len(auto) == 8 and auto[0].fits
 
 
@@ -93,10 +102,9 @@ def test_plan_json_lists_every_device_and_exits_3_when_one_does_not_fit(tmp_path
     assert "device 1 (judge" in capsys.readouterr().err
 
 
-def test_a_judge_on_several_boxes_is_sharded_over_every_boxs_judge_devices():
+def test_a_judge_on_devices_of_its_own_beside_several_ranks_is_refused_not_planned():
+    from appliance.job_checks import layout_refusals
+
     spec = job(STUDENT_8B + JUDGE_70B + "resources: {gpus: 4, nodes: 2, judge_gpus: 2}\n")
-    devices = plan_devices(spec, config("Llama-3.1-8B"), config("Llama-3.1-70B"), GPU80)
-    judges = [d for d in devices if d.role == "judge"]
-    assert [(d.node, d.index) for d in judges] == [(0, 2), (0, 3), (1, 2), (1, 3)]
-    whole_judge = weights_bytes(shape_from_config(config("Llama-3.1-70B")), "none", 2)
-    assert judges[0].components["judge_weights"] == -(-whole_judge // 4) and judges[0].tensor_parallel == 4
+    refusals = dict(layout_refusals(spec))
+    assert "judge.endpoint" in refusals[("resources", "judge_gpus")]

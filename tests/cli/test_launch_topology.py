@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from appliance.cli.launch import LaunchError, topology
+from appliance.cli.launch import topology
+from appliance.ranks import LaunchError
 from appliance.cli.main import build_parser
 from appliance.config.job_file import parse_job_text
 
@@ -69,16 +70,3 @@ def test_the_sbatch_example_runs_a_command_the_cli_accepts_for_its_job_file():
     assert (parsed.nnodes, parsed.node_rank, parsed.rdzv_endpoint) == (nodes, 1, "head:29400")
     example = yaml.safe_load((ROOT / "examples" / "multiply-2nodes.yaml").read_text())
     assert example["resources"]["nodes"] == nodes
-
-
-def test_each_rank_runs_the_same_train_command_with_its_evaluation_flags(tmp_path):
-    """A 2-rank `appliance train --eval` once dropped --eval: its ranks trained and no held-out result came."""
-    from appliance.cli.launch import rank_command
-
-    launcher = args("--eval", "--eval-limit", "40", "--resume")
-    command = rank_command(launcher, tmp_path / "data")
-    assert command[:3] == ["-m", "appliance", "train"]
-    rank = build_parser().parse_args(command[2:])
-    assert (rank.eval, rank.eval_limit, rank.resume, Path(rank.data_dir)) == (True, 40, True, tmp_path / "data")
-    plain = build_parser().parse_args(rank_command(args(), tmp_path / "data")[2:])
-    assert (plain.eval, plain.eval_limit, plain.resume) == (False, None, False)

@@ -28,9 +28,9 @@ def test_one_gpu_on_one_box_by_default(tmp_path):
 
 
 def test_student_takes_the_devices_the_judge_leaves(tmp_path):
-    spec, errors = _check(tmp_path, "judge: {model: smollm2-135m-instruct}\nresources: {gpus: 8, judge_gpus: 4}\n")
+    spec, errors = _check(tmp_path, "judge: {model: smollm2-135m-instruct}\nresources: {gpus: 5, judge_gpus: 4}\n")
     assert errors == []
-    assert spec.resources.student_devices == 4 and spec.resources.world_size == 4
+    assert spec.resources.student_devices == 1 and spec.resources.world_size == 1
 
 
 def test_ranks_multiply_over_nodes(tmp_path):
@@ -81,3 +81,55 @@ def test_an_agent_job_is_refused_several_ranks(tmp_path):
     )
     _, errors = check_job_file(path, tmp_path, check_models=False)
     assert [e.key for e in errors] == ["resources.gpus"] and "one rank" in errors[0].message
+
+
+REFUSED = {
+    # what the job asks -> the key its one sentence names, and a word of what to do instead
+    "judge: {model: smollm2-135m-instruct}\nresources: {gpus: 4, judge_gpus: 2}\n": (
+        "resources.judge_gpus",
+        "endpoint",
+    ),
+    "resources: {gpus: 1, sharding: fsdp}\n": ("resources.sharding", "gpus to 2"),
+    "engine: {rollout_weights: merged_copy}\nresources: {gpus: 2, sharding: fsdp}\n": (
+        "engine.rollout_weights",
+        "rollout_weights: shared",
+    ),
+    "engine: {rollout: vllm, vllm: {tensor_parallel_size: 2}}\n": ("engine.vllm.tensor_parallel_size", "divide"),
+    "engine: {rollout: vllm, vllm: {tensor_parallel_size: 4}}\nresources: {gpus: 2}\n": (
+        "engine.vllm.tensor_parallel_size",
+        "divide",
+    ),
+    "engine: {rollout: hf, vllm: {tensor_parallel_size: 2}}\nresources: {gpus: 2}\n": (
+        "engine.vllm.tensor_parallel_size",
+        "engine.rollout: vllm",
+    ),
+    "judge: {model: smollm2-135m-instruct}\nengine: {judge: vllm}\nresources: {gpus: 2}\n": (
+        "engine.judge",
+        "judge.endpoint",
+    ),
+}
+
+
+def test_every_layout_the_runtime_does_not_deliver_is_refused_in_one_sentence(tmp_path):
+    for extra, (key, advice) in REFUSED.items():
+        _, errors = _check(tmp_path, extra)
+        assert [error.key for error in errors] == [key], (extra, errors)
+        assert advice in errors[0].message and errors[0].message.count(". ") == 0, errors[0].message
+
+
+def test_appliance_plan_refuses_them_too(tmp_path, capsys):
+    from appliance.cli.main import main
+
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE + "judge: {model: smollm2-135m-instruct}\nresources: {gpus: 4, judge_gpus: 2}\n")
+    assert main(["plan", str(path), "--data-dir", str(tmp_path)]) == 2
+    assert "resources.judge_gpus: a judge on devices of its own serves a one-rank job" in capsys.readouterr().err
+
+
+def test_delivered_layouts_pass(tmp_path):
+    for extra in (
+        "resources: {gpus: 2, sharding: fsdp}\n",
+        "engine: {rollout: vllm, vllm: {tensor_parallel_size: 2}}\nresources: {gpus: 2}\n",
+        "judge: {model: smollm2-135m-instruct}\nresources: {gpus: 2}\n",  # a transformers judge on each rank
+    ):
+        assert _check(tmp_path, extra)[1] == [], extra

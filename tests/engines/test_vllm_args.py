@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from appliance.config.schema import JobSpec
-from appliance.engines.parallel import VllmParallelism
 from appliance.engines.vllm_args import VllmSettings, judge_settings, llm_args, student_settings
 
 GIB = 1 << 30
@@ -51,16 +50,16 @@ def test_a_cuda_student_gets_the_plans_kv_cache_its_rank_sleep_mode_and_quantiza
     }
 
 
-def test_a_cpu_judge_has_no_lora_no_sleep_mode_its_own_name_and_the_parallel_arguments_last():
-    parallel = VllmParallelism(tensor_parallel_size=2)
-    settings = judge_settings(job_spec(), MODEL, device="cpu", kv_cache_bytes=2 * GIB, parallelism=parallel)
+def test_a_cpu_judge_has_no_lora_no_sleep_mode_its_own_name_and_is_tensor_parallel_over_its_devices():
+    settings = judge_settings(job_spec(), MODEL, device="cpu", kv_cache_bytes=2 * GIB, devices=("2", "3"))
 
     args = llm_args(settings)
 
     assert args["served_model_name"] == "smollm2-135m-instruct-judge"
     assert (args["dtype"], args["enforce_eager"], args["enable_lora"]) == ("float32", True, False)
     assert args["max_model_len"] == 256 + 4 * 32 + 64  # group mode: the whole group in the judge's prompt
-    assert args["tensor_parallel_size"] == 2
+    assert args["tensor_parallel_size"] == 2 and settings.visible_devices == ("2", "3")
+    assert "distributed_executor_backend" not in args  # vLLM's own workers on the judge's devices
     assert args["enable_prefix_caching"] is True  # a group's responses share the judge's rubric prefix
     assert not {"max_lora_rank", "enable_sleep_mode", "quantization"} & args.keys()
 

@@ -24,7 +24,7 @@ from appliance.grpo.distributed import (
     process_role,
     share,
 )
-from appliance.grpo.fsdp import layer_elements_held, shard_student
+from appliance.grpo.fsdp import layer_elements_held
 from appliance.grpo.update import make_optimizer, make_scheduler
 from appliance.grpo.student import Student
 from appliance.grpo.update import GrpoUpdater, TrainSample
@@ -57,11 +57,12 @@ def uneven_share(samples: list[TrainSample], rank: int) -> list[TrainSample]:
     return samples[:6] if rank == 0 else samples[6:]
 
 
-def student(model_dir: Path, seed: int, quantization: str = "none") -> Student:
-    """nf4: stored in fp32 words (bnb_4bit_quant_storage) in every mode, so one rank and FSDP hold the same bits."""
+def student(model_dir: Path, seed: int, quantization: str = "none", shard_over=None) -> Student:
+    """nf4: stored in fp32 words (bnb_4bit_quant_storage) in every mode, so one rank and FSDP hold the same bits;
+    shard_over: each rank loads only its shard of the base (FSDP-QLoRA)."""
     torch.manual_seed(seed)
     spec = StudentSpec.model_validate({"model": str(model_dir), "quantization": quantization, "lora": {"rank": 4}})
-    built = Student(spec, model_dir, "cpu", shardable=quantization != "none")
+    built = Student(spec, model_dir, "cpu", shardable=quantization != "none", shard_over=shard_over)
     with torch.no_grad():  # a non-zero B, so every LoRA matrix gets a gradient
         for name, parameter in built.model.named_parameters():
             if "lora_B" in name:
@@ -79,13 +80,12 @@ def main(model_dir: Path, out_dir: Path, mode: str = "reduced") -> None:
     rank = world.rank
     for case, grpo in CASES.items() if mode != "unreduced" else [("dapo", CASES["dapo"])]:
         # Ranks start from different seeds: the broadcast must give them rank 0's adapter.
-        model = student(model_dir, seed=rank, quantization="nf4" if case in QUANTIZED else "none")
+        sharded = info if mode == "fsdp" else None
+        model = student(model_dir, seed=rank, quantization="nf4" if case in QUANTIZED else "none", shard_over=sharded)
         samples = fixed_batch(model.model.config.vocab_size)
         if info is not None:
             GradientReducer.broadcast_parameters(model.trainable_parameters())
             samples = share(samples, info.rank, info.world_size) if mode != "fsdp" else uneven_share(samples, rank)
-        if mode == "fsdp":
-            shard_student(model.model, info)
         spec = GrpoSpec.model_validate({"learning_rate": 1e-2, "max_new_tokens": 16, **grpo})
         optimizer = make_optimizer(model.trainable_parameters(), spec, "cpu")
         updater = GrpoUpdater(model, optimizer, make_scheduler(optimizer, spec), spec, reducer=reducer)

@@ -47,31 +47,24 @@ def _by_step(path: Path) -> dict[int, list[dict]]:
 
 
 def _rank_pids(launcher: int) -> dict[int, int]:
-    """LOCAL_RANK -> pid of the ranks under a launcher (read from /proc: the processes torchrun started)."""
-    ranks = {}
+    """Local rank -> pid of the ranks under a launcher: its forked children (the launcher's own command line),
+    started in rank order (ranks.launch_ranks)."""
+    try:
+        command = Path(f"/proc/{launcher}/cmdline").read_bytes()
+    except OSError:
+        return {}
+    children = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == launcher:
             continue
         try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            same = (entry / "cmdline").read_bytes() == command
         except (OSError, ValueError, IndexError):
             continue
-        variables = dict(item.split(b"=", 1) for item in environ if b"=" in item)
-        if b"LOCAL_RANK" in variables and _descends(ppid, launcher):
-            ranks[int(variables[b"LOCAL_RANK"])] = int(entry.name)
-    return ranks
-
-
-def _descends(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
+        if ppid == launcher and same:
+            children.append(int(entry.name))
+    return dict(enumerate(sorted(children)))
 
 
 def _kill_rank_1_after_checkpoint(job_file: Path, data_dir: Path, step: int) -> None:

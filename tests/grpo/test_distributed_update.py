@@ -89,15 +89,6 @@ def test_without_the_all_reduce_each_rank_would_move_elsewhere(updates, tiny_mod
     assert max(float((a - b).abs().max()) for a, b in zip(rank0, reference)) > 1e-4
 
 
-def test_each_rank_sees_only_its_own_device():
-    from appliance.grpo.distributed import DistributedError, rank_visible_devices
-
-    assert rank_visible_devices("4,5,6,7", 2) == "6"
-    assert rank_visible_devices(None, 3) == "3"
-    with pytest.raises(DistributedError, match="local rank 2 has no device"):
-        rank_visible_devices("0,1", 2)
-
-
 def test_a_several_rank_job_run_as_one_process_is_refused_before_loading(tmp_path):
     """The daemon's worker (and any run_job caller) must not quietly train a 2-rank job on one rank."""
     from appliance.config.job_file import parse_job_text

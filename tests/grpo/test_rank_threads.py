@@ -6,10 +6,9 @@ import os
 
 import pytest
 
-from appliance.cli.launch import LaunchError, launch
 from appliance.cli.main import build_parser
-from appliance.config.job_file import parse_job_text
-from appliance.ranks import share_cores, threads_per_rank
+from appliance.cli.train_cmd import train_rank
+from appliance.ranks import LaunchError, Topology, launch_ranks, share_cores, threads_per_rank
 
 
 def test_each_rank_gets_its_share_of_the_cores_and_at_least_one():
@@ -33,7 +32,8 @@ def test_the_launcher_gives_its_ranks_their_share(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     job_file = tmp_path / "job.yaml"
     job_file.write_text("name: shares\nstudent: {model: smollm2-135m-instruct}\nrewards: [{name: correctness}]\n")
-    spec = parse_job_text(job_file.read_text() + "resources: {gpus: 2}\n")
+    job_file.write_text(job_file.read_text() + "resources: {gpus: 2}\n")
+    args = build_parser().parse_args(["train", str(job_file), "--data-dir", str(tmp_path / "empty-data")])
     with pytest.raises(LaunchError, match="rank 0 .*failed|rank 1 .*failed"):
-        launch(build_parser().parse_args(["train", str(job_file)]), spec, tmp_path / "empty-data")
+        launch_ranks("shares", Topology(1, None, None, 2), train_rank, (args,))
     assert os.environ["OMP_NUM_THREADS"] == str(threads_per_rank(2))
