@@ -81,6 +81,10 @@ def share_cores(env: MutableMapping[str, str], ranks_on_box: int) -> None:
 class LaunchError(ApplianceError):
     """The ranks cannot be started as asked, or one of them failed; the message says which and how."""
 
+    def __init__(self, message: str, exit_codes: dict[int, int] | None = None):
+        super().__init__(message)
+        self.exit_codes = exit_codes or {}  # rank -> exit code of the ranks that failed
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -124,7 +128,8 @@ def launch_ranks(name: str, shape: Topology, entrypoint: Callable[..., None], ar
         elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as error:
         ended = ", ".join(f"rank {rank} ({_how(failure.exitcode)})" for rank, failure in sorted(error.failures.items()))
-        raise LaunchError(f"{ended} of '{name}' failed, so the launcher ended the others") from None
+        codes = {rank: failure.exitcode for rank, failure in error.failures.items()}
+        raise LaunchError(f"{ended} of '{name}' failed, so the launcher ended the others", codes) from None
 
 
 def _how(exitcode: int) -> str:

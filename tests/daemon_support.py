@@ -374,3 +374,24 @@ def unix_request(socket_path, method: str, path: str, body: dict | None = None, 
 def open_socket_dir(daemon: "Daemon", gid: int) -> None:
     """Let members of `gid` reach the daemon's socket (its folder is private to root by default)."""
     os.chmod(daemon.socket_path.parent, 0o711)
+
+
+def forked_ranks(launcher: int) -> dict[int, int]:
+    """Local rank -> pid of the ranks under a launcher: its forked children (the launcher's own command line),
+    started in rank order (ranks.launch_ranks)."""
+    try:
+        command = Path(f"/proc/{launcher}/cmdline").read_bytes()
+    except OSError:
+        return {}
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == launcher:
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            same = (entry / "cmdline").read_bytes() == command
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == launcher and same:
+            children.append(int(entry.name))
+    return dict(enumerate(sorted(children)))

@@ -284,7 +284,7 @@ class VllmSpec(Spec):
     max_model_len: Int(1, 2 * limits.MAX_TOKENS) | None = None
     # Ranks of a data-parallel job that share one vLLM copy of the student, tensor-parallel over their devices
     # (TRL's vllm_tensor_parallel_size); 1: every rank holds a whole copy. It divides the job's ranks.
-    tensor_parallel_size: Int(1, 64) = 1
+    tensor_parallel_size: Int(1, limits.MAX_DEVICES) = 1
 
 
 class EngineSpec(Spec):

@@ -306,8 +306,7 @@ def _real_model_paths(spec: JobSpec) -> JobSpec:
 
 def plan_on(spec: JobSpec, data_dir: Path, device):
     """The budget manager's plan of `spec` on `device` (model shapes from the model store)."""
-    from appliance.budget.device_plans import rank_job
-    from appliance.budget.plan import plan_job
+    from appliance.budget.device_plans import plan_rank
     from appliance.budget.shapes import ShapeError, load_config
     from appliance.models.store import ModelStoreError, resolve_model
 
@@ -316,6 +315,7 @@ def plan_on(spec: JobSpec, data_dir: Path, device):
         judge = None
         if spec.judge is not None and spec.judge.endpoint is None and not spec.judge.share_student_base:
             judge = load_config(resolve_model(spec.judge.model, data_dir, verify=False) / "config.json")
-        return plan_job(rank_job(spec), student, judge, device)  # what each student device holds
+        # What each student device holds, sharded at load when the whole base does not fit: the trainer's plan.
+        return plan_rank(spec, student, judge, device)
     except (ShapeError, ModelStoreError, ValueError) as error:
         raise SubmissionRejected(422, f"job '{spec.name}' cannot be planned: {error}") from error

@@ -3,7 +3,9 @@
 One slot per device (the CPU is one slot; on CUDA one per visible GPU, the
 worker pinned with CUDA_VISIBLE_DEVICES); a job asking for several devices
 gets several contiguous slots, one rank each (service/slot_assignment.py says how, and
-the queue rule that keeps it from starving). A worker is a child process in its
+the queue rule that keeps it from starving), and its worker starts the ranks through
+the launcher `appliance train` uses (ranks.launch_ranks), forked into its own process
+group, and ends as they end. A worker is a child process in its
 own process group (`process_group=0` at exec, so there is no moment it is
 not), and every end of a worker (done, paused, cancelled, crashed) kills the
 whole group: vLLM's EngineCore children would otherwise keep the GPU.
@@ -48,10 +50,6 @@ if TYPE_CHECKING:
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 LOG_TAIL_LINES = 12  # a failed job's reason quotes its log's end: a traceback's last frames and the error
-# After rank 0 ends cleanly the other ranks still leave the process group and exit on their own; killing the
-# group at once cut that short (a rank reaped as SIGKILL after a clean pause). A rank still there after this
-# long is stuck, and the group is killed as before.
-RANK_EXIT_GRACE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,6 @@ class Worker:
     reader: threading.Thread | None = None
     stop_reason: str | None = None  # what the daemon asked: "pause" | "shutdown"
     stop_deadline: float | None = None
-    ranks_deadline: float | None = None  # rank 0 ended cleanly: the other ranks have until then to exit
     cancel_reason: str | None = None
     outcome: dict | None = None  # the worker's last result / disk_full / error message
     fault: str | None = None  # the daemon's own failure that ended the worker (its reports could not be kept)
@@ -111,28 +108,11 @@ class Worker:
     device_total_bytes: int = 0
     device_used_bytes: int = 0
     slots: tuple[Slot, ...] = ()  # every slot the job holds, `slot` first
-    ranks: list[subprocess.Popen] = field(default_factory=list)  # ranks after 0, in `proc`'s process group
 
     @property
     def device(self) -> str:
         """The job's `device` label: its slot, or its first-last slots."""
         return slot_assignment.label(self.slots or (self.slot,))
-
-    @property
-    def processes(self) -> tuple[subprocess.Popen, ...]:
-        return (self.proc, *self.ranks)
-
-    @property
-    def pids(self) -> set[int]:
-        return {proc.pid for proc in self.processes}
-
-    def ranks_still_leaving(self) -> bool:
-        """Rank 0 ended cleanly and another rank is still exiting, within RANK_EXIT_GRACE_SECONDS."""
-        if self.proc.returncode != 0 or all(rank.poll() is not None for rank in self.ranks):
-            return False
-        if self.ranks_deadline is None:
-            self.ranks_deadline = time.time() + RANK_EXIT_GRACE_SECONDS
-        return time.time() < self.ranks_deadline
 
 
 class Supervisor:
@@ -212,16 +192,13 @@ class Supervisor:
     def tick(self) -> None:
         with self._lock:
             for worker in list(self.workers.values()):
-                if worker.proc.poll() is not None:
-                    if not worker.ranks_still_leaving():
-                        self._reaped(worker)
+                if worker.proc.poll() is not None:  # a several-slot job's worker ends once all its ranks have
+                    self._reaped(worker)
                 elif worker.stop_deadline is not None and time.time() > worker.stop_deadline:
                     kill_group(worker.proc.pid)  # it did not stop in time: the last checkpoint stands
-                elif slot_assignment.failed_rank(worker.ranks):
-                    kill_group(worker.proc.pid)  # the others would wait for it: the job restarts as a whole
             for worker, returncode in list(self.unsettled.values()):
                 self._settle_or_keep(worker, returncode)
-            reap_orphans({pid for worker in self.workers.values() for pid in worker.pids})
+            reap_orphans({worker.proc.pid for worker in self.workers.values()})
             self._schedule()
         self.metrics.observe_disk(self.data_dir)
 
@@ -235,7 +212,7 @@ class Supervisor:
         deadline = time.time() + timeout
         while time.time() < deadline:
             with self._lock:
-                if all(proc.poll() is not None for worker in self.workers.values() for proc in worker.processes):
+                if all(worker.proc.poll() is not None for worker in self.workers.values()):
                     break
             time.sleep(0.1)
         with self._lock:
@@ -415,36 +392,32 @@ class Supervisor:
         ours, theirs = socket.socketpair()
         command = [sys.executable, "-m", MODULE, "--data-dir", str(self.data_dir), "--job-dir", str(job_dir)]
         command += ["--resume"] if resume else []
-        slot, ranks, world = slots[0], [], slot_assignment.ranks_of(row.spec)
+        slot = slots[0]
         try:
-            if world > 1:
-                proc, ranks = slot_assignment.start_ranks(
-                    command, slots, world, job_dir, theirs.fileno(), {**os.environ, **self.worker_env}
+            with open(job_dir / "log.txt", "ab") as log:
+                proc = subprocess.Popen(
+                    [*command, "--fd", str(theirs.fileno())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(theirs.fileno(),),
+                    process_group=0,
+                    env={
+                        **os.environ,
+                        **self.worker_env,
+                        # Every device of the job's slots: the worker places its ranks (and a judge) on them.
+                        **slot_assignment.devices_env(slots),
+                        "PYTHONUNBUFFERED": "1",  # log.txt gets each line as printed: a crash loses none
+                    },
+                    cwd=job_dir,
                 )
-            else:
-                with open(job_dir / "log.txt", "ab") as log:
-                    proc = subprocess.Popen(
-                        [*command, "--fd", str(theirs.fileno())],
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        pass_fds=(theirs.fileno(),),
-                        process_group=0,
-                        env={
-                            **os.environ,
-                            **self.worker_env,
-                            **slot_assignment.devices_env(slots),
-                            "PYTHONUNBUFFERED": "1",  # log.txt gets each line as printed: a crash loses none
-                        },
-                        cwd=job_dir,
-                    )
         except OSError as error:  # fork failed (EAGAIN at the pids limit, ENOMEM), or the log cannot be opened
             ours.close()
             theirs.close()
             self._crashed(job.id, None, f"the worker could not be started ({error})")
             return
         theirs.close()
-        worker = Worker(job.id, slot, proc, Channel(ours), time.time(), slots=tuple(slots), ranks=ranks)
+        worker = Worker(job.id, slot, proc, Channel(ours), time.time(), slots=tuple(slots))
         worker.reader = threading.Thread(
             target=self._read_reports, args=(worker,), daemon=True, name=f"reports-{job.id}"
         )
@@ -524,8 +497,6 @@ class Supervisor:
         returncode = worker.proc.wait()
         try:
             kill_group(worker.proc.pid)
-            for rank in worker.ranks:
-                rank.wait()
             if worker.reader is not None:
                 worker.reader.join(timeout=10)
             worker.channel.close()

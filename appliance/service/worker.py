@@ -24,6 +24,7 @@ import appliance.offline  # noqa: F401  (before any ML import)
 
 import argparse
 import json
+import os
 import socket
 import sys
 import threading
@@ -140,26 +141,59 @@ def run(channel: Channel | None, data_dir: Path, job_dir: Path, resume: bool, wo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=MODULE, description="one appliance job (started by the daemon)")
-    # Required but for the ranks after 0 of a several-slot job (service/slot_assignment.py), which report nothing.
-    parser.add_argument("--fd", type=int, default=None, help="the daemon's end of the report channel")
+    parser.add_argument("--fd", type=int, required=True, help="the daemon's end of the report channel")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
-    from appliance.grpo.distributed import end_rank_process, process_role
+    from appliance.config.job_file import parse_job_text
+    from appliance.grpo.distributed import LAUNCHER, process_role
 
-    world = process_role(several=False)  # the daemon starts every rank itself: a rank, or the whole job
-    if args.fd is None and world.world_size == 1:
-        parser.error("--fd is required")
-    channel = Channel(socket.socket(fileno=args.fd)) if args.fd is not None else None
+    frozen = args.job_dir / "job.yaml"
+    spec = parse_job_text(frozen.read_text(encoding="utf-8"), str(frozen))
+    channel = Channel(socket.socket(fileno=args.fd))
     try:
-        code = run(channel, args.data_dir, args.job_dir, args.resume, world)
+        # The daemon made the job's slots visible; this process places the job on them, or launches its ranks.
+        world = process_role(spec.resources)
+        if world != LAUNCHER:
+            return run(channel, args.data_dir, args.job_dir, args.resume, world)
+        return launch(spec, channel, args.data_dir, args.job_dir, args.resume)
     finally:
-        if channel is not None:
-            channel.close()
-    if world.world_size > 1:
-        end_rank_process(code)  # os._exit after the process group is destroyed: no interpreter finalization
-    return code
+        channel.close()
+
+
+def launch(spec, channel: Channel, data_dir: Path, job_dir: Path, resume: bool) -> int:
+    """Start the job's ranks on this box through the launcher `appliance train` uses (ranks.launch_ranks) and
+    end as rank 0 ended: its code says whether the job is worth a restart."""
+    from appliance.ranks import LaunchError, Topology, launch_ranks
+
+    shape = Topology(1, None, None, spec.resources.student_devices)
+    try:
+        launch_ranks(spec.name, shape, rank_entry, (channel, data_dir, job_dir, resume))
+    except LaunchError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        # The first rank that ended with a code of its own (a bad job, a full disk) says what the job needs.
+        return next((code for _, code in sorted(error.exit_codes.items()) if code > 0), EXIT_CRASH)
+    return EXIT_DONE
+
+
+def rank_entry(channel: Channel, data_dir: Path, job_dir: Path, resume: bool) -> None:
+    """One rank of a several-slot job, forked by the launcher: rank 0 reports over the channel it inherited,
+    the others write their output to log.rank<R>.txt and report nothing."""
+    from appliance.config.job_file import parse_job_text
+    from appliance.grpo.distributed import process_role
+
+    frozen = job_dir / "job.yaml"
+    world = process_role(parse_job_text(frozen.read_text(encoding="utf-8"), str(frozen)).resources)
+    if not world.is_main:
+        with open(job_dir / f"log.rank{world.rank}.txt", "ab") as log:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+                os.dup2(log.fileno(), stream.fileno())
+        channel.close()  # this rank's copy: rank 0's stays open
+    code = run(channel if world.is_main else None, data_dir, job_dir, resume, world)
+    if code != EXIT_DONE:
+        raise SystemExit(code)  # the launcher ends the other ranks
 
 
 if __name__ == "__main__":

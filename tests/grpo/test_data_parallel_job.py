@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from daemon_support import forked_ranks
 from tiny_model import tiny_job
 
 pytestmark = pytest.mark.model
@@ -46,27 +47,6 @@ def _by_step(path: Path) -> dict[int, list[dict]]:
     return rows
 
 
-def _rank_pids(launcher: int) -> dict[int, int]:
-    """Local rank -> pid of the ranks under a launcher: its forked children (the launcher's own command line),
-    started in rank order (ranks.launch_ranks)."""
-    try:
-        command = Path(f"/proc/{launcher}/cmdline").read_bytes()
-    except OSError:
-        return {}
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == launcher:
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            same = (entry / "cmdline").read_bytes() == command
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == launcher and same:
-            children.append(int(entry.name))
-    return dict(enumerate(sorted(children)))
-
-
 def _kill_rank_1_after_checkpoint(job_file: Path, data_dir: Path, step: int) -> None:
     """Start the job, kill -9 its rank 1 once step `step`'s checkpoint is complete; the launcher ends the rest."""
     victim = _train(job_file, data_dir)
@@ -75,12 +55,12 @@ def _kill_rank_1_after_checkpoint(job_file: Path, data_dir: Path, step: int) -> 
     while not marker.exists() and victim.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists(), f"no step-{step} checkpoint appeared"
-    ranks = _rank_pids(victim.pid)
+    ranks = forked_ranks(victim.pid)
     assert sorted(ranks) == [0, 1]
     os.kill(ranks[1], signal.SIGKILL)
     output, _ = victim.communicate(timeout=120)
     assert victim.returncode != 0 and "--resume" in output
-    assert _rank_pids(victim.pid) == {}  # the launcher ended the other rank too
+    assert forked_ranks(victim.pid) == {}  # the launcher ended the other rank too
 
 
 @pytest.fixture

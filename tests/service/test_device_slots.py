@@ -8,9 +8,6 @@ from appliance.service.slot_assignment import (
     Waiting,
     assign,
     contiguous_free,
-    label,
-    rank_environment,
-    ranks_of,
     slots_wanted,
     unplaceable,
 )
@@ -52,20 +49,9 @@ def test_jobs_start_in_queue_order_while_they_fit():
 
 def test_slots_wanted_and_what_can_never_run_here():
     assert slots_wanted({"name": "j"}) == 1 and slots_wanted({"resources": {"gpus": 3}}) == 3
-    # The judge's devices are the job's slots too, but run no trainer rank.
-    assert ranks_of({"resources": {"gpus": 8, "judge_gpus": 4}}) == 4 and ranks_of({"name": "j"}) == 1
-    assert ranks_of({"resources": {"gpus": 8, "student_gpus": 2, "judge_gpus": 2}}) == 2
     assert unplaceable({"resources": {"gpus": 2}}, 2) is None
     assert "this daemon has 2 slot(s); set resources.gpus to at most 2" in unplaceable({"resources": {"gpus": 4}}, 2)
     assert "resources.nodes: 1" in unplaceable({"resources": {"gpus": 1, "nodes": 2}}, 8)
-
-
-def test_each_rank_gets_torchruns_variables_and_the_jobs_devices():
-    env = rank_environment({"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, GPUS[2:], 2, 1, 29999)
-    assert env["CUDA_VISIBLE_DEVICES"] == "6,7"  # grpo/distributed.py keeps the LOCAL_RANK-th: 7
-    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2")
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29999")
-    assert label(GPUS[2:]) == "2-3" and label(GPUS[1:2]) == "1"
 
 
 @pytest.mark.parametrize("hostile", [{"resources": None}, {"resources": {}}])
@@ -73,34 +59,7 @@ def test_a_spec_without_resources_wants_one_slot(hostile):
     assert slots_wanted(hostile) == 1 and unplaceable(hostile, 1) is None
 
 
-def test_a_rank_that_cannot_be_forked_ends_the_ranks_already_started(tmp_path, monkeypatch):
-    """Fault at the OS boundary: the second fork fails with EAGAIN; rank 0 must not be left waiting for it."""
-    import errno
-    import socket
-    import subprocess
-    import sys
-
-    from appliance.service import slot_assignment
-
-    real_popen, started = subprocess.Popen, []
-
-    def second_fails(*args, **kwargs):
-        if started:
-            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
-        started.append(real_popen(*args, **kwargs))
-        return started[-1]
-
-    monkeypatch.setattr(slot_assignment.subprocess, "Popen", second_fails)
-    ours, theirs = socket.socketpair()
-    command = [sys.executable, "-c", "import time; time.sleep(60)"]
-    with pytest.raises(OSError, match="temporarily unavailable"):
-        slot_assignment.start_ranks(command, GPUS[:2], 2, tmp_path, theirs.fileno(), {"PATH": "/usr/bin:/bin"})
-    assert started[0].returncode == -9  # killed and waited for
-    ours.close()
-    theirs.close()
-
-
-def test_a_worker_without_its_channel_is_refused_unless_it_is_a_later_rank(tmp_path):
+def test_a_worker_without_its_channel_is_refused(tmp_path):
     import subprocess
     import sys
 
@@ -111,7 +70,7 @@ def test_a_worker_without_its_channel_is_refused_unless_it_is_a_later_rank(tmp_p
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)},
         timeout=60,
     )
-    assert result.returncode == 2 and "--fd is required" in result.stderr
+    assert result.returncode == 2 and "required: --fd" in result.stderr
 
 
 def test_a_job_wanting_more_slots_than_the_box_has_fails_instead_of_holding_up_the_queue(tmp_path):
@@ -154,38 +113,3 @@ def test_the_daemon_plans_what_each_rank_holds_its_share_of_the_step(store_data_
     whole, rank = planned(1), planned(2)
     assert rank.components["rollout_kv"] * 2 == whole.components["rollout_kv"]
     assert rank.components["student_weights"] == whole.components["student_weights"]  # DDP: a whole base each
-
-
-def test_ranks_still_exiting_after_a_clean_rank_0_get_time_and_a_stuck_one_does_not(monkeypatch):
-    """Rank 0 ended cleanly (a pause): rank 1, still leaving the process group, is not killed at once (it was,
-    as SIGKILL, 1 run in 3 on CI); one still there after the grace is stuck and the group is reaped."""
-    import subprocess
-    import sys
-    import time
-
-    from appliance.service import supervisor
-    from appliance.service.supervisor import Worker
-
-    monkeypatch.setattr(supervisor, "RANK_EXIT_GRACE_SECONDS", 1.0)
-    leader = subprocess.Popen([sys.executable, "-c", "pass"])
-    leader.wait()
-    leaving = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
-    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        worker = Worker("job", GPUS[0], leader, channel=None, started=time.time(), ranks=[leaving])
-        assert worker.ranks_still_leaving()
-        assert leaving.wait(timeout=10) == 0  # it exits on its own, with its own code
-        assert not worker.ranks_still_leaving()
-
-        worker = Worker("job", GPUS[0], leader, channel=None, started=time.time(), ranks=[stuck])
-        assert worker.ranks_still_leaving()
-        time.sleep(1.2)
-        assert not worker.ranks_still_leaving()  # past the grace: reaped, the group killed
-
-        failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-        failed.wait()
-        worker = Worker("job", GPUS[0], failed, channel=None, started=time.time(), ranks=[stuck])
-        assert not worker.ranks_still_leaving()  # rank 0 failed: nothing to wait for
-    finally:
-        stuck.kill()
-        stuck.wait()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import yaml
-from daemon_support import link_model_store, tiny_job, worker_pids
+from daemon_support import forked_ranks, link_model_store, tiny_job, worker_pids
 from prometheus_client import generate_latest
 
 from appliance.metrics.training_metrics import TrainingMetrics
@@ -101,11 +101,12 @@ def test_a_two_rank_job_waits_for_both_slots_then_one_rank_jobs_share_them(super
 def test_kill_9_of_one_rank_restarts_the_job_pause_stops_every_rank_and_cancel_ends_them(supervisor):
     job = _submit(supervisor, "wide", steps=50, gpus=2)
     _until(lambda: _stepped(supervisor, job, 1), what="step 1")
-    worker = supervisor._worker_of(job)
-    leader, (other,) = worker.proc, worker.ranks
-    assert os.getpgid(other.pid) == leader.pid  # one process group: the daemon's kill reaches every rank
-    os.kill(other.pid, signal.SIGKILL)
-    _until(lambda: leader.poll() is not None, timeout=30, what="rank 0 to be ended with rank 1")
+    leader = supervisor._worker_of(job).proc  # the worker, the ranks' launcher (ranks.launch_ranks)
+    ranks = forked_ranks(leader.pid)
+    assert sorted(ranks) == [0, 1] and {os.getpgid(pid) for pid in ranks.values()} == {leader.pid}
+    os.kill(ranks[1], signal.SIGKILL)  # one process group: the daemon's kill reaches every rank
+    _until(lambda: leader.poll() is not None, timeout=60, what="the launcher to end rank 0 with rank 1")
+    assert not _alive(ranks[0])
     _until(lambda: supervisor.store.get(job).summary.attempts == 2, timeout=30, what="the restart")
     assert "restarted on slots 0-1" in supervisor.store.get(job).summary.reason
     restarted = supervisor._worker_of(job)
@@ -114,14 +115,15 @@ def test_kill_9_of_one_rank_restarts_the_job_pause_stops_every_rank_and_cancel_e
     # Pause reaches rank 0 only; both ranks stop after the same step and its checkpoint is written once.
     supervisor.pause(job)
     _until(lambda: _state(supervisor, job) == "paused", what="the pause")
-    assert [proc.returncode for proc in (restarted.proc, *restarted.ranks)] == [0, 0]
+    assert restarted.proc.returncode == 0  # the launcher ends 0 only when every rank did
     paused = supervisor.store.get(job).summary
     checkpoint = supervisor.job_dir(job) / "checkpoints" / f"step-{paused.step:06d}"
     assert f"paused after step {paused.step}" in paused.reason and (checkpoint / "rng-rank1.pt").is_file()
     supervisor.resume(job)
     _until(lambda: supervisor.store.get(job).summary.step > paused.step, what="a step after the resume")
 
-    pids = supervisor._worker_of(job).pids
+    launcher = supervisor._worker_of(job).proc.pid
+    pids = {launcher, *forked_ranks(launcher).values()}
     supervisor.cancel(job)
     assert _state(supervisor, job) == "cancelled"
     assert all(not _alive(pid) for pid in pids)

@@ -1,0 +1,67 @@
+"""One launcher for a job's ranks (appliance/ranks.py): `appliance train` and the daemon's worker both start ranks
+through ranks.launch_ranks, and nothing of ours writes the variables torch's launcher gives each rank."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCHERS_VARIABLES = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
+
+
+def _writes(tree: ast.AST) -> list[int]:
+    """Lines that write one of the launcher's variables: env["RANK"] = ..., env.update(RANK=...), {"RANK": ...},
+    env.setdefault("RANK", ...), os.putenv("RANK", ...)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Subscript) and _named(target.slice):
+                    lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("update", "setdefault", "putenv") and (
+                any(keyword.arg in LAUNCHERS_VARIABLES for keyword in node.keywords)
+                or (node.func.attr != "update" and node.args and _named(node.args[0]))
+            ):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Dict) and any(key is not None and _named(key) for key in node.keys):
+            lines.append(node.lineno)
+    return lines
+
+
+def _named(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value in LAUNCHERS_VARIABLES
+
+
+def test_nothing_of_ours_writes_a_ranks_launcher_variables():
+    found = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in sorted((REPO / "appliance").rglob("*.py"))
+        for line in _writes(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert not found, "only torch's launcher (ranks.launch_ranks) sets these: " + ", ".join(found)
+
+
+def test_the_write_check_sees_each_way_of_writing(tmp_path):
+    sample = 'env["RANK"] = "0"\nenv.update(WORLD_SIZE="2")\nx = {"MASTER_PORT": 1}\nos.putenv("LOCAL_RANK", "1")\n'
+    assert _writes(ast.parse(sample)) == [1, 2, 3, 4]
+    assert _writes(ast.parse('int(os.environ.get("RANK", "0"))\n')) == []  # reading is every rank's business
+
+
+def test_the_cli_and_the_daemon_start_ranks_through_the_same_function():
+    for module in ("appliance/cli/train_cmd.py", "appliance/service/worker.py"):
+        tree = ast.parse((REPO / module).read_text(encoding="utf-8"))
+        calls = {
+            node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+        assert "launch_ranks" in calls, f"{module} does not start its ranks through ranks.launch_ranks"
