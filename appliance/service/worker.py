@@ -70,6 +70,15 @@ class Channel:
         except (OSError, ValueError):
             return
 
+    def release(self) -> None:
+        """Drop this process's copy of a channel another process (rank 0) keeps: no shutdown, which would end
+        the connection for both."""
+        for closing in (self._reader.close, self.sock.close):
+            try:
+                closing()
+            except OSError:
+                pass
+
     def close(self) -> None:
         # shutdown() first: it wakes a thread blocked reading, which holds the reader's lock that close() needs.
         for closing in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self._reader.close, self.sock.close):
@@ -190,7 +199,7 @@ def rank_entry(channel: Channel, data_dir: Path, job_dir: Path, resume: bool) ->
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
                 os.dup2(log.fileno(), stream.fileno())
-        channel.close()  # this rank's copy: rank 0's stays open
+        channel.release()  # this rank's copy: rank 0's stays open
     code = run(channel if world.is_main else None, data_dir, job_dir, resume, world)
     if code != EXIT_DONE:
         raise SystemExit(code)  # the launcher ends the other ranks
