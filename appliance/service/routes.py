@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from appliance import __version__
 from appliance.errors import ApplianceError
+from appliance.http_listener import network_of
 from appliance.paths import exports_dir
 from appliance.service.api import (
     JOB_ID_PATTERN,
@@ -112,7 +113,7 @@ class Auditor:
         self.how = {"transport": "unix"} if credentials else {"transport": "tcp", "remote": self.state.get("remote")}
         remote = self.state.get("remote") or "?"
         # Who a per-caller bound counts: a uid on the socket, a host on the TCP port.
-        self.key = ("uid", self.uid) if credentials else ("tcp", remote.rsplit(":", 1)[0])
+        self.key = ("uid", self.uid) if credentials else ("tcp", network_of(remote))
 
     def owner(self) -> tuple[int, str]:
         if self.uid is not None:
