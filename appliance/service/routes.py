@@ -141,9 +141,12 @@ class Auditor:
         self.daemon.audit.chatter(self.key, **fields)
 
     def call(self, action: str, job_id: str | None, run: Callable[[], T]) -> T:
-        """run() with its outcome audited, refusals included (AuditRefusals then skips the 4xx)."""
+        """run() with its outcome audited, refusals included (AuditRefusals then skips the 4xx); a change past the
+        caller's rate is refused before it runs (call_rate.py), except a submission (bounded by its own turn)."""
         self.state["audited"] = True
         try:
+            if action != "submit":
+                self.daemon.call_rate.charge(self.key)
             result = run()
         except ApplianceError as error:
             self.chatter(action, job_id, f"refused: {str(error).splitlines()[0] if str(error) else ''}")
