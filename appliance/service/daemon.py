@@ -128,7 +128,8 @@ class Daemon:
     def _start_pools(self) -> None:
         """The admission's checks, and the daemon's own threads for control calls, exports and forwarding."""
         self.admission = Admission(self.policy, uploads_dir(self.data_dir))
-        self.forwarding = Turns(FORWARD_THREADS, "trajectory submission")
+        # Trajectory bodies are held in memory until forwarded: fewer may arrive at once than submissions.
+        self.forwarding = Turns(FORWARD_THREADS, "trajectory submission", arriving=2 * FORWARD_THREADS)
         self.call_rate = CallRate()
         self.control_pool = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="control")
         self.export_pool = ThreadPoolExecutor(EXPORT_THREADS, thread_name_prefix="export")

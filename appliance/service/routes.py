@@ -411,7 +411,8 @@ async def trajectories(job_id: str, request: Request, daemon: DaemonDep, caller:
         def run() -> TrajectoriesAccepted:
             return forward_trajectories(daemon, caller.owned(job_id, "submit trajectories to"), body)
 
-        return await caller.in_thread("submit_trajectories", job_id, run, pool=daemon.forward_pool)
+        async with daemon.forwarding.slot():  # taken once the body is in: a slow sender holds no forwarding slot
+            return await caller.in_thread("submit_trajectories", job_id, run, pool=daemon.forward_pool)
 
 
 @jobs_router.delete("/{job_id}")
