@@ -137,6 +137,14 @@ def _add_share_options(parser) -> None:
         "0: no cap)",
     )
     parser.add_argument(
+        "--max-jobs-per-user",
+        type=int,
+        default=fair_share.DEFAULT_MAX_JOBS,
+        metavar="N",
+        help=f"jobs a user may keep in any state, finished ones included (default {fair_share.DEFAULT_MAX_JOBS}; "
+        "0: no cap); every member's job list holds them",
+    )
+    parser.add_argument(
         "--max-running-per-user",
         type=int,
         default=0,
@@ -183,6 +191,7 @@ def _serve(args) -> int:
         quotas = Quotas(
             max_waiting=_not_negative("--max-queued-per-user", args.max_queued_per_user),
             max_running=_not_negative("--max-running-per-user", args.max_running_per_user),
+            max_jobs=_not_negative("--max-jobs-per-user", args.max_jobs_per_user),
             max_bytes=size_option("--max-bytes-per-user", args.max_bytes_per_user),
             retention_seconds=_not_negative("--retention-days", args.retention_days) * 86_400,
             external_idle_seconds=_not_negative("--external-idle-timeout", args.external_idle_timeout),

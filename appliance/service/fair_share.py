@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from appliance.service.daemon import Daemon
 
 DEFAULT_MAX_WAITING = 500
+# Finished jobs stay until deleted (or a retention), and every member's job list holds every job: without a cap a
+# submit-and-cancel loop (4 jobs a second) grew every list and every TUI's start without bound.
+DEFAULT_MAX_JOBS = 2000
 DEFAULT_MAX_BYTES = 200 * 2**30
 # Finished jobs are kept until deleted unless the administrator sets a retention: a new default must never
 # delete runs an upgrade finds on the box.
@@ -50,6 +53,7 @@ class Quotas:
 
     max_waiting: int = DEFAULT_MAX_WAITING
     max_running: int = 0
+    max_jobs: int = DEFAULT_MAX_JOBS
     max_bytes: int = DEFAULT_MAX_BYTES
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
     external_idle_seconds: float = DEFAULT_EXTERNAL_IDLE_SECONDS
@@ -71,6 +75,12 @@ def check_quota(daemon: "Daemon", uid: int, user: str) -> None:
         raise QuotaExceeded(
             f"{user} has {len(mine)} jobs waiting (queued, paused or interrupted), this daemon's limit per user "
             "(--max-queued-per-user); cancel or delete some, or wait for them to run"
+        )
+    kept = daemon.store.count_of(uid)
+    if quotas.max_jobs and kept >= quotas.max_jobs:
+        raise QuotaExceeded(
+            f"{user} keeps {kept} jobs (finished ones included), this daemon's limit per user "
+            "(--max-jobs-per-user); delete finished ones ('appliance jobs delete ID') to submit more"
         )
     stored = daemon.usage.bytes_by_uid.get(uid, 0)
     if quotas.max_bytes and stored >= quotas.max_bytes:

@@ -126,3 +126,29 @@ def test_retention_deletes_finished_jobs_and_an_ended_jobs_upload_leaves_with_it
     assert not (daemon.data_dir / "jobs" / uploaded.id).exists()
     audit = [json.loads(line) for line in (daemon.data_dir / "audit.jsonl").read_text().splitlines()]
     assert any(a["action"] == "delete" and a["job_id"] == uploaded.id and "retention" in a["outcome"] for a in audit)
+
+
+@needs_root
+def test_finished_jobs_count_toward_a_cap_so_no_loop_grows_every_list(make_daemon):
+    """A member submitted and cancelled 4 jobs a second: finished jobs are kept until deleted, every member's job
+    list (and every TUI's start) holds them all, so the list grew without bound. Kept jobs are capped per user."""
+    daemon = make_daemon(["--group", str(MEMBERS), "--max-jobs-per-user", "3"])
+    open_socket_dir(daemon, MEMBERS)
+    socket_path = str(daemon.socket_path)
+    try:
+        assert member(ALICE, submit_many, socket_path, ["holder"]) == [201]
+        worker = wait_for(lambda: worker_pids(daemon.data_dir), 60, "the first job's worker")[0]
+        os.killpg(os.getpgid(worker), signal.SIGSTOP)  # holds the slot without using the CPU
+        for name in ("a2", "a3"):
+            assert member(ALICE, submit_many, socket_path, [name]) == [201]
+            job_id = next(j.id for j in daemon.client().jobs() if j.name == name)
+            assert member(ALICE, unix_request, socket_path, "POST", f"/jobs/{job_id}/cancel")[0] == 200
+        status, answer = member(
+            ALICE, unix_request, socket_path, "POST", "/jobs", {"file_name": "x", "yaml": tiny_job()}
+        )
+        assert status == 429 and "--max-jobs-per-user" in answer["error"] and "delete finished" in answer["error"]
+        assert member(BOB, submit_many, socket_path, ["b1"]) == [201]  # another user's share is untouched
+        assert member(ALICE, unix_request, socket_path, "DELETE", f"/jobs/{job_id}")[0] == 200
+        assert member(ALICE, submit_many, socket_path, ["a4"]) == [201]
+    finally:
+        daemon.stop(signal.SIGKILL)
