@@ -38,6 +38,7 @@ from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 from appliance.paths import STATE_DIR_MODE, STATE_FILE_MODE, jobs_dir
 from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
+from appliance.service.bounded_reads import log_end
 from appliance.service.groups import describe_exit, is_worker_group, kill_group, wait_gone
 from appliance.service import fair_share, slot_assignment
 from appliance.service.reaper import reap_orphans
@@ -601,7 +602,7 @@ class Supervisor:
 
     def _log_tail(self, job_id: str) -> str:
         try:
-            lines = (self.job_dir(job_id) / "log.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+            lines = log_end(self.job_dir(job_id) / "log.txt").splitlines()
         except OSError:
             return "(no log)"
         return "\n".join(lines[-LOG_TAIL_LINES:])
