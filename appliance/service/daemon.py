@@ -123,6 +123,7 @@ class Daemon:
                 "APPLIANCE_EXTERNAL_IDLE_SECONDS": str(options.quotas.external_idle_seconds),
             },
             max_running_per_user=options.quotas.max_running,
+            slot_seconds=options.quotas.slot_seconds,
         )
 
     def _start_pools(self) -> None:

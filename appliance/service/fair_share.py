@@ -36,6 +36,9 @@ DEFAULT_MAX_BYTES = 200 * 2**30
 # delete runs an upgrade finds on the box.
 DEFAULT_RETENTION_SECONDS = 0.0
 DEFAULT_EXTERNAL_IDLE_SECONDS = 3600.0
+# A running job holds its slots this long at most while another user's job waits, then checkpoints and requeues:
+# a job of a million steps would otherwise keep the box's one slot for months.
+DEFAULT_SLOT_SECONDS = 24 * 3600.0
 USAGE_SECONDS = 60.0  # how often stored bytes are measured and the retention rule applied
 UPLOAD_GRACE_SECONDS = 600.0  # an upload younger than this may belong to a submission being stored
 WAITING_STATES = ("queued", "paused", "interrupted")
@@ -57,6 +60,7 @@ class Quotas:
     max_bytes: int = DEFAULT_MAX_BYTES
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
     external_idle_seconds: float = DEFAULT_EXTERNAL_IDLE_SECONDS
+    slot_seconds: float = DEFAULT_SLOT_SECONDS
 
 
 @dataclass
@@ -107,6 +111,17 @@ def fair_order(
         rank[job.uid] = rank.get(job.uid, 0) + 1
         keyed.append((turn, last_started.get(job.uid, 0.0), position, job))
     return [item[-1] for item in sorted(keyed, key=lambda item: item[:3])]
+
+
+def overdue_holders(
+    running: Iterable[tuple[str, int, float]], waiting: Iterable[JobSummary], slot_seconds: float, now: float
+) -> list[str]:
+    """Running jobs (job id, uid, started) that have held their slots `slot_seconds` or more while a job of another
+    user waits: they yield (checkpoint, requeue). None when `slot_seconds` is 0."""
+    if not slot_seconds:
+        return []
+    waiting_uids = {job.uid for job in waiting}
+    return [job_id for job_id, uid, started in running if now - started >= slot_seconds and waiting_uids - {uid}]
 
 
 def over_running_cap(job: JobSummary, running: Iterable[JobSummary], cap: int) -> bool:
