@@ -28,6 +28,7 @@ handed to its `on_summary` (the TCP control port audits it).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import resource
 import socket
@@ -119,10 +120,13 @@ class ConnectionGate:
         """At the total cap: evict a waiting connection of the peer holding the most; failing that, when that
         peer holds more than the newcomer would, its oldest connection even mid-request (long-polls, say), so a
         few peers can never keep the rest out."""
+        # Waiting connections first, of the peers holding the most: many peers of one connection each (a host
+        # can take every address of 127.0.0.0/8) are passed over by a look at the largest alone.
+        for peer in sorted(self.open, key=lambda peer: len(self.open[peer]), reverse=True):
+            if self._evict_from(peer):
+                return True
         largest = self._largest_peer()
-        if self._evict_from(largest):
-            return True
-        if len(self.open.get(largest, {})) <= len(self.open.get(newcomer, {})) + 1:
+        if largest is None or len(self.open.get(largest, {})) <= len(self.open.get(newcomer, {})) + 1:
             return False
         oldest = next(iter(self.open[largest]))
         self.release(oldest)
@@ -143,6 +147,8 @@ class ConnectionGate:
         return False
 
     def note(self, peer: Hashable, what: str) -> None:
+        if isinstance(peer, tuple) and peer[0] == "host" and peer[1] is not None:
+            peer = ("host", network_of(peer[1]))  # counted (and audited) per network, not per address
         if peer not in self.window and len(self.window) >= MAX_PEERS_COUNTED:
             peer = "others"
         counts = self.window.setdefault(peer, {})
@@ -171,7 +177,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self.peer, self.waiting_since, self.stalled_since = self.peer_of(transport), None, None
         self._timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
-        self._head_bytes, self._in_head = 0, False
+        self._head_bytes, self._in_head, self._draining = 0, False, False
         self.admitted = self.gate.admit(self)
         if not self.admitted:
             self._answer(503, "too many connections from this peer or to this listener; retry later")
@@ -188,7 +194,7 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.waiting_since is not None:
+        if self.waiting_since is not None and not self._draining:
             self._head_bytes += len(data)
             self._in_head = True
         super().data_received(data)
@@ -216,8 +222,18 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_response_complete()
         # The next head is awaited once this request's body is in too (a body still arriving is not a head).
         idle = self.cycle is None or self.cycle.response_complete
-        if not self.transport.is_closing() and idle and getattr(self, "_message_done", True):
+        if self.transport.is_closing() or not idle:
+            return
+        if getattr(self, "_message_done", True):
             self._await_head()
+        else:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Answered before its body ended (a refusal before the body was read: no token, too large): the rest of
+        the body is read and dropped until it ends or the body's deadline, and the connection is only waiting, so
+        a cap evicts it. A peer that trickles bodies nobody reads holds no place in the listener."""
+        self.waiting_since, self._draining = time.monotonic(), True
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -251,7 +267,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _await_head(self) -> None:
         self._cancel()
-        self.waiting_since, self._head_bytes, self._in_head = time.monotonic(), 0, False
+        self.waiting_since, self._head_bytes, self._in_head, self._draining = time.monotonic(), 0, False, False
         self._timer = self.loop.call_later(self.gate.limits.head_seconds, self._timed_out, 408)
 
     def _cancel(self) -> None:
@@ -302,6 +318,28 @@ def peer_key(transport) -> Hashable:
             return ("uid", None)
     peer = transport.get_extra_info("peername")
     return ("host", peer[0] if peer else None)
+
+
+def network_of(host: str) -> str:
+    """Who an address counts as where a caller is counted (audit lines, turns, summaries): every loopback address
+    is one (any local account can send from all of 127.0.0.0/8), an IPv6 address its /64 (a host is given a whole
+    /64), an IPv4 address itself. "[::1]" and "host:port" forms are taken too; anything else is itself."""
+    text = host.strip()
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:
+        text = text.rsplit(":", 1)[0]
+    try:
+        address = ipaddress.ip_address(text.split("%")[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_loopback:
+        return "loopback"
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 def raise_nofile_limit() -> int:

@@ -137,11 +137,27 @@ def _add_share_options(parser) -> None:
         "0: no cap)",
     )
     parser.add_argument(
+        "--max-jobs-per-user",
+        type=int,
+        default=fair_share.DEFAULT_MAX_JOBS,
+        metavar="N",
+        help=f"jobs a user may keep in any state, finished ones included (default {fair_share.DEFAULT_MAX_JOBS}; "
+        "0: no cap); every member's job list holds them",
+    )
+    parser.add_argument(
         "--max-running-per-user",
         type=int,
         default=0,
         metavar="N",
         help="device slots a user's jobs may hold at once (default 0: no cap beyond the fair-share queue order)",
+    )
+    parser.add_argument(
+        "--max-slot-hours",
+        type=float,
+        default=fair_share.DEFAULT_SLOT_SECONDS / 3600,
+        metavar="HOURS",
+        help=f"a running job holds its slots this long at most while another user's job waits, then checkpoints "
+        f"and goes back to the queue (default {fair_share.DEFAULT_SLOT_SECONDS / 3600:g}; 0: until it ends)",
     )
     parser.add_argument(
         "--max-bytes-per-user",
@@ -183,6 +199,8 @@ def _serve(args) -> int:
         quotas = Quotas(
             max_waiting=_not_negative("--max-queued-per-user", args.max_queued_per_user),
             max_running=_not_negative("--max-running-per-user", args.max_running_per_user),
+            max_jobs=_not_negative("--max-jobs-per-user", args.max_jobs_per_user),
+            slot_seconds=_not_negative("--max-slot-hours", args.max_slot_hours) * 3600,
             max_bytes=size_option("--max-bytes-per-user", args.max_bytes_per_user),
             retention_seconds=_not_negative("--retention-days", args.retention_days) * 86_400,
             external_idle_seconds=_not_negative("--external-idle-timeout", args.external_idle_timeout),

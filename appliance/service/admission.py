@@ -10,7 +10,8 @@ daemon itself never parses or validates one:
   does to the child, the daemon answers 422;
 - at most MAX_CHECKS run at once, on their own threads (so pause, resume,
   cancel and status never wait behind them), and at most one per caller: a
-  second concurrent submission from the same caller is a 429.
+  second concurrent submission from the same caller is a 429; a body still
+  arriving holds only its caller's turn, never one of the checks.
 The child sends back plain data: the validated spec and plan, or the refusal.
 """
 
@@ -34,6 +35,9 @@ from appliance.errors import ApplianceError
 
 MAX_CHECKS = 2  # submissions checked at once (each in its own child process)
 QUEUE_SECONDS = 120.0  # how long a submission waits for a free check before a 503
+# Callers whose bodies may arrive at once (each spooled to disk, at most the body limit): a slow sender holds its
+# own turn only, so checks are never held by bodies still on their way.
+MAX_ARRIVING = 16
 CHECK_SECONDS = 60.0  # wall clock of one check; the child is killed past it
 CHECK_CPU_SECONDS = 30  # RLIMIT_CPU of the child
 CHECK_MEMORY_BYTES = 2 * 2**30  # RLIMIT_AS of the child (address space, imports included)
@@ -95,31 +99,40 @@ class Verdict:
 
 
 class Turns:
-    """At most one call at a time per caller, and at most `slots` at once; the rest wait (bounded) or are refused."""
+    """At most one call at a time per caller, at most `arriving` callers at once, and of those at most `slots`
+    doing their work at once: a body still arriving holds only its caller's turn, never a slot of the work."""
 
-    def __init__(self, slots: int, what: str) -> None:
-        self.what = what
+    def __init__(self, slots: int, what: str, arriving: int = MAX_ARRIVING) -> None:
+        self.what, self.arriving = what, arriving
         self._busy: set[tuple] = set()
         self._slots = asyncio.Semaphore(slots)
 
     @contextlib.asynccontextmanager
     async def turn(self, caller: tuple) -> AsyncIterator[None]:
-        """Hold the caller's one turn and a free slot; Busy (429) when the caller holds one, (503) when no slot
-        comes free within QUEUE_SECONDS."""
+        """Hold the caller's one turn; Busy (429) when the caller holds one, (503) when `arriving` callers do."""
         if caller in self._busy:
             raise Busy(f"a {self.what} of yours is still being handled; wait for its answer, then send the next", 429)
+        if len(self._busy) >= self.arriving:
+            raise Busy(
+                f"the daemon is taking {self.what}s from {len(self._busy)} callers at once; retry in a minute", 503
+            )
         self._busy.add(caller)
         try:
-            try:
-                await asyncio.wait_for(self._slots.acquire(), QUEUE_SECONDS)
-            except asyncio.TimeoutError:
-                raise Busy(f"the daemon is busy with other callers' {self.what}s; retry in a minute", 503) from None
-            try:
-                yield
-            finally:
-                self._slots.release()
+            yield
         finally:
             self._busy.discard(caller)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """A free slot of the work (the body is in); Busy (503) when none comes free within QUEUE_SECONDS."""
+        try:
+            await asyncio.wait_for(self._slots.acquire(), QUEUE_SECONDS)
+        except asyncio.TimeoutError:
+            raise Busy(f"the daemon is busy with other callers' {self.what}s; retry in a minute", 503) from None
+        try:
+            yield
+        finally:
+            self._slots.release()
 
     async def read(self, chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
         """A whole request body of at most `max_bytes` (Busy(413) past it)."""
@@ -153,7 +166,7 @@ class Admission:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     def turn(self, caller: tuple):
-        """The caller's one check at a time, among MAX_CHECKS (Turns.turn)."""
+        """The caller's one submission at a time, among MAX_ARRIVING (Turns.turn); its check takes a slot."""
         return self._turns.turn(caller)
 
     async def spool(self, chunks: AsyncIterator[bytes], max_bytes: int) -> Path:
@@ -190,10 +203,12 @@ class Admission:
         return path
 
     async def check(self, body: Path, device) -> Verdict:
-        """Run one check of the spooled `body` in a child process (the caller holds a turn)."""
+        """Run one check of the spooled `body` in a child process, in one of MAX_CHECKS slots (the caller holds a
+        turn)."""
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._threads, self._run_child, body, device)
+            async with self._turns.slot():
+                return await loop.run_in_executor(self._threads, self._run_child, body, device)
         finally:
             await loop.run_in_executor(self._threads, _remove, body)
 

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from appliance.http_listener import network_of
+
 
 def user_name(uid: int) -> str:
     try:
@@ -113,7 +115,7 @@ class AuditLog:
     def refused_tcp(self, remote: str, outcome: str) -> None:
         """An unauthenticated TCP request: chatter of its host."""
         self.chatter(
-            ("tcp", remote.rsplit(":", 1)[0]),
+            ("tcp", network_of(remote)),  # a host may send from many addresses (all of 127.0.0.0/8)
             uid=None,
             pid=None,
             action="authenticate",
@@ -181,5 +183,5 @@ def _who(fields: dict) -> dict:
     who = {"uid": fields.get("uid"), "user": user_name(fields["uid"]) if fields.get("uid") is not None else None}
     who["transport"] = fields.get("transport", "unix")
     if fields.get("remote"):
-        who["remote"] = fields["remote"].rsplit(":", 1)[0]
+        who["remote"] = network_of(fields["remote"])
     return who

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from appliance.bounded_file import FileTooLarge, read_capped
 from appliance.service.api import CheckpointInfo, LogChunk
 
 BLOCK = 64 * 1024  # files are read backwards from their end in blocks of this size
@@ -132,11 +133,24 @@ def _after_step(path: Path, after_step: int, limit: int, max_bytes: int) -> list
     return found
 
 
+MAX_JSON_FILE_BYTES = 1 << 20  # a small JSON file a worker writes (best/best.json)
+LOG_END_BYTES = 64 * 1024  # what a failed job's reason may quote of its log's end
+
+
 def json_file(path: Path) -> dict | None:
+    """A small JSON object the worker wrote; None when missing, unreadable, not JSON or over its cap."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(read_capped(path, MAX_JSON_FILE_BYTES))
+    except (OSError, ValueError, FileTooLarge):
         return None
+
+
+def log_end(path: Path, max_bytes: int = LOG_END_BYTES) -> str:
+    """The last `max_bytes` of a log as text (a log may have grown to any size, or be sparse); OSError if absent."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        handle.seek(max(0, size - max_bytes))
+        return handle.read(max_bytes).decode("utf-8", errors="replace")
 
 
 def checkpoints(job_dir: Path) -> list[CheckpointInfo]:

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from appliance import __version__
 from appliance.errors import ApplianceError
+from appliance.http_listener import network_of
 from appliance.service.api import ErrorResponse
 from appliance.service.routes import daemon_router, jobs_router
 from appliance.service.submission import SubmissionRejected
@@ -221,7 +222,7 @@ class AuditRefusals:
             pid, uid, _gid = state.get("peer") or (None, None, None)
             remote = state.get("remote")
             how = {"transport": "unix"} if state.get("peer") else {"transport": "tcp", "remote": remote}
-            caller = ("uid", uid) if state.get("peer") else ("tcp", (remote or "?").rsplit(":", 1)[0])
+            caller = ("uid", uid) if state.get("peer") else ("tcp", network_of(remote or "?"))
             where = f"{scope['method']} {scope['path'][:MAX_AUDIT_PATH]}"
             await asyncio.to_thread(
                 self.audit.chatter,

@@ -29,6 +29,7 @@ from appliance.service import fair_share
 from appliance.service.admission import Admission, Turns, Verdict
 from appliance.service.api import TERMINAL_STATES, JobDeleted, JobSummary
 from appliance.service.audit import AuditLog
+from appliance.service.call_rate import CallRate
 from appliance.service.control import EventBus
 from appliance.service.exports import ExportRunner
 from appliance.service.job_store import BadTransition, JobStore
@@ -122,12 +123,15 @@ class Daemon:
                 "APPLIANCE_EXTERNAL_IDLE_SECONDS": str(options.quotas.external_idle_seconds),
             },
             max_running_per_user=options.quotas.max_running,
+            slot_seconds=options.quotas.slot_seconds,
         )
 
     def _start_pools(self) -> None:
         """The admission's checks, and the daemon's own threads for control calls, exports and forwarding."""
         self.admission = Admission(self.policy, uploads_dir(self.data_dir))
-        self.forwarding = Turns(FORWARD_THREADS, "trajectory submission")
+        # Trajectory bodies are held in memory until forwarded: fewer may arrive at once than submissions.
+        self.forwarding = Turns(FORWARD_THREADS, "trajectory submission", arriving=2 * FORWARD_THREADS)
+        self.call_rate = CallRate()
         self.control_pool = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="control")
         self.export_pool = ThreadPoolExecutor(EXPORT_THREADS, thread_name_prefix="export")
         self.forward_pool = ThreadPoolExecutor(FORWARD_THREADS, thread_name_prefix="forward")

@@ -28,11 +28,17 @@ if TYPE_CHECKING:
     from appliance.service.daemon import Daemon
 
 DEFAULT_MAX_WAITING = 500
+# Finished jobs stay until deleted (or a retention), and every member's job list holds every job: without a cap a
+# submit-and-cancel loop (4 jobs a second) grew every list and every TUI's start without bound.
+DEFAULT_MAX_JOBS = 2000
 DEFAULT_MAX_BYTES = 200 * 2**30
 # Finished jobs are kept until deleted unless the administrator sets a retention: a new default must never
 # delete runs an upgrade finds on the box.
 DEFAULT_RETENTION_SECONDS = 0.0
 DEFAULT_EXTERNAL_IDLE_SECONDS = 3600.0
+# A running job holds its slots this long at most while another user's job waits, then checkpoints and requeues:
+# a job of a million steps would otherwise keep the box's one slot for months.
+DEFAULT_SLOT_SECONDS = 24 * 3600.0
 USAGE_SECONDS = 60.0  # how often stored bytes are measured and the retention rule applied
 UPLOAD_GRACE_SECONDS = 600.0  # an upload younger than this may belong to a submission being stored
 WAITING_STATES = ("queued", "paused", "interrupted")
@@ -50,9 +56,11 @@ class Quotas:
 
     max_waiting: int = DEFAULT_MAX_WAITING
     max_running: int = 0
+    max_jobs: int = DEFAULT_MAX_JOBS
     max_bytes: int = DEFAULT_MAX_BYTES
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
     external_idle_seconds: float = DEFAULT_EXTERNAL_IDLE_SECONDS
+    slot_seconds: float = DEFAULT_SLOT_SECONDS
 
 
 @dataclass
@@ -71,6 +79,12 @@ def check_quota(daemon: "Daemon", uid: int, user: str) -> None:
         raise QuotaExceeded(
             f"{user} has {len(mine)} jobs waiting (queued, paused or interrupted), this daemon's limit per user "
             "(--max-queued-per-user); cancel or delete some, or wait for them to run"
+        )
+    kept = daemon.store.count_of(uid)
+    if quotas.max_jobs and kept >= quotas.max_jobs:
+        raise QuotaExceeded(
+            f"{user} keeps {kept} jobs (finished ones included), this daemon's limit per user "
+            "(--max-jobs-per-user); delete finished ones ('appliance jobs delete ID') to submit more"
         )
     stored = daemon.usage.bytes_by_uid.get(uid, 0)
     if quotas.max_bytes and stored >= quotas.max_bytes:
@@ -97,6 +111,17 @@ def fair_order(
         rank[job.uid] = rank.get(job.uid, 0) + 1
         keyed.append((turn, last_started.get(job.uid, 0.0), position, job))
     return [item[-1] for item in sorted(keyed, key=lambda item: item[:3])]
+
+
+def overdue_holders(
+    running: Iterable[tuple[str, int, float]], waiting: Iterable[JobSummary], slot_seconds: float, now: float
+) -> list[str]:
+    """Running jobs (job id, uid, started) that have held their slots `slot_seconds` or more while a job of another
+    user waits: they yield (checkpoint, requeue). None when `slot_seconds` is 0."""
+    if not slot_seconds:
+        return []
+    waiting_uids = {job.uid for job in waiting}
+    return [job_id for job_id, uid, started in running if now - started >= slot_seconds and waiting_uids - {uid}]
 
 
 def over_running_cap(job: JobSummary, running: Iterable[JobSummary], cap: int) -> bool:

@@ -278,6 +278,10 @@ class JobStore:
         rows = self._read(query + " ORDER BY seq", args)
         return [_summary(row) for row in rows]
 
+    def count_of(self, uid: int) -> int:
+        """How many jobs `uid` owns, in any state."""
+        return self._read("SELECT COUNT(*) AS n FROM jobs WHERE uid = ?", (uid,))[0]["n"]
+
     def counts(self) -> dict[str, int]:
         rows = self._read("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
         counts = {state: 0 for state in JOB_STATES}

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from appliance import __version__
 from appliance.errors import ApplianceError
+from appliance.http_listener import network_of
 from appliance.paths import exports_dir
 from appliance.service.api import (
     JOB_ID_PATTERN,
@@ -112,7 +113,7 @@ class Auditor:
         self.how = {"transport": "unix"} if credentials else {"transport": "tcp", "remote": self.state.get("remote")}
         remote = self.state.get("remote") or "?"
         # Who a per-caller bound counts: a uid on the socket, a host on the TCP port.
-        self.key = ("uid", self.uid) if credentials else ("tcp", remote.rsplit(":", 1)[0])
+        self.key = ("uid", self.uid) if credentials else ("tcp", network_of(remote))
 
     def owner(self) -> tuple[int, str]:
         if self.uid is not None:
@@ -140,9 +141,12 @@ class Auditor:
         self.daemon.audit.chatter(self.key, **fields)
 
     def call(self, action: str, job_id: str | None, run: Callable[[], T]) -> T:
-        """run() with its outcome audited, refusals included (AuditRefusals then skips the 4xx)."""
+        """run() with its outcome audited, refusals included (AuditRefusals then skips the 4xx); a change past the
+        caller's rate is refused before it runs (call_rate.py), except a submission (bounded by its own turn)."""
         self.state["audited"] = True
         try:
+            if action != "submit":
+                self.daemon.call_rate.charge(self.key)
             result = run()
         except ApplianceError as error:
             self.chatter(action, job_id, f"refused: {str(error).splitlines()[0] if str(error) else ''}")
@@ -407,7 +411,8 @@ async def trajectories(job_id: str, request: Request, daemon: DaemonDep, caller:
         def run() -> TrajectoriesAccepted:
             return forward_trajectories(daemon, caller.owned(job_id, "submit trajectories to"), body)
 
-        return await caller.in_thread("submit_trajectories", job_id, run, pool=daemon.forward_pool)
+        async with daemon.forwarding.slot():  # taken once the body is in: a slow sender holds no forwarding slot
+            return await caller.in_thread("submit_trajectories", job_id, run, pool=daemon.forward_pool)
 
 
 @jobs_router.delete("/{job_id}")

@@ -38,6 +38,7 @@ from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 from appliance.paths import STATE_DIR_MODE, STATE_FILE_MODE, jobs_dir
 from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
+from appliance.service.bounded_reads import log_end
 from appliance.service.groups import describe_exit, is_worker_group, kill_group, wait_gone
 from appliance.service import fair_share, slot_assignment
 from appliance.service.reaper import reap_orphans
@@ -129,12 +130,14 @@ class Supervisor:
         version: str = "",
         worker_env: dict[str, str] | None = None,
         max_running_per_user: int = 0,
+        slot_seconds: float = 0.0,
     ):
         from prometheus_client import Counter
 
         self.store, self.data_dir, self.slots, self.metrics = store, Path(data_dir), slots, metrics
         self.max_restarts, self.backoff_seconds, self.stop_timeout = max_restarts, backoff_seconds, stop_timeout
         self.version, self.max_running_per_user = version, max_running_per_user
+        self.slot_seconds = slot_seconds  # how long a job may hold slots while another user's job waits
         self.worker_env = dict(worker_env or {})  # set for every worker, over the daemon's own environment
         self.workers: dict[int, Worker] = {}
         self.retry_at: dict[str, float] = {}
@@ -199,6 +202,7 @@ class Supervisor:
             for worker, returncode in list(self.unsettled.values()):
                 self._settle_or_keep(worker, returncode)
             reap_orphans({worker.proc.pid for worker in self.workers.values()})
+            self._rotate()
             self._schedule()
         self.metrics.observe_disk(self.data_dir)
 
@@ -346,6 +350,18 @@ class Supervisor:
         worker.stop_reason = reason
         worker.stop_deadline = time.time() + timeout
         worker.channel.send({"type": "stop", "reason": reason})
+
+    def _rotate(self) -> None:
+        """Jobs that held their slots past slot_seconds while another user's job waits checkpoint and requeue."""
+        if not self.slot_seconds or self._closing:
+            return
+        asked = [worker for worker in self.workers.values() if worker.stop_reason is None]
+        running = [(worker.job_id, self.store.get(worker.job_id).summary.uid, worker.started) for worker in asked]
+        waiting = self.store.list(("queued",)) if running else []
+        overdue = set(fair_share.overdue_holders(running, waiting, self.slot_seconds, time.time()))
+        for worker in asked:
+            if worker.job_id in overdue:
+                self._ask_stop(worker, "yield", self.stop_timeout)
 
     def _schedule(self) -> None:
         """Start what fits: restarts that are due, then the queue in order (service/slot_assignment.py's rule)."""
@@ -546,6 +562,8 @@ class Supervisor:
             step = result.get("step")
             if (result.get("stop_reason") or worker.stop_reason) == "pause":
                 self.store.transition(job_id, "paused", f"paused after step {step} (checkpoint saved)")
+            elif worker.stop_reason == "yield":
+                self._requeue_yielded(worker, f"after step {step} (checkpoint saved)")
             else:
                 self.store.transition(
                     job_id,
@@ -563,6 +581,8 @@ class Supervisor:
                 f"paused; the worker did not stop in time ({describe_exit(returncode)})"
                 ", so it resumes from its newest checkpoint",
             )
+        elif worker.stop_reason == "yield":
+            self._requeue_yielded(worker, f"(the worker ended with {describe_exit(returncode)}; newest checkpoint)")
         elif worker.stop_reason == "shutdown":
             self.store.transition(
                 job_id,
@@ -572,6 +592,15 @@ class Supervisor:
             )
         else:
             self._crashed(job_id, returncode)
+
+    def _requeue_yielded(self, worker: Worker, where: str) -> None:
+        """A job that yielded its slots to other users' waiting jobs goes back to the queue, behind them."""
+        hours = self.slot_seconds / 3600
+        self.store.transition(worker.job_id, "interrupted", f"held its slot {hours:g} h while others waited")
+        job = self.store.transition(
+            worker.job_id, "queued", f"yielded its slot {where} to other users' waiting jobs; resumes from it later"
+        )
+        self.last_started[job.uid] = time.time()  # its user just had a turn: equals go first
 
     def _crashed(self, job_id: str, returncode: int | None, cause: str | None = None) -> None:
         """A worker that died (or never started): restart after a backoff, or fail after `max_restarts`."""
@@ -601,7 +630,7 @@ class Supervisor:
 
     def _log_tail(self, job_id: str) -> str:
         try:
-            lines = (self.job_dir(job_id) / "log.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+            lines = log_end(self.job_dir(job_id) / "log.txt").splitlines()
         except OSError:
             return "(no log)"
         return "\n".join(lines[-LOG_TAIL_LINES:])

@@ -125,3 +125,51 @@ def test_one_check_at_a_time_per_caller_and_status_never_waits_behind_them(make_
     assert (time.monotonic() - started) / 20 < 0.1
     first.join(120)
     assert results["first"][0] == 200, results["first"]
+
+
+def trickle_body(socket_path: str, seconds: float) -> float:
+    """A submission whose body comes a byte every 0.2 s for `seconds`, then the connection is dropped."""
+    import socket as sockets
+
+    with sockets.socket(sockets.AF_UNIX) as sock:
+        sock.connect(socket_path)
+        sock.sendall(
+            b"POST /jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+        )
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            sock.sendall(b" ")
+            time.sleep(0.2)
+    return seconds
+
+
+@pytest.mark.skipif(not can_switch_users(), reason="acting as other uids needs root")
+def test_bodies_still_arriving_hold_no_check(make_daemon):
+    """Two members trickle a submission each: before, their bodies held both checks (spooled inside the check's
+    slot) and a third member's 60 ms dry run waited as long as they kept sending (38 s measured, up to 120 s)."""
+    daemon = make_daemon(["--group", str(MEMBERS)])
+    open_socket_dir(daemon, MEMBERS)
+    socket_path = str(daemon.socket_path)
+    slow = [
+        threading.Thread(target=as_user, args=(uid, uid, (MEMBERS,), trickle_body, socket_path, 8.0))
+        for uid in (ALICE + 1, ALICE + 2)
+    ]
+    for thread in slow:
+        thread.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    answer = as_user(
+        ALICE,
+        ALICE,
+        (MEMBERS,),
+        unix_request,
+        socket_path,
+        "POST",
+        "/jobs",
+        {"file_name": "a.yaml", "yaml": tiny_job(), "dry_run": True},
+    )
+    waited = time.monotonic() - started
+    for thread in slow:
+        thread.join(30)
+    assert answer[0] == 200, answer
+    assert waited < 5.0, f"a dry run waited {waited:.1f} s behind bodies still arriving"

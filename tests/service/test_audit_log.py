@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from appliance.http_listener import network_of
 from appliance.service import audit
 from appliance.service.audit import AuditLog
 from disk_support import fill_disk
@@ -42,6 +47,32 @@ def test_a_flood_of_unauthenticated_requests_is_summarised(tmp_path, monkeypatch
     assert f"{1000 - audit.WRITTEN_PER_WINDOW} authenticate refused" in summary["outcome"]
     assert found[-1]["outcome"] == "refused: no bearer token"
     assert (tmp_path / "audit.jsonl").stat().st_size < 10_000
+
+
+loopback_addresses = st.integers(0, 2**24 - 1).map(lambda n: str(ipaddress.IPv4Address((127 << 24) + n)))
+one_64 = st.integers(0, 2**64 - 1).map(lambda n: str(ipaddress.IPv6Address((0x20010DB8_00000001 << 64) + n)))
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(loopback_addresses, one_64), min_size=1, max_size=60), st.integers(1, 65535))
+def test_a_host_sending_from_many_addresses_is_one_caller(addresses, port):
+    """Any local account may send from all of 127.0.0.0/8, an IPv6 host from all of its /64: one caller each."""
+    networks = {network_of(f"[{a}]:{port}" if ":" in a else f"{a}:{port}") for a in addresses}
+    assert networks <= {"loopback", "2001:db8:0:1::/64"}
+
+
+def test_a_flood_from_every_loopback_address_cannot_rotate_the_history(tmp_path):
+    """An outside account's unauthenticated requests to the TCP control port, each from another loopback address:
+    per address it had 20 lines a minute, so 4096 addresses wrote 80k lines a minute (96 MiB in minutes)."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    for number in range(5000):
+        log.refused_tcp(f"127.{number // 62500 % 250}.{number // 250 % 250}.{2 + number % 250}:4000", "refused: x")
+    for number in range(500):
+        log.refused_tcp(f"[2001:db8:0:1::{number:x}]:4000", "refused: x")
+    log.close()
+    found = lines(tmp_path / "audit.jsonl")
+    assert len([line for line in found if line["action"] == "authenticate"]) == 2 * audit.WRITTEN_PER_WINDOW
+    assert {line["remote"] for line in found if line["action"] == "summary"} == {"loopback", "2001:db8:0:1::/64"}
 
 
 def test_one_callers_flood_neither_rotates_the_history_nor_silences_another_caller(tmp_path):

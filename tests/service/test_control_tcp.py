@@ -6,6 +6,7 @@ These start real `appliance serve` processes on loopback; no model is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -185,6 +186,41 @@ def test_connections_that_never_send_a_request_are_audited_in_summary(tcp_daemon
     for sock in held:
         sock.close()
     summaries = [line for line in audit_lines(daemon) if line["action"] == "connections"]
-    assert summaries and summaries[0]["transport"] == "tcp" and summaries[0]["remote"] == "127.0.0.1"
+    assert summaries and summaries[0]["transport"] == "tcp" and summaries[0]["remote"] == "loopback"
     counted = summaries[0]["outcome"]
     assert "300 opened" in counted and "evicted" in counted, counted  # past the 32-per-address cap
+
+
+def test_a_flood_from_every_loopback_address_neither_fills_the_port_nor_rotates_the_audit(tcp_daemon):
+    """What an account outside the group did to the TCP control port: 300 connections, each from another address
+    of 127.0.0.0/8, each trickling a body after its 401; then a refused request from each of 300 more addresses.
+    Before, the token holder got 503s for as long as it went on, and every address had its own 20 audit lines."""
+    daemon, port = tcp_daemon, tcp_daemon.control_port
+    held = []
+    for number in range(300):
+        sock = socket.create_connection(
+            ("127.0.0.1", port), timeout=5, source_address=(f"127.1.{number // 250}.{2 + number % 250}", 0)
+        )
+        sock.sendall(b"POST /jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+        held.append(sock)
+    time.sleep(0.5)
+    for sock in held:
+        with contextlib.suppress(OSError):  # past the port's cap of 256 some were evicted already
+            sock.send(b" ")
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+        answers = [http.get("/status", headers={"Authorization": "Bearer " + TOKEN}).status_code for _ in range(5)]
+    assert answers == [200] * 5
+    for sock in held:
+        sock.close()
+    for number in range(300):
+        sock = socket.create_connection(
+            ("127.0.0.1", port), timeout=5, source_address=(f"127.2.{number // 250}.{2 + number % 250}", 0)
+        )
+        with sock:
+            sock.sendall(b"GET /jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert sock.recv(100).startswith(b"HTTP/1.1 401")
+    daemon.stop()
+    refused = [line for line in audit_lines(daemon) if line["action"] == "authenticate"]
+    assert len(refused) <= 20, f"{len(refused)} full lines: the flood is not counted as one caller"
+    summary = [line for line in audit_lines(daemon) if line["action"] == "summary"]
+    assert summary and summary[0]["remote"] == "loopback" and "authenticate refused" in summary[0]["outcome"]

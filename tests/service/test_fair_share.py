@@ -12,6 +12,7 @@ import time
 import pytest
 
 from appliance.service.api import JobSummary
+from appliance.service import fair_share
 from appliance.service.fair_share import fair_order
 from daemon_support import (
     as_user,
@@ -126,3 +127,61 @@ def test_retention_deletes_finished_jobs_and_an_ended_jobs_upload_leaves_with_it
     assert not (daemon.data_dir / "jobs" / uploaded.id).exists()
     audit = [json.loads(line) for line in (daemon.data_dir / "audit.jsonl").read_text().splitlines()]
     assert any(a["action"] == "delete" and a["job_id"] == uploaded.id and "retention" in a["outcome"] for a in audit)
+
+
+@needs_root
+def test_finished_jobs_count_toward_a_cap_so_no_loop_grows_every_list(make_daemon):
+    """A member submitted and cancelled 4 jobs a second: finished jobs are kept until deleted, every member's job
+    list (and every TUI's start) holds them all, so the list grew without bound. Kept jobs are capped per user."""
+    daemon = make_daemon(["--group", str(MEMBERS), "--max-jobs-per-user", "3"])
+    open_socket_dir(daemon, MEMBERS)
+    socket_path = str(daemon.socket_path)
+    try:
+        assert member(ALICE, submit_many, socket_path, ["holder"]) == [201]
+        worker = wait_for(lambda: worker_pids(daemon.data_dir), 60, "the first job's worker")[0]
+        os.killpg(os.getpgid(worker), signal.SIGSTOP)  # holds the slot without using the CPU
+        for name in ("a2", "a3"):
+            assert member(ALICE, submit_many, socket_path, [name]) == [201]
+            job_id = next(j.id for j in daemon.client().jobs() if j.name == name)
+            assert member(ALICE, unix_request, socket_path, "POST", f"/jobs/{job_id}/cancel")[0] == 200
+        status, answer = member(
+            ALICE, unix_request, socket_path, "POST", "/jobs", {"file_name": "x", "yaml": tiny_job()}
+        )
+        assert status == 429 and "--max-jobs-per-user" in answer["error"] and "delete finished" in answer["error"]
+        assert member(BOB, submit_many, socket_path, ["b1"]) == [201]  # another user's share is untouched
+        assert member(ALICE, unix_request, socket_path, "DELETE", f"/jobs/{job_id}")[0] == 200
+        assert member(ALICE, submit_many, socket_path, ["a4"]) == [201]
+    finally:
+        daemon.stop(signal.SIGKILL)
+
+
+def test_only_a_job_past_its_time_yields_and_only_to_another_users_waiting_job():
+    running = [("long", 1, 0.0), ("fresh", 2, 90.0)]
+    assert fair_share.overdue_holders(running, [job("w", 3)], 100.0, now=100.0) == ["long"]
+    assert fair_share.overdue_holders(running, [job("w", 1)], 100.0, now=100.0) == []  # only its own user waits
+    assert fair_share.overdue_holders(running, [], 100.0, now=1e9) == []  # no one waits
+    assert fair_share.overdue_holders(running, [job("w", 3)], 0.0, now=1e9) == []  # 0: until it ends
+
+
+@needs_root
+@pytest.mark.model
+def test_a_job_that_held_the_slot_past_its_time_yields_to_another_users_waiting_job(make_daemon):
+    """A member's job of a million steps kept the box's one slot: the queue's order only matters when a slot
+    frees, and none did. Past --max-slot-hours with another user waiting, it checkpoints and requeues."""
+    daemon = make_daemon(["--group", str(MEMBERS), "--max-slot-hours", str(8 / 3600)])
+    open_socket_dir(daemon, MEMBERS)
+    socket_path = str(daemon.socket_path)
+    assert member(ALICE, submit_many, socket_path, ["long"]) == [201]
+    client = daemon.client()
+    long = wait_for(lambda: next((j for j in client.jobs() if j.state == "running"), None), 60, "the long job")
+    daemon.wait_step(long.id, 1)  # past its time by now: it yields once another user waits
+    assert member(BOB, submit_many, socket_path, ["waiting"]) == [201]
+    bobs = wait_for(
+        lambda: next((j for j in client.jobs() if j.name == "waiting" and j.state == "running"), None),
+        300,
+        "the other user's job to get the slot",
+    )
+    requeued = client.job(long.id)
+    assert requeued.state == "queued" and "yielded its slot" in requeued.reason, requeued.reason
+    assert requeued.checkpoints, "it yielded without a checkpoint"
+    assert bobs.uid == BOB

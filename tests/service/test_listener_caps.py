@@ -5,6 +5,7 @@ started per connection, and accept failures at the descriptor limit are logged o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -90,6 +91,40 @@ def test_one_peers_idle_and_half_sent_connections_never_keep_another_peer_out(se
     assert alive <= 32, f"{alive} attacker connections still open past the total cap"
     for sock in held:
         sock.close()
+
+
+async def refuse_unread(scope, receive, send) -> None:
+    """An app that answers 401 without reading the body: a token check before the route (the TCP control port,
+    a job's student endpoint) or a page that takes no body (the metrics port)."""
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"no"})
+
+
+def test_bodies_nobody_reads_from_many_addresses_never_keep_another_peer_out(serve):
+    """An outside account sends from every address of 127.0.0.0/8, one connection each, a body trickling in after
+    its refusal: before, such a connection counted as a request in flight and 400 of them kept everyone out."""
+    port = serve(ListenerLimits(total=32, per_peer=8), app=refuse_unread)
+    held = []
+    for number in range(200):
+        sock = connect(port, f"127.0.{1 + number // 250}.{2 + number % 250}")
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+        held.append(sock)
+    time.sleep(0.5)
+    for sock in held:  # still trickling: not idle, not half-sent
+        with contextlib.suppress(OSError):
+            sock.send(b" ")
+    answers = [refused_or_answered(port, "127.0.9.9") for _ in range(10)]
+    assert answers == [401] * 10, answers
+    assert sum(map(established, held)) <= 32
+    for sock in held:
+        sock.close()
+
+
+def refused_or_answered(port: int, source: str) -> int:
+    with connect(port, source, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") as sock:
+        return int(sock.recv(4096).split(b" ")[1])
 
 
 async def long_poll(scope, receive, send) -> None:
