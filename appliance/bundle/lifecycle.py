@@ -18,7 +18,7 @@ from pathlib import Path
 
 from appliance.bundle import box, drain
 from appliance.bundle.box import InstallError, Release
-from appliance.bundle.verify import is_marked
+from appliance.bundle.verify import unverified
 
 RELEASES = "releases"
 READY_TIMEOUT_SECONDS = 900.0
@@ -44,8 +44,9 @@ def previous(state_dir: Path) -> Release | None:
 def install(bundle: Path, options: Options, say=print) -> Release:
     """A first install, or an upgrade (or reinstall) over the release in use."""
     bundle = Path(os.path.realpath(bundle))
-    if not is_marked(bundle, options.state_dir):
-        raise InstallError(f"refused: {bundle} has not been verified; run 'appliance bundle verify {bundle}' first")
+    reason = unverified(bundle, options.state_dir)
+    if reason is not None:
+        raise InstallError(f"refused: {reason}; run 'appliance bundle verify {bundle}' first")
     release = Release.read(bundle / "release.json")
     release = replace(release, runtime=box.pick_runtime(options.runtime), device=box.pick_device(options.device))
     installed = current(options.state_dir)
