@@ -165,12 +165,18 @@ def source_layer(version: str) -> dict[str, bytes]:
     return files
 
 
-def make_bundle(version: str, out: Path, signing_key, work: Path, model=None, client: Path | None = None) -> Path:
+def make_bundle(
+    version: str, out: Path, signing_key, work: Path, model=None, client: Path | None = None, changes=None
+) -> Path:
     """A real signed bundle (images/bundle) of this checkout's code as version VERSION, around a stand-in image
-    archive; `model` is (name, data dir) or None; `client` a client wheelhouse, else a stand-in one."""
+    archive; `model` is (name, data dir) or None; `client` a client wheelhouse, else a stand-in one; `changes`
+    {path in the image: bytes} replaces files of the image's code (a release that fails, say)."""
     labels = {"org.opencontainers.image.version": version}
     archive = image_archive(
-        work / f"image-{version}.tar", [source_layer(version)], f"localhost/appliance:{version}", labels
+        work / f"image-{version}.tar",
+        [{**source_layer(version), **(changes or {})}],
+        f"localhost/appliance:{version}",
+        labels,
     )
     if client is None:
         client = work / f"client-{version}"

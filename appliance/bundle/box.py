@@ -35,6 +35,8 @@ UNIT = "appliance.service"
 RUNTIMES = ("podman", "podman-classic", "docker")
 QUADLET_PODMAN = (5, 0)  # StopTimeout, RunInit, PidsLimit, HealthOnFailure in Quadlet
 REPOSITORY = "localhost/appliance"
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # an OCI tag; also one folder name, never '.' or '..'
+_VERSION = re.compile(r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?")
 
 
 class InstallError(ApplianceError):
@@ -61,7 +63,7 @@ class Release:
     def read(path: Path) -> "Release":
         try:
             data = json.loads(path.read_text())
-            return Release(
+            release = Release(
                 str(data["version"]),
                 int(data["store_schema"]),
                 tuple(data.get("models", ())),
@@ -70,12 +72,37 @@ class Release:
             )
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise InstallError(f"{path} is not a release record ({error}); the bundle or state is damaged") from None
+        release.check(path)
+        return release
+
+    def check(self, path: Path) -> None:
+        """Each field is what it names: the version is an image tag and a folder, each model a folder's name."""
+        for what, value in [("version", self.version)] + [("model", model) for model in self.models]:
+            if not isinstance(value, str) or not NAME.fullmatch(value):
+                raise InstallError(
+                    f"{path}: {what} {value!r} is not a plain name (letters, digits, '_', '.', '-', at most 128, "
+                    "not starting with '.' or '-'): it names an image tag and a folder on the box"
+                )
+        if self.store_schema < 1 or self.runtime not in RUNTIMES or self.device not in ("gpu", "cpu"):
+            raise InstallError(f"{path}: store_schema, runtime or device is not one this installer knows")
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         temporary = path.with_name(path.name + ".tmp")
         temporary.write_text(json.dumps({**asdict(self), "models": list(self.models)}, indent=2) + "\n")
         os.replace(temporary, path)
+
+
+def version_key(version: str) -> tuple | None:
+    """An order for versions like 0.2.0, 1.0rc1 (before 1.0); None for any other shape."""
+    found = _VERSION.fullmatch(version)
+    if not found:
+        return None
+    numbers = [int(part) for part in found.group(1).split(".")]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    stage = (0, ("a", "b", "rc").index(found.group(2)), int(found.group(3))) if found.group(2) else (1, 0, 0)
+    return tuple(numbers), stage
 
 
 def run(*argv: str, check: bool = True, timeout: float = 3600) -> subprocess.CompletedProcess:

@@ -10,17 +10,21 @@ all a rollback needs. Uninstall removes units, shim and images and keeps the dat
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from appliance.bundle import box, drain
 from appliance.bundle.box import InstallError, Release
-from appliance.bundle.verify import is_marked
+from appliance.bundle.verify import unverified
+from appliance.service.client import DaemonUnreachable
 
 RELEASES = "releases"
+LOCK = "lock"
 READY_TIMEOUT_SECONDS = 900.0
 
 
@@ -31,6 +35,7 @@ class Options:
     device: str | None = None
     drain_timeout: float = 900.0
     dry_run: bool = False
+    downgrade: bool = False  # install a release older than the one in use (rollback is the usual way back)
 
 
 def current(state_dir: Path) -> Release | None:
@@ -42,13 +47,21 @@ def previous(state_dir: Path) -> Release | None:
 
 
 def install(bundle: Path, options: Options, say=print) -> Release:
-    """A first install, or an upgrade (or reinstall) over the release in use."""
+    """A first install, or an upgrade (or reinstall) over the release in use; one at a time."""
+    with _exclusive(options, "install"):
+        return _install(bundle, options, say)
+
+
+def _install(bundle: Path, options: Options, say) -> Release:
     bundle = Path(os.path.realpath(bundle))
-    if not is_marked(bundle, options.state_dir):
-        raise InstallError(f"refused: {bundle} has not been verified; run 'appliance bundle verify {bundle}' first")
+    reason = unverified(bundle, options.state_dir)
+    if reason is not None:
+        raise InstallError(f"refused: {reason}; run 'appliance bundle verify {bundle}' first")
     release = Release.read(bundle / "release.json")
-    release = replace(release, runtime=box.pick_runtime(options.runtime), device=box.pick_device(options.device))
     installed = current(options.state_dir)
+    if installed is not None and not options.downgrade:
+        _check_not_older(release, installed, previous(options.state_dir))
+    release = replace(release, runtime=box.pick_runtime(options.runtime), device=box.pick_device(options.device))
     box.check_store_readable(release)
     _check_ids(bundle)
     say(
@@ -74,6 +87,11 @@ def install(bundle: Path, options: Options, say=print) -> Release:
 
 def rollback(options: Options, say=print) -> Release:
     """Back to the release before the one in use: its image tag, models and units are still here."""
+    with _exclusive(options, "rollback"):
+        return _rollback(options, say)
+
+
+def _rollback(options: Options, say) -> Release:
     now, before = current(options.state_dir), previous(options.state_dir)
     if now is None or before is None:
         raise InstallError(
@@ -97,7 +115,11 @@ def rollback(options: Options, say=print) -> Release:
 
 def uninstall(options: Options, purge: bool, say=print) -> None:
     """Stop and remove units, shim, documentation and every release's image; keep the data unless purge."""
-    _need_root()
+    with _exclusive(options, "uninstall" + (" --purge" if purge else "")):
+        _uninstall(options, purge, say)
+
+
+def _uninstall(options: Options, purge: bool, say) -> None:
     releases = [Release.read(path) for path in sorted((options.state_dir / RELEASES).glob("*/release.json"))]
     box.run("systemctl", "disable", "--now", box.UNIT, check=False)  # the stop chain checkpoints running jobs
     box.run("systemctl", "stop", box.UNIT, check=False)
@@ -108,7 +130,7 @@ def uninstall(options: Options, purge: bool, say=print) -> None:
     box.run("systemctl", "daemon-reload", check=False)
     for release in releases:
         box.run(box.runtime_program(release.runtime), "rmi", "--force", release.image, check=False)
-    for name in ("current", "previous", RELEASES, drain.DRAINED, "verified"):
+    for name in ("current", "previous", RELEASES, drain.DRAINED, "verified", "verified.stamp"):
         target = options.state_dir / name
         shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink(missing_ok=True)
     kept = f"{box.DATA_DIR} and {box.MODELS_DIR}"
@@ -143,18 +165,52 @@ def _switch(options: Options, target: Release, running: Release | None, say, wri
         box.run("systemctl", "stop", box.UNIT)
         stopped = time.monotonic()
         say(f"service stopped {stopped - started:.1f} s after the drain began")
+    _put_in_place(target, running, write_units)
+    if active or drain.pending(options.state_dir):
+        try:
+            _start(options, target, stopped, say)
+        except (InstallError, DaemonUnreachable) as error:
+            if running is None:
+                raise
+            _return_to(options, running, target, error, say)
+
+
+def _put_in_place(target: Release, running: Release | None, write_units) -> None:
     _flip_models(target.version)
     write_units()
     box.run("systemctl", "daemon-reload")
     if running is not None and running.runtime != target.runtime:
         (box.QUADLET if running.runtime == "podman" else box.SERVICE).unlink(missing_ok=True)
-    if active or drain.pending(options.state_dir):
-        box.run("systemctl", "start", box.UNIT)
-        resumed = drain.resume(box.SOCKET, options.state_dir, READY_TIMEOUT_SECONDS, say)
-        say(
-            f"appliance {target.version} is running; {len(resumed)} job(s) resumed; the control API was down "
-            f"{time.monotonic() - stopped:.1f} s"
-        )
+
+
+def _start(options: Options, target: Release, stopped: float, say) -> None:
+    box.run("systemctl", "start", box.UNIT)
+    resumed = drain.resume(box.SOCKET, options.state_dir, READY_TIMEOUT_SECONDS, say)
+    say(
+        f"appliance {target.version} is running; {len(resumed)} job(s) resumed; the control API was down "
+        f"{time.monotonic() - stopped:.1f} s"
+    )
+
+
+def _return_to(options: Options, running: Release, failed: Release, error: Exception, say) -> None:
+    """The new release did not start: the one that ran before runs again, with its jobs, and the records still
+    name it; then the failure is raised. Its image, models and units were never touched."""
+    say(f"appliance {failed.version} did not start ({error}); returning to {running.version}")
+    box.run("systemctl", "stop", box.UNIT, check=False)
+    units = _release_dir(options.state_dir, running.version) / "units"
+    _put_in_place(running, failed, lambda: _restore_units(units))
+    try:
+        _start(options, running, time.monotonic(), say)
+    except (InstallError, DaemonUnreachable) as again:
+        raise InstallError(
+            f"appliance {failed.version} did not start ({error}), and {running.version} did not start again "
+            f"({again}): see journalctl -u {box.UNIT}; if the job store was migrated, the copy from before is "
+            f"{box.DATA_DIR / 'appliance.db'}.schema-N"
+        ) from None
+    raise InstallError(
+        f"appliance {failed.version} did not start ({error}); {running.version} runs again and every drained job "
+        f"resumed; see journalctl -u {box.UNIT} for why, then install {failed.version} again or not"
+    )
 
 
 def _load_image(bundle: Path, release: Release, program: str, say) -> None:
@@ -300,6 +356,43 @@ def _getent(database: str, key: str) -> list[str]:
     """The entry of the box's user database (NSS: files, LDAP, ...), split at ':'; [] when there is none."""
     found = box.run("getent", database, key, check=False)
     return found.stdout.strip().split(":") if found.returncode == 0 and found.stdout.strip() else []
+
+
+@contextmanager
+def _exclusive(options: Options, what: str):
+    """One install, rollback or uninstall at a time: two would drain, stop and swap over each other."""
+    if options.dry_run:
+        yield
+        return
+    _need_root()
+    options.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(options.state_dir / LOCK, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another one"
+            raise InstallError(
+                f"refused: appliance bundle {holder} is running ({options.state_dir / LOCK} is locked); "
+                "let it finish, then run this again"
+            ) from None
+        handle.truncate(0)
+        handle.write(f"{what} (pid {os.getpid()})")
+        handle.flush()
+        yield
+
+
+def _check_not_older(release: Release, installed: Release, before: Release | None) -> None:
+    """An old signed bundle replayed as an upgrade installs old code: only on purpose."""
+    new, old = box.version_key(release.version), box.version_key(installed.version)
+    if release.version == installed.version or (new is not None and old is not None and new > old):
+        return
+    back = f"'appliance bundle rollback' returns to {before.version}; " if before else ""
+    how = "older than" if new is not None and old is not None else "not comparable with"
+    raise InstallError(
+        f"refused: {release.version} is {how} {installed.version}, the release in use; {back}to install it "
+        "anyway, on purpose, give --downgrade"
+    )
 
 
 def _need_root() -> None:

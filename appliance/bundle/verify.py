@@ -1,17 +1,21 @@
 """`appliance bundle verify DIR`: a bundle is exactly what its signer packed, checked before any of its code runs.
 
 The signature of MANIFEST.sha256 is checked with gpgv (a copy read once, so the file checked is the file
-parsed), then the tree is walked without following anything: every entry must be a directory that holds a
-listed file, or a regular file the manifest lists, owned by this user (or root) and writable by no one else,
-so nothing can change between this check and the install. Symlinks, devices, pipes, sockets, extra files and
-extra directories are refused by name; then every listed file's sha256 is compared. A verified bundle gets a
-marker in the install state folder holding the manifest's sha256 and the bundle's path; install-bundle refuses
-to run without it.
+parsed; the keyring by its absolute path, in a gpg home of its own), then the tree is walked without following
+anything: every entry must be a directory that holds a listed file, or a regular file the manifest lists
+without a setuid or setgid bit, owned by this user (or root) and writable by no one else, and so must every
+folder above the bundle (a sticky one like /tmp aside) and the keyring: nobody else can swap anything between
+this check and the install. Symlinks, devices, pipes, sockets, extra files and extra directories are refused by
+name; then every listed file's sha256 is compared. A verified bundle gets a marker in the install state folder
+holding the manifest's sha256 and the bundle's path (install-bundle refuses to run without it), and a stamp of
+every entry's inode, size and change times, which the installer compares: a file replaced, changed or added
+after the check refuses the install.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import stat
@@ -27,6 +31,7 @@ SIGNATURE = "MANIFEST.sha256.sig"
 DEFAULT_KEYRING = Path("/etc/appliance/bundle-signing-key.gpg")
 DEFAULT_STATE_DIR = Path("/var/lib/appliance-install")
 MARKER = "verified"
+STAMP = "verified.stamp"
 MAX_MANIFEST_BYTES = 16 * 2**20
 _LINE = re.compile(r"([0-9a-f]{64})  ([^\x00-\x1f\x7f\\]+)")
 _CHUNK = 4 * 2**20
@@ -56,26 +61,41 @@ def manifest_digest(bundle: Path) -> str:
 
 
 def is_marked(bundle: Path, state_dir: Path = DEFAULT_STATE_DIR) -> bool:
-    """True when `appliance bundle verify` passed this bundle, and its manifest is still the one it checked."""
+    return unverified(bundle, state_dir) is None
+
+
+def unverified(bundle: Path, state_dir: Path = DEFAULT_STATE_DIR) -> str | None:
+    """None when `appliance bundle verify` passed this bundle and nothing in it changed since; else why not."""
     bundle = Path(os.path.realpath(bundle))
     try:
-        return (state_dir / MARKER).read_text() == marker_line(bundle, manifest_digest(bundle))
-    except OSError:
-        return False
+        if (state_dir / MARKER).read_text() != marker_line(bundle, manifest_digest(bundle)):
+            return f"{bundle} has not been verified"
+        stamped = json.loads((state_dir / STAMP).read_text())
+    except (OSError, ValueError):
+        return f"{bundle} has not been verified"
+    now = _stamp(bundle)
+    changed = set(stamped) ^ set(now) | {name for name in stamped if now.get(name) != stamped[name]}
+    if not changed:
+        return None
+    # A file named before the folder it is in: an added or replaced file also changes its folder's times.
+    first = min(changed, key=lambda name: (stat.S_ISDIR((now.get(name) or stamped[name])[2]), name))
+    return f"{bundle / first} changed since {bundle} was verified ({len(changed)} entries differ)"
 
 
 def verify_bundle(
     bundle: Path, keyring: Path = DEFAULT_KEYRING, state_dir: Path | None = DEFAULT_STATE_DIR
 ) -> Verified:
     """Check the bundle as the module docstring says; write the marker (unless state_dir is None)."""
-    bundle = Path(os.path.realpath(bundle))
+    bundle, keyring = Path(os.path.realpath(bundle)), Path(os.path.realpath(keyring))
     if not bundle.is_dir():
         raise BundleRefused(f"{bundle} is not a directory; give the bundle's folder")
+    _check_folders_above(bundle, "a folder above the bundle")
     manifest = _read_regular(bundle, MANIFEST, MAX_MANIFEST_BYTES)
     signature = _read_regular(bundle, SIGNATURE, 1 * 2**20)
     _check_signature(manifest, signature, keyring)
     listed = parse_manifest(manifest)
     _check_tree(bundle, set(listed))
+    stamp = _stamp(bundle)  # before the hashes: a change while they are read shows at the install
     total = 0
     for name, digest in sorted(listed.items(), key=lambda item: os.lstat(bundle / item[0]).st_size):
         # Small files first: a changed unit or model file is named before the image is read.
@@ -85,7 +105,7 @@ def verify_bundle(
         total += size
     verified = Verified(bundle, hashlib.sha256(manifest).hexdigest(), len(listed), total)
     if state_dir is not None:
-        _write_marker(state_dir, verified)
+        _write_marker(state_dir, verified, stamp)
     return verified
 
 
@@ -129,10 +149,13 @@ def _check_signature(manifest: bytes, signature: bytes, keyring: Path) -> None:
             f"no public key at {keyring}: install the bundle signing key you received apart from the bundle "
             f"(install -D -m 0644 KEY.gpg {keyring}), or give --keyring FILE"
         )
+    _check_owner(keyring, os.stat(keyring), "the signing key")
+    _check_folders_above(keyring, "a folder above the signing key")
     with tempfile.TemporaryDirectory(prefix="appliance-verify-") as scratch:
         (Path(scratch) / MANIFEST).write_bytes(manifest)
         (Path(scratch) / SIGNATURE).write_bytes(signature)
-        argv = ["gpgv", "--keyring", str(keyring), SIGNATURE, MANIFEST]
+        # Its own home: no GNUPGHOME, trustedkeys.kbx or keyring name of the caller's gpg adds a key.
+        argv = ["gpgv", "--homedir", scratch, "--keyring", str(keyring), SIGNATURE, MANIFEST]
         try:
             checked = subprocess.run(argv, cwd=scratch, capture_output=True, timeout=120)
         except FileNotFoundError:
@@ -172,6 +195,44 @@ def _check_owner(path: Path, info: os.stat_result, what: str) -> None:
             f"refused: {path} ({what}) can be changed by another user (owner uid {info.st_uid}, mode "
             f"{stat.S_IMODE(info.st_mode):04o}); copy the bundle as the user who installs it (cp -r, umask 022)"
         )
+    if stat.S_ISREG(info.st_mode) and info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+        raise BundleRefused(
+            f"refused: {path} has the setuid or setgid bit (mode {stat.S_IMODE(info.st_mode):04o}); "
+            "no file of a bundle carries one"
+        )
+
+
+def _check_folders_above(path: Path, what: str) -> None:
+    """Every folder from / down to `path`'s own is root's or this user's, and no one else may rename in it
+    (a sticky folder like /tmp lets others create, never move what is not theirs)."""
+    for folder in reversed(path.parents):
+        info = os.stat(folder)
+        sticky = info.st_mode & stat.S_ISVTX
+        if info.st_uid not in (0, os.geteuid()) or (info.st_mode & 0o022 and not sticky):
+            raise BundleRefused(
+                f"refused: {folder} ({what}) can be changed by another user (owner uid {info.st_uid}, mode "
+                f"{stat.S_IMODE(info.st_mode):04o}), who could swap what is checked before it is installed; "
+                "move it under a folder only root can write (/root, /srv)"
+            )
+
+
+def _stamp(bundle: Path) -> dict[str, list[int]]:
+    """Each entry's identity and times: any replacement, write, chmod, chown or added name changes one."""
+    stamp = {}
+    for folder, directories, files in os.walk(bundle, followlinks=False):
+        for name in ["", *directories, *files] if folder == str(bundle) else [*directories, *files]:
+            path = Path(folder) / name
+            info = os.lstat(path)
+            stamp[path.relative_to(bundle).as_posix()] = [
+                info.st_dev,
+                info.st_ino,
+                info.st_mode,
+                info.st_uid,
+                info.st_size,
+                info.st_mtime_ns,
+                info.st_ctime_ns,
+            ]
+    return stamp
 
 
 def _kind(mode: int) -> str:
@@ -192,8 +253,9 @@ def _sha256(bundle: Path, name: str) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _write_marker(state_dir: Path, verified: Verified) -> None:
+def _write_marker(state_dir: Path, verified: Verified, stamp: dict[str, list[int]]) -> None:
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = state_dir / f".{MARKER}.{os.getpid()}"
-    temporary.write_text(marker_line(verified.bundle, verified.manifest_sha256))
-    os.replace(temporary, state_dir / MARKER)
+    for name, text in ((STAMP, json.dumps(stamp)), (MARKER, marker_line(verified.bundle, verified.manifest_sha256))):
+        temporary = state_dir / f".{name}.{os.getpid()}"
+        temporary.write_text(text)
+        os.replace(temporary, state_dir / name)

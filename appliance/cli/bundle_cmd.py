@@ -52,6 +52,11 @@ def register(subparsers) -> None:
     )
     install.add_argument("--drain-timeout", type=float, default=900.0, help="seconds to wait for running jobs to pause")
     install.add_argument("--dry-run", action="store_true", help="check the bundle and the box; change nothing")
+    install.add_argument(
+        "--downgrade",
+        action="store_true",
+        help="install a release older than the one in use (refused without it: an old bundle replayed as an upgrade)",
+    )
     rollback = action("rollback", "return to the release before, every job kept (drain, swap, resume)", _rollback)
     rollback.add_argument("--drain-timeout", type=float, default=900.0)
     rollback.add_argument("--dry-run", action="store_true")
@@ -91,6 +96,7 @@ def _options(args):
         device=getattr(args, "device", None),
         drain_timeout=getattr(args, "drain_timeout", 900.0),
         dry_run=getattr(args, "dry_run", False),
+        downgrade=getattr(args, "downgrade", False),
     )
 
 
@@ -116,9 +122,16 @@ def _uninstall(args) -> int:
 
 
 def _status(args) -> int:
+    from appliance.bundle.drain import pending
     from appliance.bundle.lifecycle import current, previous
 
     now, before = current(args.state_dir), previous(args.state_dir)
     print(f"in use: {now.version + ' (' + now.image + ', ' + now.runtime + ', ' + now.device + ')' if now else 'none'}")
     print(f"rollback returns to: {before.version if before else 'nothing recorded'}")
+    held = pending(args.state_dir)
+    if held:
+        print(
+            f"paused by an upgrade or rollback that did not finish: {' '.join(held)}; run it again (it resumes them), "
+            "or resume each: appliance jobs resume ID"
+        )
     return EXIT_OK

@@ -254,3 +254,38 @@ def test_a_firing_alert_is_mailed_the_watchdog_pings_and_a_tls_mismatch_is_count
     assert smtp_tls.messages == []  # the default TLS choice delivers nothing to a plain relay
     assert {entry.rsplit(":", 1)[0] for entry in bound} == {"127.0.0.1"}, bound  # loopback only
     assert not any(entry.endswith(":9094/tcp") or entry.endswith("/udp") for entry in bound), bound  # no gossip
+
+
+def test_a_broken_mail_path_silences_the_watchdog_so_the_dead_mans_switch_pages(tmp_path: Path):
+    """The relay is down: AlertmanagerNotificationsFailing can only go by that same mail, so it must reach someone
+    another way. Two Alertmanagers with the shipped routes and the same dead-man's switch: the one with a working
+    path pings it with the Watchdog; the one whose notifications fail sends no Watchdog at all (inhibited), and
+    the switch, missing its pings, pages."""
+    closed = free_port()  # nothing listens there: the lab's relay is down
+    (tmp_path / "working").mkdir()
+    (tmp_path / "broken").mkdir()
+    with serving(SmtpSink()) as smtp, serving(WebhookSink()) as webhook:
+        working = guide_edits(smtp.server_address[1], webhook.server_address[1])
+        broken = guide_edits(closed, webhook.server_address[1])
+        with (
+            alertmanager(working, tmp_path / "working") as (working_url, _),
+            alertmanager(broken, tmp_path / "broken") as (broken_url, _),
+        ):
+            failing = {"severity": "critical", "integration": "email", "instance": "127.0.0.1:9093"}
+            fire(broken_url, alertname="AlertmanagerNotificationsFailing", **failing)
+            for url in (broken_url, working_url):
+                fire(url, alertname="Watchdog", severity="none")
+            wait_for(lambda: pings_from(webhook, working_url), 60, "the working Alertmanager's Watchdog")
+            wait_for(lambda: alert_names(broken_url) >= {"Watchdog", "AlertmanagerNotificationsFailing"}, 30, "both")
+            threading.Event().wait(5)  # the Watchdog's group_wait is 0 s: its ping would be here by now
+
+            assert pings_from(webhook, broken_url) == []
+
+
+def pings_from(webhook: WebhookSink, url: str) -> list[dict]:
+    """The pings of the Alertmanager at `url` (its externalURL names the host, not the address, and the port)."""
+    return [post for post in webhook.posts if post["externalURL"].rstrip("/").endswith(":" + url.rsplit(":", 1)[1])]
+
+
+def alert_names(url: str) -> set[str]:
+    return {alert["labels"]["alertname"] for alert in json.loads(get(url + "/api/v2/alerts"))}

@@ -1,0 +1,128 @@
+"""An upgrade that goes wrong on a newcomer's box (tests/box_support.py): the release in use must keep running.
+
+A release whose daemon does not start (here: a job store migration that fails, as a bug or a full disk would
+make it) is taken back by the install itself: the service runs the release before again, from its own units,
+image and models, on the job store as it was, and the records still name it. Two installs, rollbacks or
+uninstalls never run at once. The daemon is the real one, run directly by the stand-in systemctl.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from appliance.service.client import Client
+from box_support import REPO_ROOT, copy_tree, install_client, make_bundle, unpack_box
+from daemon_support import wait_for
+
+MIGRATIONS = "opt/appliance/src/appliance/service/store_migrations.py"
+
+
+def broken_migration() -> bytes:
+    """The checkout's migrations and one more, to a schema 3, whose statement fails (no such table)."""
+    text = (REPO_ROOT / "appliance" / "service" / "store_migrations.py").read_text()
+    start = text.index("SCHEMA_VERSION = ")
+    end = text.index("\n", start)
+    current = int(text[start:end].split("=")[1].split("#")[0])
+    step = (
+        f"MIGRATIONS = MIGRATIONS + (Migration({current + 1}, "
+        '("ALTER TABLE no_such_table ADD COLUMN broken TEXT",), readable_by=1, what="fails"),)\n'
+    )
+    text = text[:start] + step + f"SCHEMA_VERSION = {current + 1}" + text[end:]
+    return text.encode()
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, signing_key) -> Path:
+    """0.1.0 as it is, and a 0.2.0 whose daemon cannot start: made once, copied into each box."""
+    work = tmp_path_factory.mktemp("bundles")
+    make_bundle("0.1.0", work / "bundle-0.1.0", signing_key, work)
+    make_bundle("0.2.0", work / "bundle-0.2.0", signing_key, work, changes={MIGRATIONS: broken_migration()})
+    return work
+
+
+@pytest.fixture
+def box(tmp_path: Path, signing_key, bundles: Path):
+    box = unpack_box(tmp_path)
+    install_client(box)
+    key = box.path("/etc/appliance/bundle-signing-key.gpg")
+    key.parent.mkdir(parents=True)
+    key.write_bytes(signing_key.keyring.read_bytes())
+    for version in ("0.1.0", "0.2.0"):
+        copy_tree(bundles / f"bundle-{version}", box.path(f"/srv/bundle-{version}"))
+    yield box
+    box.kill_everything()
+
+
+def run(box, command: str):
+    return box.run(command, timeout=600)
+
+
+def install(version: str) -> str:
+    return f"appliance bundle verify /srv/bundle-{version} && /srv/bundle-{version}/install-bundle --device cpu"
+
+
+def schema(box) -> str:
+    db = sqlite3.connect(f"file:{box.path('/var/lib/appliance/appliance.db')}?mode=ro", uri=True)
+    try:
+        return dict(db.execute("SELECT key, value FROM meta").fetchall())["schema_version"]
+    finally:
+        db.close()
+
+
+def log(box) -> str:
+    path = box.path("/var/log/standin-appliance.log")
+    return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+
+def test_an_upgrade_whose_daemon_does_not_start_returns_to_the_release_before(box):
+    assert run(box, "/opt/appliance-client/bin/" + install("0.1.0")).returncode == 0
+    assert run(box, "systemctl start appliance.service").returncode == 0
+    socket = box.path("/run/appliance/control.sock")
+    client = Client(socket, timeout=60)
+    wait_for(lambda: client.status(), 60, "the 0.1.0 daemon")
+    before = schema(box)
+
+    failed = run(box, "/opt/appliance-client/bin/" + install("0.2.0"))
+    status = run(box, "appliance bundle status")
+
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "appliance 0.2.0 did not start" in failed.stderr and "0.1.0 runs again" in failed.stderr, failed.stderr
+    assert "returning to 0.1.0" in failed.stdout and "appliance 0.1.0 is running" in failed.stdout, log(box)
+    assert Client(socket, timeout=60).status().version == "0.1.0"
+    assert status.stdout.startswith("in use: 0.1.0 ")
+    assert os.readlink(box.path("/var/lib/appliance-models/current")) == "0.1.0"
+    unit = box.path("/etc/containers/systemd/appliance.container").read_text()
+    assert "Image=localhost/appliance:0.1.0" in unit
+    assert schema(box) == before  # the failed migration changed nothing
+
+
+def test_two_installs_rollbacks_or_uninstalls_never_run_at_once(box):
+    """Another one holding the install lock (here this test, from outside the box): each command is refused in
+    one sentence before it changes anything; once the lock is free, the same install goes through."""
+    assert run(box, "/opt/appliance-client/bin/" + install("0.1.0")).returncode == 0
+    lock = box.path("/var/lib/appliance-install/lock")
+    with open(lock, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.truncate(0)
+        held.write("install (pid 4242)")
+        held.flush()
+        refused = {
+            command: run(box, command)
+            for command in (
+                "/opt/appliance-client/bin/" + install("0.1.0"),
+                "appliance bundle rollback",
+                "appliance bundle uninstall --purge",
+            )
+        }
+
+    for command, result in refused.items():
+        assert result.returncode == 1, f"{command}\n{result.stdout}\n{result.stderr}"
+        assert "refused: appliance bundle install (pid 4242) is running" in result.stderr, result.stderr
+    assert box.path("/usr/local/bin/appliance").exists() and box.path("/var/lib/appliance-install/current").exists()
+    again = run(box, "/opt/appliance-client/bin/" + install("0.1.0"))
+    assert again.returncode == 0 and "upgrade 0.1.0 -> 0.1.0" in again.stdout, again.stderr
