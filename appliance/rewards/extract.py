@@ -31,6 +31,7 @@ NUMBER = re.compile(
 )
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]{1,80})\s*\}\s*\{\s*(-?[\d.,]{1,80})\s*\}")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_ANSWER_CLOSE = re.compile(r"</answer>", re.IGNORECASE)
 _GSM8K_MARK = re.compile(r"####\s*(.*)")
 # One line after the phrase, so later working ("check: 5 = 5") cannot take over.
 _ANSWER_PROSE = re.compile(r"answer\s*(?:is|was|:|=)\s*:?\s*(.{0,80})", re.IGNORECASE)
@@ -118,30 +119,34 @@ def _number_in_span(text: str, start: int, end: int) -> Found | None:
 
 
 def _boxed_spans(text: str) -> list[tuple[int, int, int, int]]:
-    """(start, end, inner start, inner end) of every \\boxed{...}, with nested braces balanced."""
-    spans = []
-    for match in _BOXED.finditer(text):
-        depth, start = 1, match.end()
-        for position in range(start, len(text)):
-            if text[position] == "{":
-                depth += 1
-            elif text[position] == "}":
-                depth -= 1
-                if depth == 0:
-                    spans.append((match.start(), position + 1, start, position))
-                    break
-    return spans
+    """(start, end, inner start, inner end) of every closed \\boxed{...}, with nested braces balanced, in order
+    of their starts. One pass with a stack of open braces: a text of many unclosed boxes costs its length."""
+    boxes = {match.end() - 1: match.start() for match in _BOXED.finditer(text)}
+    spans, opened = [], []
+    for brace in re.finditer(r"[{}]", text):
+        position = brace.start()
+        if brace.group(0) == "{":
+            opened.append(position)
+        elif opened:
+            start = opened.pop()
+            if start in boxes:
+                spans.append((boxes[start], position + 1, start + 1, position))
+    return sorted(spans)
 
 
 def _marked_spans(text: str) -> list[tuple[list[tuple[int, int, int, int]], bool]]:
     """Candidate spans per rule, in priority order, the last span first; and whether the markup closes
     (a closed span ends at its closing markup, an open one at the answer's number)."""
-    groups = lambda pattern: [(m.start(), m.end(), m.start(1), m.end(1)) for m in pattern.finditer(text)]  # noqa: E731
+    # No answer tag closes after the last "</answer>": searching past it would rescan the rest for each opening.
+    tags_end = max((match.end() for match in _ANSWER_CLOSE.finditer(text)), default=0)
+    groups = lambda pattern, end: [  # noqa: E731
+        (m.start(), m.end(), m.start(1), m.end(1)) for m in pattern.finditer(text, 0, end)
+    ]
     return [
-        (list(reversed(groups(_ANSWER_TAG))), True),
+        (list(reversed(groups(_ANSWER_TAG, tags_end))), True),
         (list(reversed(_boxed_spans(text))), True),
-        (list(reversed(groups(_GSM8K_MARK))), False),
-        (list(reversed(groups(_ANSWER_PROSE))), False),
+        (list(reversed(groups(_GSM8K_MARK, len(text)))), False),
+        (list(reversed(groups(_ANSWER_PROSE, len(text)))), False),
     ]
 
 
