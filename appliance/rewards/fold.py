@@ -8,7 +8,8 @@ and the combining marks after it) is folded on its own:
 
 1. Unicode NFKC: compatibility forms to their plain letters and digits (fullwidth, mathematical, circled,
    superscript, ligatures), a base and its marks composed (`=` + U+0338 is `≠`);
-2. Unicode tag characters (U+E0020-E007E, invisible, but a model's tokenizer reads them as the ASCII they
+2. a digit struck through with a combining overlay (`4̶`) dropped, as crossed out;
+   Unicode tag characters (U+E0020-E007E, invisible, but a model's tokenizer reads them as the ASCII they
    shadow) as that ASCII; other format characters (category Cf: zero-width spaces and joiners, soft
    hyphens, bidi controls) and stray combining marks dropped;
 3. decimal digits of every script as ASCII digits, and a number sign NFKC leaves alone (`➒`, `❾`) as its
@@ -42,6 +43,9 @@ CONFUSABLES_FILE = "confusables.txt"
 _MARKS = ("Mn", "Me", "Mc")
 # ASCII characters in the order they are preferred when several share a skeleton ("l", "I" and "1" do).
 _ASCII_PREFERENCE = string.ascii_lowercase + string.ascii_uppercase + string.digits + string.punctuation + " "
+# Combining overlays that strike a character through (short and long stroke, solidus, vertical and
+# reverse solidus).
+_STRIKES = frozenset("\u0334\u0335\u0336\u0337\u0338\u20d2\u20d3\u20e5\u20e6")
 # Tag characters shadow printable ASCII one for one (U+E0041 is "A").
 _TAGS = range(0xE0020, 0xE007F)
 _TAG_OFFSET = 0xE0000
@@ -98,6 +102,8 @@ def fold_grapheme(grapheme: str) -> str:
     """One character with its combining marks, folded (see the module docstring)."""
     if grapheme.isascii():
         return grapheme
+    if _digit_style(grapheme) and any(mark in _STRIKES for mark in grapheme[1:]):
+        return ""  # a digit drawn struck through is crossed out: no digit to any reader
     out = []
     for character in unicodedata.normalize("NFKC", grapheme):
         if character.isascii():
