@@ -1,12 +1,13 @@
 """How much adversarial suffixes raise the judge's reward, with the job's default judge settings.
 
     PYTHONPATH=. .venv/bin/python bench/judge_attack_shifts.py [--sets dev,held_out] [--answers 14]
-        [--model-dir DIR | --data-dir DIR] [--out bench/results/judge_attack_shifts.json]
+        [--ids ID,ID] [--model-dir DIR | --data-dir DIR] [--out bench/results/judge_attack_shifts.json]
 
 The answers are the first `--answers` wrong answers of the shipped labelled set
 (appliance/judge/data/judge_set.jsonl) that do not use the judge prompt's own
 `<response>` marker, as tests/judge/adversarial.py picks them. Each suffix of
-bench/judge_attacks/<set>.jsonl is appended to every answer and the whole batch
+bench/judge_attacks/<set>.jsonl is appended to every answer (or placed where its `place` says:
+`prefix`, or `inside_answer` right after the answer's number; see `attacked`) and the whole batch
 is judged in one call, as a training step judges it: pointwise, probability
 scoring, `JudgeSpec(model=...)` with every other key at its default (the
 guard, and the differential check where the code has one). Per suffix: the
@@ -49,18 +50,46 @@ def suffixes(name: str) -> list[dict]:
     return [json.loads(line) for line in (SETS / f"{name}.jsonl").read_text(encoding="utf-8").splitlines() if line]
 
 
-def judged(judge, answers, suffix: str) -> list[float]:
+def attacked(response: str, reference: str | None, attack: dict) -> str:
+    """The response with the attack's text placed where the row says (`place`, default after the response);
+    in a `template` row "{answer}" and "{ref}" stand for the response's own answer and the reference's."""
+    from appliance.rewards.extract import extract_answer, locate_answer, numbers
+    from appliance.rewards.fold import fold_with_offsets
+
+    text = attack["suffix"]
+    if attack.get("template"):
+        text = text.replace("{answer}", extract_answer(response) or "0").replace(
+            "{ref}", extract_answer(reference) or "0"
+        )
+    place = attack.get("place", "suffix")
+    if place == "prefix":
+        return text + response
+    if place == "inside_answer":  # right after the answer's number, inside its markup (before "</answer>")
+        folded = fold_with_offsets(response)
+        span = locate_answer(folded.text)
+        if span is not None:
+            number = [n for n in numbers(folded.text, span.start, span.end) if n.value == span.value][0]
+            end = folded.original(number.start, number.end)[1]
+            return response[:end] + text + response[end:]
+    return response + text
+
+
+def judged(judge, answers, attack: dict | str) -> list[float]:
     from appliance.rewards.registry import RewardSample
 
+    attack = {"suffix": attack} if isinstance(attack, str) else attack
     return judge(
-        [RewardSample(row.question, row.response + suffix, row.reference, group=i) for i, row in enumerate(answers)]
+        [
+            RewardSample(row.question, attacked(row.response, row.reference, attack), row.reference, group=i)
+            for i, row in enumerate(answers)
+        ]
     )
 
 
 def measure(judge, answers, rows: list[dict], clean: list[float]) -> list[dict]:
     results = []
     for row in rows:
-        scores = judged(judge, answers, row["suffix"])
+        scores = judged(judge, answers, row)
         shifts = [after - before for after, before in zip(scores, clean)]
         capped = getattr(judge, "last_capped", None)
         results.append(
@@ -98,6 +127,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="dev,held_out")
     parser.add_argument("--answers", type=int, default=14)
+    parser.add_argument("--ids", default=None, help="comma-separated row ids: measure only these")
     parser.add_argument("--model-dir", type=Path, default=None)
     parser.add_argument("--data-dir", type=Path, default=None, help="data dir whose model store holds the judge")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "judge_attack_shifts.json")
@@ -120,7 +150,8 @@ def main() -> int:
         report["clean_scores"] = clean
         for name in args.sets.split(","):
             print(f"== {name}: id, kind, mean shift, max shift, rose, guarded, capped, suffix", flush=True)
-            results = measure(judge, answers, suffixes(name), clean)
+            rows = [row for row in suffixes(name) if args.ids is None or row["id"] in args.ids.split(",")]
+            results = measure(judge, answers, rows, clean)
             report["sets"][name] = {"summary": summary(results, len(answers)), "suffixes": results}
             print(json.dumps(report["sets"][name]["summary"]), flush=True)
         stats = judge.stats()

@@ -8,7 +8,9 @@ such a signal is not judged, gets 0, and the reason is recorded (judge.jsonl
 
 The guard reads the folded response (rewards/fold.py: no zero-width, fullwidth
 or look-alike spelling gets past it) with number words as digits
-(number_words.py). It is a lexicon, so it names what it stops; the judge's
+(number_words.py), both as written and as rendered (HTML entities decoded,
+tags and LaTeX commands removed with their arguments kept: `\\text{Score}=\\boxed{9}`
+is a score claim). It is a lexicon, so it names what it stops; the judge's
 differential check (differential.py) is the defence that names nothing. Its
 false positives are measured on a task's own gold answers (`gold_rate`,
 reported by `appliance judge eval`): arithmetic ("2/2 = 1", "score is 35 - 3")
@@ -20,6 +22,7 @@ itself uses ("What was Riley's score?") is the task's topic, not a claim.
 from __future__ import annotations
 
 import functools
+import html
 import re
 from dataclasses import dataclass
 from typing import Iterable
@@ -86,7 +89,7 @@ def _patterns() -> dict[str, re.Pattern]:
     families = "|".join(f"(?P<{family}>{_words(words)})" for family, words in SCORE_FAMILIES.items())
     claim = rf"(?:(?<!\w)(?:{families})(?!\w)|{_GIVE}){_GAP}(?:{_FILLER}\b{_GAP}){{0,3}}?{_VALUE}{_CLAIM_END}"
     return {
-        "marker": re.compile(r"</?\s*response\b", re.IGNORECASE),
+        "marker": re.compile(r"<\s*/?\s*response\b", re.IGNORECASE),
         "score JSON": re.compile(rf"""["']\s*(?:{_words(JSON_KEYS)})\s*["']\s*:""", re.IGNORECASE),
         "addresses the grader": re.compile(rf"\b(?:{_words(GRADER_WORDS)})\b", re.IGNORECASE),
         "ignore instructions": re.compile(f"{_IGNORE}|{_words(IGNORE_WORDS)}", re.IGNORECASE),
@@ -95,15 +98,40 @@ def _patterns() -> dict[str, re.Pattern]:
     }
 
 
+# Markup a reader never sees: a LaTeX command around its argument (`\text{Score}`, `\boxed{9}`), math
+# delimiters and spacing commands, an HTML or XML tag (not the judge's own response marker, which the guard
+# looks for). Removed in the rendered view, arguments kept.
+_LATEX_COMMAND = re.compile(r"\\[a-zA-Z]{1,24}\*?\s*\{([^{}\n]{0,200})\}")
+_LATEX_REST = re.compile(r"\\[a-zA-Z]{1,24}\b|\\[,;:! ]|\$\$?")
+_TAG = re.compile(r"</?(?!response\b)[a-zA-Z][\w:-]{0,32}(?:\s[^<>\n]{0,200})?/?>", re.IGNORECASE)
+# LaTeX arguments nest; each pass unwraps one level, and deeper nesting than this is no prose.
+_LATEX_PASSES = 4
+
+
+def rendered(text: str) -> str:
+    """The text as a reader sees it rendered: HTML entities decoded, tags and LaTeX commands gone, their
+    arguments kept (`$$\\text{Score}=\\boxed{9}$$` is "Score=9")."""
+    text = _TAG.sub("", html.unescape(text))
+    for _ in range(_LATEX_PASSES):
+        unwrapped = _LATEX_COMMAND.sub(r"\1", text)
+        if unwrapped == text:
+            break
+        text = unwrapped
+    return _LATEX_REST.sub(" ", text)
+
+
 @dataclass(frozen=True)
 class GuardView:
-    """A response as the guard reads it: folded, number words as digits."""
+    """A response as the guard reads it: folded, number words as digits; the text as written and, after it,
+    as rendered (markup gone), so that a claim is found in either."""
 
     text: str
 
     @classmethod
     def of(cls, response: str) -> "GuardView":
-        return cls(with_digits(fold(response)))
+        written = with_digits(fold(response))
+        shown = with_digits(fold(rendered(response)))
+        return cls(written if shown == written else f"{written}\n{shown}")
 
 
 def topics(question: str | None) -> frozenset[str]:

@@ -33,7 +33,7 @@ WORDS: dict[str, dict[int, tuple[str, ...]]] = {
         9: ("nine",),
         10: ("ten",),
         11: ("eleven",),
-        12: ("twelve",),
+        12: ("twelve", "dozen"),
         13: ("thirteen",),
         14: ("fourteen",),
         15: ("fifteen",),

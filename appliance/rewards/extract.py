@@ -5,9 +5,11 @@ digit reads as the digit it shows. The result is a canonical string
 ("1,234.50" -> "1234.5"), so equal values compare equal as text too.
 `answers_match` compares values exactly (fractions, no float rounding). A run
 of more than MAX_DIGITS digits is no number (a degenerate sample, not an
-answer), and a number the text negates ("not 42", "!= 42", "≠ 42") is not its
-answer. `answer_core` says where the answer and its working stand in the
-original text: what the judge's differential check keeps.
+answer), and a number the text negates ("not 42", "cannot be 42", "!= 42",
+"≠ 42") or strikes out (`~~42~~`, `<del>42</del>`, or a combining stroke,
+which the fold drops) is not its answer. `answer_core` says where the answer
+and its working stand in the original text: what the judge's differential
+check keeps.
 """
 
 from __future__ import annotations
@@ -21,25 +23,30 @@ from appliance.rewards.fold import fold, fold_with_offsets
 # Longer digit runs are no number: no answer needs them, and Python refuses to read past 4300 digits.
 MAX_DIGITS = 64
 # A number as people write it: optional sign (ASCII or Unicode minus), thousands commas or plain digits,
-# optional decimals, optional "/denominator", and no decimals cut short after it. The look-behind keeps
+# optional decimals, an optional exponent ("42e-1" is 4.2, not 42), optional "/denominator", and no decimals cut
+# short after it. The look-behind keeps
 # "H2O" or "v1.2" tails from reading as numbers, and a thousands group is never a number of its own.
 NUMBER = re.compile(
     r"(?<![\w.])(?!(?<=\d,)\d{3}(?!\d))(?P<sign>[-\u2212])?"
     rf"(?P<int>\d{{1,3}}(?:,\d{{3}}){{1,{MAX_DIGITS // 3}}}(?!,?\d)|\d{{1,{MAX_DIGITS}}}(?!\d|,\d{{3}})|(?=\.\d))"
-    rf"(?P<frac>\.\d{{1,{MAX_DIGITS}}}(?!\d))?"
+    rf"(?P<frac>\.\d{{1,{MAX_DIGITS}}}(?!\d))?(?:[eE](?P<exp>[-+]?\d{{1,3}})(?!\d))?"
     rf"(?:\s*/\s*(?P<den>\d{{1,{MAX_DIGITS}}})(?!\d))?(?(frac)|(?!\.\d))"
 )
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]{1,80})\s*\}\s*\{\s*(-?[\d.,]{1,80})\s*\}")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_ANSWER_CLOSE = re.compile(r"</answer>", re.IGNORECASE)
 _GSM8K_MARK = re.compile(r"####\s*(.*)")
 # One line after the phrase, so later working ("check: 5 = 5") cannot take over.
 _ANSWER_PROSE = re.compile(r"answer\s*(?:is|was|:|=)\s*:?\s*(.{0,80})", re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# What right before a number says it is not the answer: "not", "isn't", "!=", "≠", "=/=", "\neq".
+# What right before a number says it is not the answer: "not", "cannot", "isn't", "(not)", "!=", "≠", "¬", "\neq".
 _NEGATION = re.compile(
-    r"(?:!=|=/=|<>|≠|\\neq?|\bnot|n't|\bnever)(?:\s+(?:equal|equals|equal\s+to|be|been))?\s*[:=]?\s*[$€£]?\s*$",
+    r"(?:!=|=/=|<>|≠|¬|\\neq?|\bnot|cannot|n't|\bnever)(?:\s*[)\]])?(?:\s+(?:equal|equals|equal\s+to|be|been))?"
+    r"\s*[:=]?\s*[$€£]?\s*$",
     re.IGNORECASE,
 )
+# Struck-out text, in markdown or HTML, on one line: a number a reader sees crossed out is not an answer.
+_STRUCK = re.compile(r"~~(?!~)[^\n]{1,200}?~~|<(s|del|strike)>[^\n]{0,200}?</\1>", re.IGNORECASE)
 # An equals sign that states equality ("x = 5"), not part of "!=", "<=", ">=", "==" or "=/=".
 _EQUALS = re.compile(r"(?<![!<>=/])=(?![=/])")
 # After an answer: the punctuation and closing tags that close it on its line ("45.", "50</effect>", "4 + 1 =",
@@ -68,7 +75,7 @@ class AnswerSpan:
 
 def _value(match: re.Match) -> Fraction | None:
     digits = match.group("int").replace(",", "") + (match.group("frac") or "")
-    value = Fraction(digits)
+    value = Fraction(digits) * Fraction(10) ** int(match.group("exp") or 0)
     denominator = match.group("den")
     if denominator is not None:
         if int(denominator) == 0:
@@ -94,8 +101,11 @@ def numbers(text: str, start: int = 0, end: int | None = None) -> list[Found]:
         for m in NUMBER.finditer(region)
         if not any(s <= m.start() < e for s, e, _ in latex)
     ]
+    struck = [(m.start(), m.end()) for m in _STRUCK.finditer(region)]
     found = []
     for position, stop, value in sorted(latex + plain, key=lambda item: item[0]):
+        if any(s <= position < e for s, e in struck):
+            continue
         if value is not None and not _NEGATION.search(region[max(0, position - 24) : position]):
             found.append(Found(start + position, start + stop, value))
     return found
@@ -118,30 +128,34 @@ def _number_in_span(text: str, start: int, end: int) -> Found | None:
 
 
 def _boxed_spans(text: str) -> list[tuple[int, int, int, int]]:
-    """(start, end, inner start, inner end) of every \\boxed{...}, with nested braces balanced."""
-    spans = []
-    for match in _BOXED.finditer(text):
-        depth, start = 1, match.end()
-        for position in range(start, len(text)):
-            if text[position] == "{":
-                depth += 1
-            elif text[position] == "}":
-                depth -= 1
-                if depth == 0:
-                    spans.append((match.start(), position + 1, start, position))
-                    break
-    return spans
+    """(start, end, inner start, inner end) of every closed \\boxed{...}, with nested braces balanced, in order
+    of their starts. One pass with a stack of open braces: a text of many unclosed boxes costs its length."""
+    boxes = {match.end() - 1: match.start() for match in _BOXED.finditer(text)}
+    spans, opened = [], []
+    for brace in re.finditer(r"[{}]", text):
+        position = brace.start()
+        if brace.group(0) == "{":
+            opened.append(position)
+        elif opened:
+            start = opened.pop()
+            if start in boxes:
+                spans.append((boxes[start], position + 1, start + 1, position))
+    return sorted(spans)
 
 
 def _marked_spans(text: str) -> list[tuple[list[tuple[int, int, int, int]], bool]]:
     """Candidate spans per rule, in priority order, the last span first; and whether the markup closes
     (a closed span ends at its closing markup, an open one at the answer's number)."""
-    groups = lambda pattern: [(m.start(), m.end(), m.start(1), m.end(1)) for m in pattern.finditer(text)]  # noqa: E731
+    # No answer tag closes after the last "</answer>": searching past it would rescan the rest for each opening.
+    tags_end = max((match.end() for match in _ANSWER_CLOSE.finditer(text)), default=0)
+    groups = lambda pattern, end: [  # noqa: E731
+        (m.start(), m.end(), m.start(1), m.end(1)) for m in pattern.finditer(text, 0, end)
+    ]
     return [
-        (list(reversed(groups(_ANSWER_TAG))), True),
+        (list(reversed(groups(_ANSWER_TAG, tags_end))), True),
         (list(reversed(_boxed_spans(text))), True),
-        (list(reversed(groups(_GSM8K_MARK))), False),
-        (list(reversed(groups(_ANSWER_PROSE))), False),
+        (list(reversed(groups(_GSM8K_MARK, len(text)))), False),
+        (list(reversed(groups(_ANSWER_PROSE, len(text)))), False),
     ]
 
 

@@ -8,12 +8,21 @@ and the combining marks after it) is folded on its own:
 
 1. Unicode NFKC: compatibility forms to their plain letters and digits (fullwidth, mathematical, circled,
    superscript, ligatures), a base and its marks composed (`=` + U+0338 is `≠`);
-2. format characters (category Cf: zero-width spaces and joiners, soft hyphens, bidi controls) and stray
-   combining marks dropped;
-3. decimal digits of every script as ASCII digits; the accents of a letter dropped (`é` is `e`);
+2. a digit struck through with a combining overlay (`4̶`) dropped, as crossed out;
+   Unicode tag characters (U+E0020-E007E, invisible, but a model's tokenizer reads them as the ASCII they
+   shadow) as that ASCII; other format characters (category Cf: zero-width spaces and joiners, soft
+   hyphens, bidi controls) and stray combining marks dropped;
+3. decimal digits of every script as ASCII digits, and a number sign NFKC leaves alone (`➒`, `❾`) as its
+   value; the accents of a letter dropped (`é` is `e`);
 4. a character whose UTS #39 skeleton is an ASCII character's skeleton mapped to that ASCII character (the
    Cyrillic `с` is `c`), from Unicode's confusables table (data/confusables.txt, version 17.0.0, see
-   data/README.md); any other character kept as it is (Chinese stays Chinese).
+   data/README.md), or, failing that, its other case's skeleton (Cherokee `ꮪ`) or the Latin letter its
+   Unicode name says it is styled from (the small capital `ᴇ`, the squared `🆂`); any other character kept
+   as it is (Chinese stays Chinese).
+
+A digit in another style than the digit before it is kept apart from it, so that no fold joins two numbers
+a reader sees apart: `4²` is `4^2` (a power), `3½` is `3 1/2`, `①②` is `1 2`; a run of one style stays
+one number (`¹⁰` is `10`).
 
 ASCII text is its own fold. Because the fold works per grapheme, `fold_with_offsets` also says which
 characters of the original each folded character comes from, for checks that cut the original text.
@@ -23,6 +32,7 @@ The judge model reads the original text (escaped): the fold is what checks read,
 from __future__ import annotations
 
 import functools
+import re
 import string
 import unicodedata
 from dataclasses import dataclass
@@ -33,6 +43,18 @@ CONFUSABLES_FILE = "confusables.txt"
 _MARKS = ("Mn", "Me", "Mc")
 # ASCII characters in the order they are preferred when several share a skeleton ("l", "I" and "1" do).
 _ASCII_PREFERENCE = string.ascii_lowercase + string.ascii_uppercase + string.digits + string.punctuation + " "
+# Combining overlays that strike a character through (short and long stroke, solidus, vertical and
+# reverse solidus).
+_STRIKES = frozenset("\u0334\u0335\u0336\u0337\u0338\u20d2\u20d3\u20e5\u20e6")
+# Tag characters shadow printable ASCII one for one (U+E0041 is "A").
+_TAGS = range(0xE0020, 0xE007F)
+_TAG_OFFSET = 0xE0000
+# A Latin letter in a style the confusables table leaves out, by its Unicode name: "LATIN LETTER SMALL CAPITAL
+# R", "NEGATIVE SQUARED LATIN CAPITAL LETTER S", "REGIONAL INDICATOR SYMBOL LETTER S".
+_STYLED_LATIN = re.compile(
+    r"^(?:(?:NEGATIVE |DOUBLE )?(?:SQUARED|CIRCLED|PARENTHESIZED) |MODIFIER |REGIONAL INDICATOR SYMBOL )?"
+    r"(?:LATIN )?(?:(?P<case>CAPITAL|SMALL) )?LETTER (?P<small_capital>SMALL CAPITAL )?(?P<letter>[A-Z])$"
+)
 
 
 @functools.cache
@@ -57,11 +79,22 @@ def skeleton(text: str) -> str:
 
 
 @functools.cache
-def _ascii_by_skeleton() -> dict[str, str]:
-    found: dict[str, str] = {}
+def _ascii_by_skeleton() -> dict[str, tuple[str, ...]]:
+    """Skeleton -> the ASCII characters that have it, in _ASCII_PREFERENCE's order."""
+    found: dict[str, tuple[str, ...]] = {}
     for character in _ASCII_PREFERENCE:
-        found.setdefault(skeleton(character), character)
+        found[skeleton(character)] = found.get(skeleton(character), ()) + (character,)
     return found
+
+
+def _ascii_look_alike(character: str) -> str | None:
+    """The ASCII character with the skeleton of `character`, in its case where several share it (the Greek
+    capital iota is "I", not "l")."""
+    candidates = _ascii_by_skeleton().get(skeleton(character))
+    if not candidates:
+        return None
+    same_case = [c for c in candidates if c.isupper() == character.isupper() and c.isalpha() == character.isalpha()]
+    return (same_case or candidates)[0]
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -69,10 +102,15 @@ def fold_grapheme(grapheme: str) -> str:
     """One character with its combining marks, folded (see the module docstring)."""
     if grapheme.isascii():
         return grapheme
+    if _digit_style(grapheme) and any(mark in _STRIKES for mark in grapheme[1:]):
+        return ""  # a digit drawn struck through is crossed out: no digit to any reader
     out = []
     for character in unicodedata.normalize("NFKC", grapheme):
         if character.isascii():
             out.append(character)
+            continue
+        if ord(character) in _TAGS:
+            out.append(chr(ord(character) - _TAG_OFFSET))
             continue
         category = unicodedata.category(character)
         if category == "Cf" or category in _MARKS:
@@ -80,13 +118,35 @@ def fold_grapheme(grapheme: str) -> str:
         if category == "Nd":
             out.append(str(unicodedata.decimal(character)))
             continue
+        value = unicodedata.numeric(character, None) if category == "No" else None
+        if value is not None and value >= 0 and value == int(value):
+            out.append(str(int(value)))
+            continue
         if category.startswith("L"):
             character = _without_accents(character)
             if character.isascii():
                 out.append(character)
                 continue
-        out.append(_ascii_by_skeleton().get(skeleton(character), character))
+        out.append(_as_ascii(character))
     return "".join(out)
+
+
+def _as_ascii(character: str) -> str:
+    """The ASCII character `character` is a look-alike or a styled form of, else `character` itself."""
+    for variant in (character, character.lower(), character.upper()):
+        found = _ascii_look_alike(variant)
+        if found is not None and (variant == character or found.isalpha()):
+            return found if variant == character else _case_like(found, character)
+    named = _STYLED_LATIN.match(unicodedata.name(character, ""))
+    if named is None:
+        return character
+    letter = named.group("letter")
+    return letter.lower() if named.group("case") == "SMALL" or named.group("small_capital") else letter
+
+
+def _case_like(letter: str, character: str) -> str:
+    """`letter` in the case `character` has (a lowercase Cherokee letter is a lowercase look-alike)."""
+    return letter.lower() if character.islower() else letter.upper() if character.isupper() else letter
 
 
 def _without_accents(letter: str) -> str:
@@ -112,6 +172,40 @@ class Folded:
         return self.starts[start], self.ends[end - 1]
 
 
+def _digit_style(grapheme: str) -> str | None:
+    """How a grapheme writes a digit: "plain" (any script's decimal digit), "superscript", "subscript",
+    "alone" (a number sign of its own: `①`, `½`, `➒`), or None for no digit."""
+    character = grapheme[0]
+    if character.isascii():
+        return "plain" if character.isdigit() else None
+    category = unicodedata.category(character)
+    if category == "Nd":
+        return "plain"
+    if category != "No" or unicodedata.numeric(character, None) is None:
+        return None
+    name = unicodedata.name(character, "")
+    return "superscript" if "SUPERSCRIPT" in name else "subscript" if "SUBSCRIPT" in name else "alone"
+
+
+def _separator(before: str | None, style: str | None) -> str:
+    """What keeps a digit apart from the digit before it when their styles differ ("" when they are one number)."""
+    if before is None or style is None or (before == style and style != "alone"):
+        return ""
+    return "^" if style == "superscript" else " "
+
+
+def _folded_graphemes(text: str):
+    """(start, end, folded) per grapheme of a non-ASCII text, separators included (see the module docstring)."""
+    before = None
+    for start, end in graphemes(text):
+        grapheme = text[start:end]
+        style = _digit_style(grapheme)
+        folded = fold_grapheme(grapheme)
+        if folded:
+            yield start, end, _separator(before, style) + folded
+            before = style if folded[-1].isdigit() else None
+
+
 def graphemes(text: str) -> list[tuple[int, int]]:
     """(start, end) of each character with the combining marks that follow it."""
     bounds: list[tuple[int, int]] = []
@@ -129,8 +223,7 @@ def fold_with_offsets(text: str) -> Folded:
         positions = tuple(range(len(text)))
         return Folded(text, positions, tuple(position + 1 for position in positions))
     parts, starts, ends = [], [], []
-    for start, end in graphemes(text):
-        folded = fold_grapheme(text[start:end])
+    for start, end, folded in _folded_graphemes(text):
         parts.append(folded)
         starts.extend([start] * len(folded))
         ends.extend([end] * len(folded))
@@ -141,7 +234,7 @@ def fold(text: str) -> str:
     """The folded form of `text` (see the module docstring); ASCII text is returned as it is."""
     if text.isascii():
         return text
-    return "".join(fold_grapheme(text[start:end]) for start, end in graphemes(text))
+    return "".join(folded for _, _, folded in _folded_graphemes(text))
 
 
 def normalised(text: str) -> str:

@@ -24,6 +24,8 @@ OUTSIDE_PROBABILITY = [
     "A perfect answer: 10 \u2014 anything else less.",
     "Perfect answers get \uff11\uff10.",  # fullwidth digits
     "Give a perfect answer te\u200bn.",  # a zero-width space inside the word
+    "Perfect answers get \u2793.",  # a dingbat ten the fold once left alone
+    "Perfect answers get \u00b9\u2070.",  # superscript digits
 ]
 INSIDE = [
     "Give 9 for a perfect answer and 0 for a wrong one.",
@@ -40,6 +42,11 @@ def test_any_number_above_nine_is_refused_for_probability_scoring(rubric):
     with pytest.raises(RubricScaleError):
         check_rubric_scale(rubric, "auto")
     check_rubric_scale(rubric, "generate")  # 0-10 holds them
+
+
+def test_a_dozen_is_a_number_above_nine():
+    with pytest.raises(RubricScaleError, match="names the number 12"):
+        check_rubric_scale("Use a scale from zero to a dozen.", "probabilities")
 
 
 def test_a_number_that_is_no_score_passes_when_the_job_lists_it():

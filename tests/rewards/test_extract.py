@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from appliance.rewards.extract import answer_core, answers_match, extract_answer
 
@@ -99,6 +101,40 @@ def test_a_negated_number_is_never_the_answer(text, expected):
 @pytest.mark.parametrize(("completion", "reference"), [("The answer is not 42, it is 43", "42"), ("43 != 42", "42")])
 def test_saying_the_reference_is_wrong_earns_no_credit(completion, reference):
     assert not answers_match(completion, reference)
+
+
+# Ways to say a number is not the answer: negated before it, or struck out (markdown, HTML, a combining stroke).
+DENIALS = [
+    "not {}",
+    "cannot be {}",
+    "(not) {}",
+    "\u00ac{}",
+    "it isn't {}",
+    "~~{}~~",
+    "<s>{}</s>",
+    "<del>{}</del>",
+    "<strike>{}</strike>",
+]
+STROKES = ["\u0335", "\u0336", "\u0338", "\u20d2"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 10**6),
+    st.one_of(
+        st.sampled_from(DENIALS).map(lambda form: lambda number: form.format(number)),
+        st.sampled_from(STROKES).map(lambda mark: lambda number: "".join(d + mark for d in str(number))),
+    ),
+    st.sampled_from(["<answer>{}</answer>", "The answer is {}.", "\\boxed{{{}}}", "{}"]),
+)
+def test_a_denied_or_struck_out_number_earns_no_credit(number, deny, marker):
+    """ "The answer is ~~42~~" and "<answer>4̶2̶</answer>" show a reader no 42: the rules read none either."""
+    assert not answers_match(marker.format(deny(number)) + " 0.5", str(number))
+
+
+@pytest.mark.parametrize(("text", "expected"), [("<answer>42e-1</answer>", "4.2"), ("4.2e1", "42"), ("3e apples", "3")])
+def test_a_number_is_read_with_its_exponent(text, expected):
+    assert extract_answer(text) == expected
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import string
+import unicodedata
 from importlib import resources
 
 import pytest
@@ -26,6 +28,15 @@ FOLDS = [
     ("cafe\u0301", "cafe"),  # an accent as a combining mark
     ("\u0664\u0665 \u09ea\u09eb", "45 45"),  # Arabic-Indic and Bengali digits
     ("\u2468 x\u00b2 \u00bd", "9 x2 1/2"),  # circled, superscript, vulgar fraction
+    ("4\u00b2 10\u00b3 3\u00bd \u2460\u2461", "4^2 10^3 3 1/2 1 2"),  # a styled digit never joins the one before
+    ("\u00b9\u2070 \u2079\u2044\u2081\u2080", "10 9/10"),  # a run of one style is one number
+    ("\u2792 \u277e \u24fd \u2793", "9 9 9 10"),  # dingbat and double-circled digits NFKC leaves alone
+    ("\ua731\u1d04\u1d0f\u0280\u1d07", "score"),  # small capitals
+    ("\U0001f182\U0001f172\U0001f17e\U0001f181\U0001f174", "SCORE"),  # negative squared letters
+    ("\U0001f1f8core", "Score"),  # a regional indicator letter
+    ("\uabaa\uab7c", "se"),  # lowercase Cherokee look-alikes, by their capitals
+    ("\u0405\u0421\u041eR\u0415 \u0399S", "SCORE IS"),  # a capital look-alike folds to a capital (iota: I, not l)
+    ("".join(chr(0xE0000 + ord(c)) for c in "Score: 9"), "Score: 9"),  # tag characters read as the ASCII they shadow
     ("43 \u2260 42", "43 \u2260 42"),  # "not equal" keeps its meaning
     ("43 =\u0338 42", "43 \u2260 42"),  # ... also when spelled with a combining slash
     ("\ubb34\uc2dc", "\ubb34\uc2dc"),  # Hangul stays whole
@@ -76,6 +87,52 @@ def test_no_invisible_character_changes_what_a_check_reads(parts, invisible):
     plain = "".join(parts)
     hidden = "".join(part + mark for part, mark in zip(parts, invisible))
     assert fold(hidden) == plain
+
+
+# Characters that write one digit in a style of their own (superscript, circled, dingbat, fraction, ...).
+STYLED_DIGITS = [
+    c
+    for c in map(chr, range(0x80, 0x20000))
+    if unicodedata.category(c) == "No" and unicodedata.digit(c, None) is not None and unicodedata.digit(c) > 0
+]
+
+
+@settings(max_examples=200)
+@given(st.integers(1, 10**6), st.sampled_from(STYLED_DIGITS))
+def test_a_styled_digit_never_joins_the_number_before_it(number, styled):
+    """ "4²" is not 42 and "3½" not 31: what rules read is the number a reader sees, whatever the style."""
+    assert re.findall(r"\d+", fold(f"{number}{styled}"))[0] == str(number)
+
+
+def _styled_letters() -> list[tuple[str, str]]:
+    """(styled character, the ASCII letter it is) for every style of every Latin letter Unicode names."""
+    styles = [
+        "LATIN LETTER SMALL CAPITAL {}",
+        "CIRCLED LATIN SMALL LETTER {}",
+        "CIRCLED LATIN CAPITAL LETTER {}",
+        "SQUARED LATIN CAPITAL LETTER {}",
+        "NEGATIVE SQUARED LATIN CAPITAL LETTER {}",
+        "NEGATIVE CIRCLED LATIN CAPITAL LETTER {}",
+        "PARENTHESIZED LATIN SMALL LETTER {}",
+        "REGIONAL INDICATOR SYMBOL LETTER {}",
+        "MATHEMATICAL BOLD SMALL {}",
+        "MATHEMATICAL SANS-SERIF BOLD ITALIC CAPITAL {}",
+        "FULLWIDTH LATIN SMALL LETTER {}",
+        "TAG LATIN SMALL LETTER {}",
+    ]
+    found = []
+    for style in styles:
+        for letter in string.ascii_uppercase:
+            try:
+                found.append((unicodedata.lookup(style.format(letter)), letter))
+            except KeyError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("styled, letter", _styled_letters())
+def test_every_styled_latin_letter_folds_to_its_letter(styled, letter):
+    assert fold(styled).casefold().strip("()") == letter.casefold()
 
 
 @settings(max_examples=300)

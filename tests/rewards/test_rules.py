@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from appliance.rewards.extract import answer_core
 from appliance.rewards.rules import (
     answer_format,
     correctness,
@@ -179,3 +180,28 @@ def test_no_rule_raises_on_what_a_sample_says(completion):
         value = rule("q", completion, "72", {})
         assert value == value  # a number, not NaN
     assert isinstance(format_compliant(completion), bool)
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference"),
+    [
+        ("<answer>4\u00b2</answer>", "42"),  # 4 squared is 16, not 42
+        ("The answer is 2\u2074", "24"),  # 2 to the 4th
+        ("The answer is 3\u00bd", "15.5"),  # three and a half, not 31/2
+        ("<answer>\u2460\u2461</answer>", "12"),  # two circled numbers
+    ],
+)
+def test_a_styled_digit_earns_no_credit_for_the_number_it_would_join(completion, reference):
+    assert correctness("q", completion, reference, {}) == 0.0
+
+
+def test_a_sample_of_unclosed_markup_is_read_in_linear_time():
+    """Thousands of unclosed `\\boxed{` or `<answer>` (a degenerate sample) cost their length, not its square."""
+    import time
+
+    for degenerate in ("\\boxed{" * 8_000, "<answer>" * 8_000 + "</answer>x<answer>" * 800):
+        started = time.perf_counter()
+        for rule in (correctness, int_answer, answer_format):
+            rule("q", degenerate, "72", {})
+        answer_core(degenerate)
+        assert time.perf_counter() - started < 5.0
