@@ -125,3 +125,15 @@ def test_one_check_at_a_time_per_caller_and_status_never_waits_behind_them(make_
     assert (time.monotonic() - started) / 20 < 0.1
     first.join(120)
     assert results["first"][0] == 200, results["first"]
+
+
+def test_a_layout_auto_resolves_to_that_the_runtime_does_not_deliver_is_a_422(make_daemon):
+    """rollout: auto is transformers on this CPU daemon, so tensor_parallel_size would be ignored: refused at its key
+    when planned on the daemon's device, as `appliance plan` refuses it."""
+    daemon = make_daemon()
+    text = tiny_job(extra="engine: {vllm: {tensor_parallel_size: 2}}\nresources: {gpus: 2}\n")
+    text = text.replace("prompts_per_step: 1", "prompts_per_step: 2")
+    status, answer = dry_run(daemon, text)
+    assert status == 422, answer
+    [error] = answer["errors"]
+    assert error["key"] == "engine.vllm.tensor_parallel_size" and "auto is transformers" in error["message"]
