@@ -17,7 +17,7 @@ import ast
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance.bounded_file import MAX_SOURCE_BYTES, FileTooLarge, read_capped
 from appliance.config.job_file import ConfigError, JobFileError, ParsedJob, read_job
@@ -31,6 +31,9 @@ from appliance.conventions import (
 )
 from appliance.suggest import closest, did_you_mean
 from appliance.config.schema import JobSpec
+
+if TYPE_CHECKING:
+    from appliance.budget.plan import Plan
 
 
 def registered_reward_names() -> list[str]:
@@ -224,10 +227,17 @@ def _resources_errors(parsed: ParsedJob) -> list[ConfigError]:
     return errors + [parsed.error_at(key, message) for key, message in layout_refusals(spec)]
 
 
-def layout_refusals(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
-    """Placements the runtime does not deliver, each refused in one sentence at its key (docs/scaling.md)."""
+def layout_refusals(spec: JobSpec, plan: Plan | None = None) -> list[tuple[tuple[str, ...], str]]:
+    """Placements the runtime does not deliver, each refused in one sentence at its key (docs/scaling.md).
+
+    Without a plan (config check) the job's own settings are read; with its plan (`appliance plan`, the daemon's
+    admission, the trainer at start) the sharding, rollout engine and rollout weights that `auto` resolved to.
+    """
     resources, ranks = spec.resources, spec.resources.world_size
     tensor_parallel = spec.engine.vllm.tensor_parallel_size
+    sharding = plan.choices.sharding if plan is not None else resources.sharding
+    rollout = plan.rollout_engine if plan is not None else spec.engine.rollout
+    weights = plan.choices.rollout_weights if plan is not None else spec.engine.rollout_weights
     refusals = []
     if resources.judge_gpus and ranks > 1:
         why = (
@@ -238,10 +248,11 @@ def layout_refusals(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
     if resources.sharding == "fsdp" and ranks == 1:
         why = "sharding: fsdp shards the base over the job's ranks and this job has one; set gpus to 2 or more"
         refusals.append((("resources", "sharding"), why))
-    if resources.sharding == "fsdp" and spec.engine.rollout_weights == "merged_copy":
+    if sharding == "fsdp" and weights == "merged_copy":
         why = (
-            "a merged copy is a whole dequantized copy of the base on every rank, which a sharded base exists to "
-            "avoid; set rollout_weights: shared, or engine.rollout: vllm with engine.vllm.tensor_parallel_size"
+            "a merged copy is a whole dequantized copy of the base on every rank, which a base sharded "
+            f"{'as the plan chose ' if resources.sharding == 'auto' else ''}exists to avoid; set rollout_weights: "
+            "shared, or engine.rollout: vllm with engine.vllm.tensor_parallel_size"
         )
         refusals.append((("engine", "rollout_weights"), why))
     if tensor_parallel > 1 and (ranks == 1 or resources.student_devices % tensor_parallel):
@@ -257,8 +268,13 @@ def layout_refusals(spec: JobSpec) -> list[tuple[tuple[str, ...], str]]:
             "engine); set engine.judge: hf (or auto), or serve the judge elsewhere and set judge.endpoint"
         )
         refusals.append((("engine", "judge"), why))
-    if tensor_parallel > 1 and spec.engine.rollout == "hf":
-        why = "tensor_parallel_size splits vLLM's copy of the student; set engine.rollout: vllm (or auto on CUDA)"
+    if tensor_parallel > 1 and rollout == "hf":
+        generates = (
+            "engine.rollout: auto is transformers on this device"
+            if spec.engine.rollout == "auto"
+            else "this job generates with transformers"
+        )
+        why = f"tensor_parallel_size splits vLLM's copy of the student, and {generates}; set engine.rollout: vllm"
         refusals.append((("engine", "vllm", "tensor_parallel_size"), why))
     return refusals
 

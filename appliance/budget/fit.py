@@ -111,6 +111,8 @@ def candidates(
     micro_batches = [micro_batch] if micro_batch else halvings(work.sequences)
     checkpointings = [checkpointing] if checkpointing is not None else [False, True]
     weights = [rollout_weights] if rollout_weights != "auto" else ["merged_copy", "shared"]
+    if rollout_weights == "auto" and work.student_shards > 1:  # a whole copy on every rank defeats the sharding
+        weights = ["shared"]
     if work.rollout_engine == "vllm":  # vLLM holds its own copy whatever the setting: one candidate
         weights = weights[:1]
     judge_batches = halvings(work.judge_calls) if work.judge is not None else [0]

@@ -127,10 +127,7 @@ def _plan(args) -> int:
     except JobFileError as exc:
         print(exc, file=sys.stderr)
         return EXIT_BAD_INPUT
-    refused = layout_refusals(job)
-    if refused:  # a placement the runtime does not deliver is never planned
-        for key, why in refused:
-            print(f"{args.file}: {'.'.join(key)}: {why}", file=sys.stderr)
+    if _refused(args.file, layout_refusals(job)):  # a placement the runtime does not deliver is never planned
         return EXIT_BAD_INPUT
     try:
         overrides = _overrides(args.model_config)
@@ -147,6 +144,8 @@ def _plan(args) -> int:
     except ApplianceError as exc:
         print(f"error: {args.file}: {exc}", file=sys.stderr)
         return exc.exit_code
+    if _refused(args.file, layout_refusals(job, plan)):  # what `auto` resolved to on this device, held to the same
+        return EXIT_BAD_INPUT
     if args.json:
         document = plan.to_dict()
         document["file"] = str(args.file)
@@ -170,6 +169,12 @@ def _plan(args) -> int:
             print(f"error: {args.file}: does not fit: {problem}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT
     return EXIT_OK
+
+
+def _refused(file: Path, refusals: list[tuple[tuple[str, ...], str]]) -> bool:
+    for key, why in refusals:
+        print(f"{file}: {'.'.join(key)}: {why}", file=sys.stderr)
+    return bool(refusals)
 
 
 def _device_line(device) -> str:

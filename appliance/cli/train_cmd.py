@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 
 from appliance import __version__
-from appliance.cli.main import EXIT_FAILURE, EXIT_OK, add_data_dir, data_dir_of
+from appliance.cli.main import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, add_data_dir, data_dir_of
 from appliance.cli.terminal import Terminal
 from appliance.job_checks import load_checked_job
 from appliance.errors import ApplianceError
@@ -232,6 +232,9 @@ def _launch(args, spec, data_dir: Path) -> int:
     try:
         launch_ranks(spec.name, shape, train_rank, (args,))
     except LaunchError as error:
+        if EXIT_BAD_INPUT in error.exit_codes.values():  # the ranks refused the job: a resume would refuse it too
+            print(f"error: {error}; change the job as the rank said", file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(
             f"error: {error}; 'appliance train {args.file} --resume' continues from the last checkpoint",
             file=sys.stderr,

@@ -199,9 +199,16 @@ class GradientReducer:
         dist.all_reduce(tensor, op=op, group=self.group)
         return tuple(int(v) for v in tensor.tolist())
 
-    def total(self, value: float) -> float:
-        tensor = torch.tensor([value], dtype=torch.float64, device=self._device())
+    def totals(self, *values: float) -> tuple[float, ...]:
+        """Each value summed over the ranks (float64), in one collective."""
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._device())
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        return tuple(float(value) for value in tensor.tolist())
+
+    def largest(self, value: float) -> float:
+        """The value's maximum over the ranks."""
+        tensor = torch.tensor([value], dtype=torch.float64, device=self._device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
         return float(tensor.item())
 
     def gradients(self, parameters: list[torch.nn.Parameter]) -> None:

@@ -103,10 +103,10 @@ def evaluate(
     scores = score_groups(problems, groups, rewards) if rewards else None
     correct = [correctness(p.question, c.text, p.answer, dict(p.metadata)) >= 1.0 for p, c in drawn]
     formatted = [format_compliant(c.text) for _, c in drawn]
-    count = max(len(drawn), 1)
-    means = {name: sum(v) / len(v) for name, v in scores.per_function.items()} if scores else {}
+    count = max(len(drawn), 1)  # a data-parallel rank's share of the problems may be empty: its shares are 0 of 0
+    means = {name: sum(v) / count for name, v in scores.per_function.items()} if scores else {}
     if scores:
-        means["total"] = sum(scores.total) / len(scores.total)
+        means["total"] = sum(scores.total) / count
     firsts = list(zip(drawn, correct))[:: how.samples][:examples]  # the first draw of each problem
     return Evaluation(
         problems=len(problems),

@@ -47,6 +47,7 @@ from appliance.grpo.step_record import (
 from appliance.grpo.student import Student
 from appliance.grpo.trainer import Trainer
 from appliance.grpo.trajectories import AgentJob, EnvironmentReward
+from appliance.job_checks import layout_refusals
 from appliance.models.causal_lm import DTYPES, load_tokenizer
 from appliance.models.store import resolve_model
 from appliance.paths import jobs_dir
@@ -227,6 +228,9 @@ def build_trainer(
     torch.manual_seed(spec.grpo.seed)  # the LoRA initialisation and every draw after it follow the job's seed
     inputs = _Inputs.of(spec, Path(job_file_dir), Path(data_dir))  # model folders, task or environment
     plan = inputs.plan(world)  # the one plan: batch sizes, checkpointing, rollout weights, engines, sharding
+    refused = layout_refusals(spec, plan)  # what `auto` resolved to on this device, held to config check's rules
+    if refused:
+        raise JobSetupError("; ".join(f"{'.'.join(key)}: {why}" for key, why in refused))
     checkpointing, sharded = plan.choices.gradient_checkpointing, plan.choices.sharding == "fsdp"
     # Under FSDP each rank loads only its shard of the base (grpo/fsdp.py).
     student = Student(

@@ -381,6 +381,13 @@ class Trainer:
             out[key] = tuple(int(next(summed)) for _ in value) if isinstance(value, tuple) else next(summed)
         return out
 
+    def _judge_outcomes(self) -> dict[str, int]:
+        """The judge's outcome counts so far; a data-parallel job's summed over its ranks (each judges its share)."""
+        outcomes = self.judging.outcomes()
+        if self.world.world_size == 1:
+            return outcomes
+        return dict(zip(outcomes, (int(value) for value in self.world.sum(list(outcomes.values())))))
+
     def memory_reading(self) -> MemoryReading:
         ledger = self.ledger
         return MemoryReading(
@@ -430,7 +437,7 @@ class Trainer:
             eval=evaluation,
             logprob_diff_mean=stats.logprob_diff_mean,
             logprob_diff_max=stats.logprob_diff_max,
-            judge_outcomes=self.judging.outcomes(),
+            judge_outcomes=self._judge_outcomes(),
             groups_trained=figures.groups_trained,
             sampling_rounds=rounds,
             prompts_skipped=self.source.prompts_skipped,

@@ -192,12 +192,13 @@ class GrpoUpdater:
                 if index >= real:
                     continue  # padding: no loss, no gradient, not in the step's figures
                 loss += float(output.loss.detach())
-                kl += output.kl_mean / real
-                clip += output.clip_ratio / real
+                kl += output.kl_mean
+                clip += output.clip_ratio
                 stats.micro_batches += 1
             if self.reducer is not None:
                 self.reducer.gradients(parameters)
-                loss = self.reducer.total(loss)
+                loss, kl, clip = self.reducer.totals(loss, kl, clip)  # every rank's micro-batches
+            kl, clip = kl / counts[2], clip / counts[2]  # means over the step's micro-batches (counts: every rank's)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.spec.max_grad_norm))
             stats.loss, stats.kl, stats.clip_ratio, stats.grad_norm = (
                 stats.loss + loss,
@@ -217,11 +218,18 @@ class GrpoUpdater:
         stats.loss /= iterations
         stats.kl /= iterations
         stats.clip_ratio /= iterations
-        if diffs:
-            joined = torch.cat(diffs)
-            if joined.numel():
-                stats.logprob_diff_mean, stats.logprob_diff_max = float(joined.mean()), float(joined.max())
+        stats.logprob_diff_mean, stats.logprob_diff_max = self._logprob_diffs(diffs)
         return stats
+
+    def _logprob_diffs(self, diffs: list[torch.Tensor]) -> tuple[float, float]:
+        """|trainer - engine| on the step's sampled tokens: the mean and max over every rank's (0, 0 without)."""
+        joined = torch.cat(diffs).double() if diffs else torch.zeros(0, dtype=torch.float64)
+        total, count = float(joined.sum()), float(joined.numel())
+        largest = float(joined.max()) if joined.numel() else 0.0
+        if self.reducer is not None:  # every rank reaches this, with or without engine logprobs of its own
+            total, count = self.reducer.totals(total, count)
+            largest = self.reducer.largest(largest)
+        return (total / count, largest) if count else (0.0, 0.0)
 
     def _lockstep(self, samples: list[TrainSample], real: int) -> tuple[int, bool]:
         """(padding micro-batches, old logprobs everywhere) so every rank runs the same forward passes.

@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from appliance.job_checks import PLUGIN_REWARD, is_path_reference, with_absolute_paths, world_errors
+from appliance.job_checks import (
+    PLUGIN_REWARD,
+    is_path_reference,
+    layout_refusals,
+    with_absolute_paths,
+    world_errors,
+)
 from appliance.config.job_file import ConfigError, ParsedJob, parse_job
 from appliance.config.schema import JobSpec
 from appliance.durable import write_atomically
@@ -282,6 +288,10 @@ def check_submission(request: SubmitRequest, policy: Policy, device) -> Accepted
             raise SubmissionRejected(422, f"{request.file_name} has {len(errors)} error(s)", errors)
         spec = _real_model_paths(with_absolute_paths(parsed.spec, policy.plugins_dir))
         plan = plan_on(spec, policy.data_dir, device)
+        refused = layout_refusals(spec, plan)  # what `auto` resolved to on this daemon's device
+        if refused:
+            errors = [parsed.error_at(key, why) for key, why in refused]
+            raise SubmissionRejected(422, f"{request.file_name} has {len(errors)} error(s)", errors)
         if not plan.fits:
             raise SubmissionRejected(
                 409, f"job '{spec.name}' does not fit this device: {plan.refusal()}", plan=plan.to_dict()

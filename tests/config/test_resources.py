@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from appliance.job_checks import check_job_file
 
 BASE = """name: r
@@ -133,3 +136,86 @@ def test_delivered_layouts_pass(tmp_path):
         "judge: {model: smollm2-135m-instruct}\nresources: {gpus: 2}\n",  # a transformers judge on each rank
     ):
         assert _check(tmp_path, extra)[1] == [], extra
+
+
+# ----- what `auto` resolves to is held to the same rules (appliance plan, the daemon's admission, the trainer) -----
+
+SMOLLM = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+          "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "tie_word_embeddings": True,
+          "max_position_embeddings": 8192}  # fmt: skip
+
+
+def _spec(tmp_path: Path, extra: str):
+    spec, errors = _check(tmp_path, extra)
+    assert errors == [], errors
+    return spec
+
+
+def _plan(spec, kind: str, gib: float):
+    from appliance.budget.device_plans import plan_rank
+    from appliance.budget.device_probe import DeviceInfo
+
+    return plan_rank(spec, SMOLLM, None, DeviceInfo(kind, int(gib * 2**30), bf16_matmul=kind == "cuda"))
+
+
+def test_tensor_parallel_with_rollout_auto_is_refused_where_auto_is_transformers(tmp_path):
+    """rollout: auto is vLLM on CUDA and transformers on the CPU: there tensor_parallel_size would be ignored."""
+    from appliance.job_checks import layout_refusals
+
+    spec = _spec(tmp_path, "engine: {vllm: {tensor_parallel_size: 2}}\nresources: {gpus: 2}\n")
+    assert layout_refusals(spec, _plan(spec, "cuda", 80)) == []
+    [(key, why)] = layout_refusals(spec, _plan(spec, "cpu", 64))
+    assert key == ("engine", "vllm", "tensor_parallel_size") and "auto is transformers on this device" in why
+
+
+def test_appliance_plan_refuses_what_auto_resolves_to_on_its_device(tmp_path, capsys):
+    from appliance.cli.main import main
+
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE + "engine: {vllm: {tensor_parallel_size: 2}}\nresources: {gpus: 2}\n")
+    config = tmp_path / "config.json"
+    config.write_text(__import__("json").dumps(SMOLLM))
+    common = ["plan", str(path), "--data-dir", str(tmp_path), "--model-config", f"smollm2-135m-instruct={config}"]
+    assert main([*common, "--device", "cpu", "--device-memory", "64GiB"]) == 2
+    assert "engine.vllm.tensor_parallel_size: tensor_parallel_size splits vLLM's copy" in capsys.readouterr().err
+    assert main([*common, "--device", "cuda", "--device-memory", "80GiB"]) == 0
+
+
+def test_sharding_the_plan_chose_refuses_a_merged_copy_the_job_set(tmp_path):
+    """sharding: auto shards a base whose whole copy does not fit: a merged copy set in the job is then the whole
+    dequantized copy on every rank that config check refuses under sharding: fsdp."""
+    from appliance.job_checks import layout_refusals
+
+    spec = _spec(tmp_path, "engine: {rollout: hf, rollout_weights: merged_copy}\nresources: {gpus: 4}\n")
+    small = _plan(spec, "cuda", 0.5)
+    assert small.choices.sharding == "fsdp"
+    [(key, why)] = layout_refusals(spec, small)
+    assert key == ("engine", "rollout_weights") and "as the plan chose" in why
+    assert _plan(spec, "cuda", 80).choices.sharding == "ddp" and layout_refusals(spec, _plan(spec, "cuda", 80)) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    quantization=st.sampled_from(["none", "nf4"]),
+    ranks=st.sampled_from([2, 4, 8]),
+    sharding=st.sampled_from(["auto", "fsdp"]),
+    rollout=st.sampled_from(["auto", "hf", "vllm"]),
+    kind=st.sampled_from(["cpu", "cuda"]),
+    gib=st.sampled_from([0.3, 0.6, 1.0, 4.0, 80.0]),
+)
+def test_auto_never_resolves_to_a_layout_config_check_refuses(quantization, ranks, sharding, rollout, kind, gib):
+    """A job config check accepts, with rollout_weights left to auto, is never planned into a refused layout
+    (the merged copy under a sharded base was: it crashed on the first step, mixing a DTensor into the merge)."""
+    from appliance.config.schema import JobSpec
+    from appliance.job_checks import layout_refusals
+
+    spec = JobSpec.model_validate({
+        "name": "r", "student": {"model": "m", "quantization": quantization},
+        "task": {"dataset": "builtin:multiply"}, "rewards": [{"name": "correctness"}],
+        "grpo": {"prompts_per_step": 8}, "engine": {"rollout": rollout},
+        "resources": {"gpus": ranks, "sharding": sharding},
+    })  # fmt: skip
+    assert layout_refusals(spec) == []
+    plan = _plan(spec, kind, gib)
+    assert not (plan.choices.sharding == "fsdp" and plan.choices.rollout_weights == "merged_copy"), plan.choices
+    assert layout_refusals(spec, plan) == []

@@ -37,18 +37,24 @@ CASES = {
     "dapo-kl": {"loss": "dapo", "beta": 0.05},
     "dapo-2iter": {"loss": "dapo", "iterations": 2},
     "dapo-kl-nf4": {"loss": "dapo", "beta": 0.05},  # a 4-bit base (FSDP-QLoRA when sharded)
+    "dapo-engine": {"loss": "dapo"},  # sampled by another engine (vLLM): importance weights, logprob gaps
 }
 QUANTIZED = {"dapo-kl-nf4"}
+ENGINE_SAMPLED = {"dapo-engine"}
+# The update's figures a step record carries: a data-parallel job's must read as one rank's with the whole batch.
+STEP_FIGURES = ("loss", "kl", "clip_ratio", "grad_norm", "logprob_diff_mean", "logprob_diff_max", "sequences", "tokens")
 
 
-def fixed_batch(vocab: int) -> list[TrainSample]:
-    """Eight samples of different lengths (token-level aggregations see the difference) and advantages."""
+def fixed_batch(vocab: int, engine_sampled: bool = False) -> list[TrainSample]:
+    """Eight samples of different lengths (token-level aggregations see the difference) and advantages;
+    engine_sampled: each with the logprobs of an engine that sampled it (about the random model's own)."""
     generator = torch.Generator().manual_seed(1)
     samples = []
     for index in range(8):
         prompt = torch.randint(10, vocab, (4 + index % 3,), generator=generator).tolist()
         completion = torch.randint(10, vocab, (3 + (index * 5) % 11,), generator=generator).tolist()
-        samples.append(TrainSample(prompt, completion, advantage=float((-1) ** index * (1 + index / 4))))
+        engine = (-10.8 - torch.rand(len(completion), generator=generator)).tolist() if engine_sampled else None
+        samples.append(TrainSample(prompt, completion, float((-1) ** index * (1 + index / 4)), engine))
     return samples
 
 
@@ -82,7 +88,7 @@ def main(model_dir: Path, out_dir: Path, mode: str = "reduced") -> None:
         # Ranks start from different seeds: the broadcast must give them rank 0's adapter.
         sharded = info if mode == "fsdp" else None
         model = student(model_dir, seed=rank, quantization="nf4" if case in QUANTIZED else "none", shard_over=sharded)
-        samples = fixed_batch(model.model.config.vocab_size)
+        samples = fixed_batch(model.model.config.vocab_size, engine_sampled=case in ENGINE_SAMPLED)
         if info is not None:
             GradientReducer.broadcast_parameters(model.trainable_parameters())
             samples = share(samples, info.rank, info.world_size) if mode != "fsdp" else uneven_share(samples, rank)
@@ -92,7 +98,11 @@ def main(model_dir: Path, out_dir: Path, mode: str = "reduced") -> None:
         stats = updater.step(samples, micro_batch_size=2)
         weights = [p.detach().clone() for p in model.trainable_parameters()]
         torch.save(
-            {"weights": weights, "loss": stats.loss, "base_elements_held": layer_elements_held(model.model)},
+            {
+                "weights": weights,
+                "base_elements_held": layer_elements_held(model.model),
+                **{figure: getattr(stats, figure) for figure in STEP_FIGURES},
+            },
             out_dir / f"{case}-rank{rank}.pt",
         )
     destroy_process_group()

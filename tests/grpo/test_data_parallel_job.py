@@ -166,3 +166,44 @@ def test_a_node_rank_outside_the_job_is_refused(tiny_model_dir, tmp_path):
     process = _train(job_file, tmp_path / "data", "--nnodes", "3", "--node-rank", "0", "--rdzv-endpoint", "x:1")
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 2 and "resources.nodes is 2" in output
+
+
+def test_what_auto_resolves_to_is_held_to_config_checks_rules_when_the_ranks_start(tiny_model_dir, tmp_path):
+    """tensor_parallel_size with rollout: auto passes config check (auto is vLLM on CUDA); on this CPU box auto is
+    transformers, which would ignore it, so the ranks refuse it in its sentence before loading a model."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    job_file = tiny_job(
+        tiny_model_dir,
+        folder,
+        engine={"rollout": "auto", "vllm": {"tensor_parallel_size": 2}},
+        resources={"gpus": 2},
+    )
+    process = _train(job_file, tmp_path / "data")
+    output, _ = process.communicate(timeout=120)
+    last = [line for line in output.splitlines() if line.startswith("error:")][-1]  # the launcher's
+    assert process.returncode == 2 and "--resume" not in last, output[-2000:]  # nothing a resume would mend
+    assert "engine.vllm.tensor_parallel_size: tensor_parallel_size splits vLLM's copy" in output, output[-2000:]
+    assert not (tmp_path / "data" / "jobs" / "tiny" / "metrics.jsonl").exists()
+
+
+def test_a_sharded_job_judged_by_the_students_base_counts_every_ranks_judging(tiny_model_dir, tmp_path):
+    """FSDP with a judge sharing the student's base (gathered whole for the rollout and the judging) and one
+    held-out problem over two ranks (rank 1's share is empty): the step's judge outcomes are both ranks' and the
+    evaluation is of the one problem."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    job_file = tiny_job(
+        tiny_model_dir,
+        folder,
+        judge={"model": str(tiny_model_dir), "share_student_base": True, "min_score_mass": 1e-6},
+        rewards=[{"name": "rewards.py:text_length", "weight": 1.0}, {"name": "judge", "weight": 0.5}],
+        task={"held_out": 1},
+        grpo={"steps": 1, "prompts_per_step": 2, "micro_batch_size": 4},
+        checkpoint={"eval_every": 1},
+        resources={"gpus": 2, "sharding": "fsdp"},
+    )
+    _finish(_train(job_file, tmp_path / "data"))
+    [record] = _by_step(tmp_path / "data" / "jobs" / "tiny" / "metrics.jsonl")[1]
+    assert record["completions"] == 8 and record["judge_outcomes"]["ok"] == 8, record["judge_outcomes"]
+    assert record["eval"]["problems"] == 1

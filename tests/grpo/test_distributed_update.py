@@ -14,7 +14,7 @@ import torch
 pytestmark = pytest.mark.model
 
 WORKER = Path(__file__).with_name("dp_update_worker.py")
-CASES = ("grpo", "bnpo", "dr_grpo", "dapo", "dapo-kl", "dapo-2iter", "dapo-kl-nf4")
+CASES = ("grpo", "bnpo", "dr_grpo", "dapo", "dapo-kl", "dapo-2iter", "dapo-kl-nf4", "dapo-engine")
 
 
 def _run(args: list[str], out: Path) -> None:
@@ -43,7 +43,20 @@ def test_two_ranks_with_half_each_match_one_rank_with_the_whole_batch(updates, c
     for result in ranks:
         diff = max(float((a - b).abs().max()) for a, b in zip(result["weights"], reference["weights"]))
         assert diff < 1e-5, f"{case}: rank weights differ from the single-rank update by {diff}"
-        assert result["loss"] == pytest.approx(reference["loss"], abs=1e-5)
+        _same_figures(result, reference, case)
+
+
+def _same_figures(result: dict, reference: dict, case: str) -> None:
+    """The step record's update figures (loss, kl, clip ratio, gradient norm, the engine's logprob gaps) read as one
+    rank's with the whole batch; the sample and token counts are the rank's own until the trainer sums them."""
+    for figure in ("loss", "kl", "clip_ratio", "grad_norm", "logprob_diff_mean", "logprob_diff_max"):
+        assert result[figure] == pytest.approx(reference[figure], abs=1e-5), (case, figure)
+    if "engine" in case:
+        assert reference["logprob_diff_mean"] > 1e-3, "no logprob gap, so equal gaps would prove nothing"
+    if "kl" in case:
+        assert reference["kl"] > 1e-6, "the KL term did nothing, so equal figures would prove nothing"
+    if "2iter" in case:
+        assert reference["clip_ratio"] > 0, "nothing was clipped, so equal clip ratios would prove nothing"
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +79,7 @@ def test_two_ranks_with_a_sharded_base_match_one_rank_with_the_whole_batch(updat
         assert held == whole // 2, f"rank {rank} holds {held} of {whole} layer weights: the base was not sharded"
         diff = max(float((a - b).abs().max()) for a, b in zip(result["weights"], reference["weights"]))
         assert diff < 1e-5, f"{case}: rank {rank}'s adapter differs from the single-rank update by {diff}"
-        assert result["loss"] == pytest.approx(reference["loss"], abs=1e-5)
+        _same_figures(result, reference, case)
 
 
 def _initial_adapter(model_dir: Path) -> list[torch.Tensor]:

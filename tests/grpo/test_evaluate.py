@@ -98,3 +98,25 @@ def test_the_parts_data_parallel_ranks_evaluate_merge_into_one_evaluation_of_eve
     assert merged.reward_means == pytest.approx({"correctness": 0.5, "total": 1.0})
     assert [e["completion"] for e in merged.examples] == ["a", "b", "c", "d"] and merged.seconds == 3.0
     assert merge_evaluations([first]) is first
+
+
+def test_ranks_with_no_held_out_problem_evaluate_nothing_and_the_merge_counts_every_problem_once(tiny_engine, task):
+    """More ranks than held-out problems (held_out: 1 over 2 ranks, or an eval_limit under the rank count): a rank
+    whose share is empty evaluates nothing, and the merge is over the problems the others drew."""
+    from appliance.config.schema import RewardSpec
+    from appliance.rewards.registry import build_rewards
+
+    specs = [RewardSpec(name="correctness", weight=1.0), RewardSpec(name="answer_format", weight=0.5)]
+    rewards = build_rewards(specs, Path("."))
+    problems = task.held_out[:2]
+    for ranks in (1, 2, 3, 5):
+        parts = [
+            evaluate(tiny_engine, task, share(problems, rank, ranks), rewards, max_new_tokens=4)
+            for rank in range(ranks)
+        ]
+        merged = merge_evaluations(parts)
+        assert (merged.problems, merged.draws, len(merged.per_problem)) == (2, 2, 2), ranks
+        assert set(merged.reward_means) == {"correctness", "answer_format", "total"}, ranks
+        assert all(0.0 <= value <= 1.5 for value in merged.reward_means.values()), merged.reward_means
+    empty = evaluate(tiny_engine, task, [], rewards, max_new_tokens=4)
+    assert (empty.problems, empty.draws, empty.accuracy, empty.per_problem) == (0, 0, 0.0, [])

@@ -173,3 +173,15 @@ def test_bodies_still_arriving_hold_no_check(make_daemon):
         thread.join(30)
     assert answer[0] == 200, answer
     assert waited < 5.0, f"a dry run waited {waited:.1f} s behind bodies still arriving"
+
+
+def test_a_layout_auto_resolves_to_that_the_runtime_does_not_deliver_is_a_422(make_daemon):
+    """rollout: auto is transformers on this CPU daemon, so tensor_parallel_size would be ignored: refused at its key
+    when planned on the daemon's device, as `appliance plan` refuses it."""
+    daemon = make_daemon()
+    text = tiny_job(extra="engine: {vllm: {tensor_parallel_size: 2}}\nresources: {gpus: 2}\n")
+    text = text.replace("prompts_per_step: 1", "prompts_per_step: 2")
+    status, answer = dry_run(daemon, text)
+    assert status == 422, answer
+    [error] = answer["errors"]
+    assert error["key"] == "engine.vllm.tensor_parallel_size" and "auto is transformers" in error["message"]
