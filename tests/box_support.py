@@ -148,6 +148,16 @@ def install_client(box: Box) -> None:
     client.chmod(0o755)
 
 
+def admin_box(folder: Path, keyring: Path) -> Box:
+    """A newcomer's box with the administrator's client and the bundle signing key the installer trusts."""
+    box = unpack_box(folder)
+    install_client(box)
+    key = box.path("/etc/appliance/bundle-signing-key.gpg")
+    key.parent.mkdir(parents=True)
+    key.write_bytes(keyring.read_bytes())
+    return box
+
+
 def copy_tree(source: Path, target: Path) -> None:
     shutil.copytree(source, target, symlinks=True)
 

@@ -21,7 +21,7 @@ import pytest
 
 from appliance.models.provision import DEMO_MODEL_NAME
 from appliance.service.client import Client
-from box_support import install_client, make_bundle, unpack_box
+from box_support import admin_box, make_bundle
 from daemon_support import tiny_job, wait_for
 
 pytestmark = pytest.mark.model
@@ -40,11 +40,7 @@ def log_of(box) -> str:
 
 @pytest.fixture
 def box(tmp_path: Path, signing_key, store_data_dir: Path):
-    box = unpack_box(tmp_path)
-    install_client(box)
-    key = box.path("/etc/appliance/bundle-signing-key.gpg")
-    key.parent.mkdir(parents=True)
-    key.write_bytes(signing_key.keyring.read_bytes())
+    box = admin_box(tmp_path, signing_key.keyring)
     for version in ("0.1.0", "0.2.0"):
         make_bundle(
             version, box.path(f"/srv/bundle-{version}"), signing_key, tmp_path, (DEMO_MODEL_NAME, store_data_dir)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from appliance.service.client import Client
-from box_support import REPO_ROOT, copy_tree, install_client, make_bundle, unpack_box
+from box_support import REPO_ROOT, admin_box, copy_tree, make_bundle
 from daemon_support import wait_for
 
 MIGRATIONS = "opt/appliance/src/appliance/service/store_migrations.py"
@@ -47,11 +47,7 @@ def bundles(tmp_path_factory, signing_key) -> Path:
 
 @pytest.fixture
 def box(tmp_path: Path, signing_key, bundles: Path):
-    box = unpack_box(tmp_path)
-    install_client(box)
-    key = box.path("/etc/appliance/bundle-signing-key.gpg")
-    key.parent.mkdir(parents=True)
-    key.write_bytes(signing_key.keyring.read_bytes())
+    box = admin_box(tmp_path, signing_key.keyring)
     for version in ("0.1.0", "0.2.0"):
         copy_tree(bundles / f"bundle-{version}", box.path(f"/srv/bundle-{version}"))
     yield box
