@@ -16,7 +16,6 @@ from appliance.cli.main import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, add_data_d
 from appliance.cli.terminal import Terminal
 from appliance.job_checks import load_checked_job
 from appliance.errors import ApplianceError
-from appliance.metrics.scrape_server import parse_metrics_addr
 from appliance.paths import jobs_dir
 
 
@@ -82,10 +81,13 @@ def train(args) -> int:
     """The job in the foreground: the launcher of its ranks, one rank of it, or the whole job in this process."""
     data_dir = data_dir_of(args)
     try:
+        # The training stack (torch, transformers, the listener's uvicorn) loads only when a job runs, not for
+        # `appliance --help` on a client-only install.
+        from appliance.grpo.distributed import LAUNCHER, process_role
+        from appliance.metrics.scrape_server import parse_metrics_addr
+
         metrics_address = parse_metrics_addr(args.metrics_addr) if args.metrics_addr else None
         spec = load_checked_job(args.file, data_dir)
-        # The training stack (torch, transformers) loads only when a job runs, not for `appliance --help`.
-        from appliance.grpo.distributed import LAUNCHER, process_role
 
         world = process_role(spec.resources, several=bool(args.nnodes or args.node_rank))
         if world == LAUNCHER:
