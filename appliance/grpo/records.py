@@ -20,7 +20,6 @@ from typing import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from appliance.engines.engine import GenerationEngine
-from appliance.grpo.distributed import RankInfo
 from appliance.judge.log import JudgeLog
 
 
@@ -184,7 +183,8 @@ class StepFigures:
 # a judge records.
 
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the daemon reads records through export without loading torch
+    from appliance.grpo.distributed import RankInfo
     from appliance.judge.judge import Judge
 
 
