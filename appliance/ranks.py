@@ -19,7 +19,7 @@ from appliance.errors import ApplianceError
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
-class PlacementError(ValueError):
+class PlacementError(ApplianceError):
     """The box does not have the devices a job's placement asks for; the message says how many."""
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from appliance.errors import ApplianceError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -92,7 +94,7 @@ def frozen(model):
 # ----- a model built empty and filled part by part (FSDP-QLoRA loads each rank's shard, grpo/fsdp.py) -------
 
 
-class LoadError(ValueError):
+class LoadError(ApplianceError):
     """A model folder that cannot be loaded part by part; the message names the tensor."""
 
 
