@@ -243,6 +243,7 @@ class ExternalSource:
             raise ValueError(f"this source checks groups of {self.group_size}, not {group_size}")
         self.step = step
         self._open()
+        opened = time.monotonic()  # agents can submit only from here: the idle time counts from the later of the two
         try:
             with self._arrived:
                 self._discard_trained_before(step)
@@ -254,7 +255,7 @@ class ExternalSource:
                             f"stopped ({reason}) while waiting for {scenarios} trajectory groups"
                             f" ({len(self._queue)} submitted)"
                         )
-                    if self.idle_seconds and time.monotonic() - self._last_arrival > self.idle_seconds:
+                    if self.idle_seconds and time.monotonic() - max(self._last_arrival, opened) > self.idle_seconds:
                         raise NoTrajectories(
                             f"no trajectory group arrived for {self.idle_seconds:g} s (the daemon's external idle "
                             f"time) while step {step} waited for {scenarios}; the job ends here, its checkpoints "
