@@ -291,6 +291,10 @@ def _judge_placement_problem(spec: JobSpec, plan: Plan | None) -> str:
         )
         return f"judge_gpus ({devices}) places a judge on this box, but the job has {held}; drop judge_gpus"
     # The rank's plan holds no judge with devices of its own: the judge's engine resolves on the plan's device.
+    if plan is not None and plan.device.kind == "cpu":
+        return (
+            f"judge_gpus ({devices}) gives the judge GPUs of its own and this box has none (the CPU); drop judge_gpus"
+        )
     engine = judge_engine_of(spec, plan.device.kind) if plan is not None else spec.engine.judge
     if engine != "hf":
         return ""

@@ -237,9 +237,10 @@ JUDGES = {
     kind=st.sampled_from(["cpu", "cuda"]),
 )
 def test_judge_gpus_are_accepted_only_for_a_local_vllm_judge(tmp_path_factory, judge, engine, judge_gpus, kind):
-    """judge_gpus gives the judge devices of its own, which only a local vLLM judge runs on (make_judge): a
+    """judge_gpus gives the judge GPUs of its own, which only a local vLLM judge runs on (make_judge): a
     transformers judge (set, or auto on the CPU) loaded on the student's device, a remote judge or the student's base
-    had none to use, and `appliance plan` crashed planning the devices of a judge it had no config for."""
+    had none to use, on the CPU the judge shared the student's memory, and `appliance plan` crashed planning the
+    devices of a judge it had no config for."""
     from appliance.cli.main import main
     from appliance.job_checks import layout_refusals
 
@@ -254,7 +255,7 @@ def test_judge_gpus_are_accepted_only_for_a_local_vllm_judge(tmp_path_factory, j
     config = tmp_path / "config.json"
     config.write_text(__import__("json").dumps(SMOLLM))
     command = ["plan", str(path), "--data-dir", str(tmp_path), "--model-config", f"m={config}", "--device", kind]
-    runs = judge == "local" and (engine == "vllm" or (engine == "auto" and kind == "cuda"))
+    runs = judge == "local" and engine != "hf" and kind == "cuda"  # the CPU has no devices to give a judge
     assert main([*command, "--device-memory", "80GiB"]) == (0 if runs else 2)
     spec, errors = check_job_file(path, tmp_path, check_models=False)
     if judge == "local" and engine != "hf":
