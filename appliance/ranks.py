@@ -9,6 +9,7 @@ launcher's to write. Imports nothing heavy: the daemon reads it to place a job w
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,15 @@ def launch_ranks(name: str, shape: Topology, entrypoint: Callable[..., None], ar
     and inherit what it holds (the daemon's report channel). A rank that fails ends the others; LaunchError
     then names it and how it ended. `entrypoint` raises SystemExit(code) to fail.
     """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    # The launcher keeps each launch's rank logs in a /tmp folder it never removes: give it one that goes with the
+    # launch (the forked ranks leave with os._exit, so only this process removes it).
+    with tempfile.TemporaryDirectory(prefix="appliance-ranks-") as logs:
+        _launch(name, shape, entrypoint, args, DefaultLogsSpecs(log_dir=logs))
+
+
+def _launch(name: str, shape: Topology, entrypoint: Callable[..., None], args: tuple, logs_specs) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -118,6 +128,7 @@ def launch_ranks(name: str, shape: Topology, entrypoint: Callable[..., None], ar
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         rdzv_configs=configs,
+        logs_specs=logs_specs,
         max_restarts=0,  # a dead rank ends the job; a resume continues from the last checkpoint
         # Forked, not spawned: a forked rank ends with os._exit, skipping the interpreter's finalization, where
         # gloo's threads can abort a finished rank (SIGABRT in a C++ destructor).

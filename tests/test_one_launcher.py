@@ -65,3 +65,29 @@ def test_the_cli_and_the_daemon_start_ranks_through_the_same_function():
             node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
         }
         assert "launch_ranks" in calls, f"{module} does not start its ranks through ranks.launch_ranks"
+
+
+def _rank(fail_rank: int) -> None:
+    import os
+
+    if int(os.environ["RANK"]) == fail_rank:
+        raise SystemExit(3)
+
+
+def test_a_launch_leaves_nothing_in_the_temporary_folder_whether_its_ranks_end_well_or_not(tmp_path, monkeypatch):
+    """torch's launcher keeps each launch's rank logs in a folder of its own under /tmp (torchelastic_*) and never
+    removes it: a daemon left one per job start and restart (104 on this box after a day of tests)."""
+    import tempfile
+
+    import pytest
+
+    from appliance.ranks import LaunchError, Topology, launch_ranks
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    launch_ranks("ends-well", Topology(1, None, None, 2), _rank, (-1,))
+    with pytest.raises(LaunchError, match="rank 1 \\(exit code 3\\)"):
+        launch_ranks("fails", Topology(1, None, None, 2), _rank, (1,))
+    # torch's compiler keeps a cache there (torchinductor_<user>) that outlives any one launch, by design; a failed
+    # rank's torch.multiprocessing error pickle (a file) is torch's too.
+    left = [path.name for path in tmp_path.iterdir() if path.is_dir() and not path.name.startswith("torchinductor_")]
+    assert left == []
