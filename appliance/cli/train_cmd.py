@@ -89,7 +89,10 @@ def train(args) -> int:
         metrics_address = parse_metrics_addr(args.metrics_addr) if args.metrics_addr else None
         spec = load_checked_job(args.file, data_dir)
 
-        world = process_role(spec.resources, several=bool(args.nnodes or args.node_rank))
+        # Flags for several boxes make this box's launcher (topology() holds them to the job); --nnodes 1 does not:
+        # its one rank, forked with the same flags, would launch again.
+        several = (args.nnodes or 1) > 1 or bool(args.node_rank)
+        world = process_role(spec.resources, several=several)
         if world == LAUNCHER:
             return _launch(args, spec, data_dir)
         if world.world_size == 1:  # the whole job here: no other run of it may share its folder

@@ -46,3 +46,11 @@ def test_a_job_still_running_is_not_resumed_or_restarted_by_a_second_train(
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the launcher and its forked ranks: one process group
         first.wait(timeout=30)
+
+
+def test_nnodes_1_runs_the_job_on_this_box(tiny_model_dir, tmp_path, fresh_data_dir):
+    """--nnodes 1 (a one-box job) once made a launcher whose one rank, forked with the same flags, launched again and
+    was refused by the job folder its launcher had just made."""
+    job_file = tiny_job(tiny_model_dir, tmp_path, grpo={"steps": 1}, checkpoint={"every": 1})
+    assert main(["train", str(job_file), "--data-dir", str(fresh_data_dir), "--nnodes", "1"]) == 0
+    assert (fresh_data_dir / "jobs" / "tiny" / "checkpoints" / "step-000001").is_dir()
