@@ -9,7 +9,7 @@ launcher's to write. Imports nothing heavy: the daemon reads it to place a job w
 from __future__ import annotations
 
 import os
-import tempfile
+import shutil
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,19 +97,30 @@ class Topology:
     nproc_per_node: int
 
 
-def launch_ranks(name: str, shape: Topology, entrypoint: Callable[..., None], args: tuple) -> None:
+def launch_ranks(name: str, shape: Topology, entrypoint: Callable[..., None], args: tuple, logs: Path) -> None:
     """Start this box's ranks of job `name`, each running `entrypoint(*args)`, and wait for them all.
 
     The ranks are forked from this process, so they stay in its process group (ending the group ends the job)
     and inherit what it holds (the daemon's report channel). A rank that fails ends the others; LaunchError
-    then names it and how it ended. `entrypoint` raises SystemExit(code) to fail.
+    then names it and how it ended. `entrypoint` raises SystemExit(code) to fail. `logs`: the folder, beside
+    the job's, where torch's launcher keeps the ranks' error files while they run.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
-    # The launcher keeps each launch's rank logs in a /tmp folder it never removes: give it one that goes with the
-    # launch (the forked ranks leave with os._exit, so only this process removes it).
-    with tempfile.TemporaryDirectory(prefix="appliance-ranks-") as logs:
-        _launch(name, shape, entrypoint, args, DefaultLogsSpecs(log_dir=logs))
+    # Left to itself the launcher makes a /tmp folder per launch and never removes it; a launcher killed with
+    # SIGKILL (the daemon's cancel) cannot remove one either. This one is the job's, replaced at each launch.
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    try:
+        _launch(name, shape, entrypoint, args, DefaultLogsSpecs(log_dir=str(logs)))
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def launch_logs(job_dir: Path, node_rank: int | None = None) -> Path:
+    """Where this box's launcher of the job in `job_dir` keeps the ranks' error files: beside the job's folder
+    (whose contents say whether a run exists), one per box (boxes may share a data dir)."""
+    return job_dir.parent / f".{job_dir.name}.node{node_rank or 0}.launch"
 
 
 def _launch(name: str, shape: Topology, entrypoint: Callable[..., None], args: tuple, logs_specs) -> None:

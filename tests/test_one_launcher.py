@@ -74,20 +74,54 @@ def _rank(fail_rank: int) -> None:
         raise SystemExit(3)
 
 
-def test_a_launch_leaves_nothing_in_the_temporary_folder_whether_its_ranks_end_well_or_not(tmp_path, monkeypatch):
-    """torch's launcher keeps each launch's rank logs in a folder of its own under /tmp (torchelastic_*) and never
-    removes it: a daemon left one per job start and restart (104 on this box after a day of tests)."""
+KILLED_LAUNCHER = """
+import sys, time
+from pathlib import Path
+from appliance.ranks import Topology, launch_ranks
+def rank():
+    print("running", flush=True)
+    time.sleep(600)
+launch_ranks("killed", Topology(1, None, None, 2), rank, (), Path(sys.argv[1]))
+"""
+
+
+def test_a_launch_leaves_no_folder_behind_in_tmp_or_beside_the_job(tmp_path, monkeypatch):
+    """torch's launcher kept each launch's rank logs in a /tmp folder (torchelastic_*) it never removed: the daemon
+    left one per job start and restart (104 on a test box after a day). Its folder is now the job's: gone when the
+    ranks end, well or not, and a launcher killed with SIGKILL (the daemon's cancel) leaves only that one, which the
+    next launch of the job replaces."""
+    import os
+    import signal
+    import subprocess
+    import sys
     import tempfile
+    import time
 
     import pytest
 
-    from appliance.ranks import LaunchError, Topology, launch_ranks
+    from appliance.ranks import LaunchError, Topology, launch_logs, launch_ranks
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    launch_ranks("ends-well", Topology(1, None, None, 2), _rank, (-1,))
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    logs = launch_logs(tmp_path / "jobs" / "j")
+    launch_ranks("ends-well", Topology(1, None, None, 2), _rank, (-1,), logs)
     with pytest.raises(LaunchError, match="rank 1 \\(exit code 3\\)"):
-        launch_ranks("fails", Topology(1, None, None, 2), _rank, (1,))
+        launch_ranks("fails", Topology(1, None, None, 2), _rank, (1,), logs)
+    assert not logs.exists()
     # torch's compiler keeps a cache there (torchinductor_<user>) that outlives any one launch, by design; a failed
     # rank's torch.multiprocessing error pickle (a file) is torch's too.
-    left = [path.name for path in tmp_path.iterdir() if path.is_dir() and not path.name.startswith("torchinductor_")]
+    left = [path.name for path in temporary.iterdir() if path.is_dir() and not path.name.startswith("torchinductor_")]
     assert left == []
+
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_LAUNCHER, str(logs)], stdout=subprocess.PIPE,
+                              env={**os.environ, "TMPDIR": str(temporary)}, start_new_session=True)  # fmt: skip
+    try:
+        assert killed.stdout.readline() == b"running\n"
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=30)
+    time.sleep(0.2)
+    assert logs.is_dir() and not [path for path in temporary.iterdir() if path.name.startswith("torchelastic_")]
+    launch_ranks("again", Topology(1, None, None, 2), _rank, (-1,), logs)
+    assert not logs.exists()

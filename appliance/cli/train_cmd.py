@@ -246,7 +246,7 @@ def _launch(args, spec, data_dir: Path) -> int:
     """This box's launcher: prepare the job folder (node 0), start the ranks, report how they ended."""
     from appliance.cli.launch import topology
     from appliance.grpo.run import prepare_job_dir
-    from appliance.ranks import LaunchError, launch_ranks
+    from appliance.ranks import LaunchError, launch_logs, launch_ranks
 
     try:
         shape = topology(args, spec)
@@ -261,7 +261,8 @@ def _launch(args, spec, data_dir: Path) -> int:
         flush=True,
     )
     try:
-        launch_ranks(spec.name, shape, train_rank, (args,))
+        logs = launch_logs(jobs_dir(data_dir) / spec.name, shape.node_rank)
+        launch_ranks(spec.name, shape, train_rank, (args,), logs)
     except LaunchError as error:
         if EXIT_BAD_INPUT in error.exit_codes.values():  # the ranks refused the job: a resume would refuse it too
             print(f"error: {error}; change the job as the rank said", file=sys.stderr)
