@@ -20,8 +20,9 @@ from appliance.errors import ApplianceError
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
-class PlacementError(ValueError):
-    """The box does not have the devices a job's placement asks for; the message says how many."""
+class PlacementError(ApplianceError):
+    """The box does not have the devices a job's placement asks for; the message says how many (a bad job here:
+    `appliance train` refuses it in one line, exit 2)."""
 
 
 def visible_devices(environ: Mapping[str, str] = os.environ, gpus_dir: Path = NVIDIA_GPUS) -> list[str]:

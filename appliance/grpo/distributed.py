@@ -117,6 +117,8 @@ def process_role(
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return RankInfo(int(environ["RANK"]), world, local_rank, device)
     if several or (resources is not None and resources.world_size > 1):
+        if resources is not None:  # refused here, before any rank is forked, rather than in every rank
+            device_layout(resources.student_devices, 0, visible)
         return LAUNCHER
     layout = device_layout(1, resources.judge_gpus if resources is not None else 0, visible)
     if layout.judge:  # this process keeps the student's device; the judge's engine gets the rest
