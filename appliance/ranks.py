@@ -125,7 +125,9 @@ def launch_logs(job_dir: Path, node_rank: int | None = None) -> Path:
 
 
 def _launch(name: str, shape: Topology, entrypoint: Callable[..., None], args: tuple, logs_specs) -> None:
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if shape.nnodes == 1:  # torchrun --standalone: c10d on a loopback port the store binds and reports
@@ -149,6 +151,12 @@ def _launch(name: str, shape: Topology, entrypoint: Callable[..., None], args: t
     share_cores(os.environ, shape.nproc_per_node)  # the ranks inherit this process's environment
     try:
         elastic_launch(config, entrypoint)(*args)
+    except (DistError, RendezvousError) as error:  # before any rank: the port taken, node 0 not reachable
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise LaunchError(
+            f"the rendezvous of '{name}' at {endpoint} failed ({reason}); check that --rdzv-endpoint names node 0's "
+            "address and a port free there"
+        ) from None
     except ChildFailedError as error:
         ended = ", ".join(f"rank {rank} ({_how(failure.exitcode)})" for rank, failure in sorted(error.failures.items()))
         codes = {rank: failure.exitcode for rank, failure in error.failures.items()}

@@ -125,3 +125,22 @@ def test_a_launch_leaves_no_folder_behind_in_tmp_or_beside_the_job(tmp_path, mon
     assert logs.is_dir() and not [path for path in temporary.iterdir() if path.name.startswith("torchelastic_")]
     launch_ranks("again", Topology(1, None, None, 2), _rank, (-1,), logs)
     assert not logs.exists()
+
+
+def test_a_rendezvous_port_already_taken_is_one_sentence_not_a_traceback(tmp_path):
+    """Node 0 of a several-box job binds the --rdzv-endpoint port; one in use raised torch's DistNetworkError
+    through `appliance train` as a traceback."""
+    import socket
+
+    import pytest
+
+    from appliance.ranks import LaunchError, Topology, launch_logs, launch_ranks
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        endpoint = f"127.0.0.1:{taken.getsockname()[1]}"
+        logs = launch_logs(tmp_path / "jobs" / "j")
+        with pytest.raises(LaunchError, match=f"rendezvous of 'j' at {endpoint} failed .*address already in use"):
+            launch_ranks("j", Topology(2, 0, endpoint, 1), _rank, (-1,), logs)
+    assert not logs.exists()
