@@ -159,6 +159,23 @@ def end_rank_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+def check_resumed_together(world: RankInfo, step: int | None) -> None:
+    """Every rank resumed from the same checkpoint (`step`: this rank's, None for none), or DistributedError.
+
+    Rank 0 writes the checkpoints; a box that sees another data dir finds none and would train from step 0 beside
+    ranks at step N, its adapter and gradients out of step with theirs, until one side ran out of steps.
+    """
+    if world.world_size == 1:
+        return
+    mine = -1 if step is None else step
+    highest, negated = world.max([mine, -mine])
+    if highest != -negated:
+        raise DistributedError(
+            f"the job's ranks resumed from different checkpoints (steps {-negated} to {highest}, -1: none found); "
+            "every box must see the same data dir, where rank 0 writes the checkpoints"
+        )
+
+
 def share(items: list, rank: int, world_size: int) -> list:
     """This rank's contiguous share of items, in order; when they do not split evenly the first ranks take one more
     (a step's groups always split evenly: the job file is checked; held-out problems need not)."""
