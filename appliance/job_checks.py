@@ -199,15 +199,6 @@ def _resources_errors(parsed: ParsedJob) -> list[ConfigError]:
     if spec is None:
         return []
     resources, errors = spec.resources, []
-    if resources.judge_gpus and (spec.judge is None or spec.judge.endpoint is not None):
-        errors.append(
-            parsed.error_at(
-                ("resources", "judge_gpus"),
-                f"judge_gpus ({resources.judge_gpus}) places a judge on this box, but the job has "
-                + ("no judge section" if spec.judge is None else "a remote judge (judge.endpoint)")
-                + "; drop judge_gpus",
-            )
-        )
     ranks = resources.world_size
     if ranks > 1 and spec.task.environment is not None:
         errors.append(
@@ -239,7 +230,10 @@ def layout_refusals(spec: JobSpec, plan: Plan | None = None) -> list[tuple[tuple
     rollout = plan.rollout_engine if plan is not None else spec.engine.rollout
     weights = plan.choices.rollout_weights if plan is not None else spec.engine.rollout_weights
     refusals = []
-    if resources.judge_gpus and ranks > 1:
+    placed = _judge_placement_problem(spec, plan)
+    if placed:
+        refusals.append((("resources", "judge_gpus"), placed))
+    elif resources.judge_gpus and ranks > 1:
         why = (
             f"a judge on devices of its own serves a one-rank job, and this job has {ranks} ranks; serve the judge "
             "with 'vllm serve --tensor-parallel-size N' on those devices and set judge.endpoint, or leave one rank"
@@ -277,6 +271,38 @@ def layout_refusals(spec: JobSpec, plan: Plan | None = None) -> list[tuple[tuple
         why = f"tensor_parallel_size splits vLLM's copy of the student, and {generates}; set engine.rollout: vllm"
         refusals.append((("engine", "vllm", "tensor_parallel_size"), why))
     return refusals
+
+
+def _judge_placement_problem(spec: JobSpec, plan: Plan | None) -> str:
+    """Why judge_gpus places no judge here, or "": only a local vLLM judge of its own runs on those devices (its
+    engine tensor-parallel over them); a transformers judge would load on the student's device the plan left free."""
+    from appliance.budget.workload import judge_engine_of
+
+    judge, devices = spec.judge, spec.resources.judge_gpus
+    if not devices:
+        return ""
+    if judge is None or judge.endpoint is not None or judge.share_student_base:
+        held = (
+            "no judge section"
+            if judge is None
+            else "a remote judge (judge.endpoint)"
+            if judge.endpoint is not None
+            else "a judge that is the student's base (judge.share_student_base)"
+        )
+        return f"judge_gpus ({devices}) places a judge on this box, but the job has {held}; drop judge_gpus"
+    # The rank's plan holds no judge with devices of its own: the judge's engine resolves on the plan's device.
+    if plan is not None and plan.device.kind == "cpu":
+        return (
+            f"judge_gpus ({devices}) gives the judge GPUs of its own and this box has none (the CPU); drop judge_gpus"
+        )
+    engine = judge_engine_of(spec, plan.device.kind) if plan is not None else spec.engine.judge
+    if engine != "hf":
+        return ""
+    how = "engine.judge: auto is transformers on this device" if spec.engine.judge == "auto" else "engine.judge is hf"
+    return (
+        f"judge_gpus ({devices}) gives the judge devices of its own, which only a vLLM judge runs on, and {how}; "
+        "set engine.judge: vllm, or drop judge_gpus"
+    )
 
 
 def _best_metric_errors(parsed: ParsedJob) -> list[ConfigError]:

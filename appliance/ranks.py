@@ -9,6 +9,7 @@ launcher's to write. Imports nothing heavy: the daemon reads it to place a job w
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,8 @@ NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
 class PlacementError(ApplianceError):
-    """The box does not have the devices a job's placement asks for; the message says how many."""
+    """The box does not have the devices a job's placement asks for; the message says how many (a bad job here:
+    `appliance train` refuses it in one line, exit 2)."""
 
 
 def visible_devices(environ: Mapping[str, str] = os.environ, gpus_dir: Path = NVIDIA_GPUS) -> list[str]:
@@ -96,14 +98,36 @@ class Topology:
     nproc_per_node: int
 
 
-def launch_ranks(name: str, shape: Topology, entrypoint: Callable[..., None], args: tuple) -> None:
+def launch_ranks(name: str, shape: Topology, entrypoint: Callable[..., None], args: tuple, logs: Path) -> None:
     """Start this box's ranks of job `name`, each running `entrypoint(*args)`, and wait for them all.
 
     The ranks are forked from this process, so they stay in its process group (ending the group ends the job)
     and inherit what it holds (the daemon's report channel). A rank that fails ends the others; LaunchError
-    then names it and how it ended. `entrypoint` raises SystemExit(code) to fail.
+    then names it and how it ended. `entrypoint` raises SystemExit(code) to fail. `logs`: the folder, beside
+    the job's, where torch's launcher keeps the ranks' error files while they run.
     """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    # Left to itself the launcher makes a /tmp folder per launch and never removes it; a launcher killed with
+    # SIGKILL (the daemon's cancel) cannot remove one either. This one is the job's, replaced at each launch.
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    try:
+        _launch(name, shape, entrypoint, args, DefaultLogsSpecs(log_dir=str(logs)))
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def launch_logs(job_dir: Path, node_rank: int | None = None) -> Path:
+    """Where this box's launcher of the job in `job_dir` keeps the ranks' error files: beside the job's folder
+    (whose contents say whether a run exists), one per box (boxes may share a data dir)."""
+    return job_dir.parent / f".{job_dir.name}.node{node_rank or 0}.launch"
+
+
+def _launch(name: str, shape: Topology, entrypoint: Callable[..., None], args: tuple, logs_specs) -> None:
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if shape.nnodes == 1:  # torchrun --standalone: c10d on a loopback port the store binds and reports
@@ -118,6 +142,7 @@ def launch_ranks(name: str, shape: Topology, entrypoint: Callable[..., None], ar
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         rdzv_configs=configs,
+        logs_specs=logs_specs,
         max_restarts=0,  # a dead rank ends the job; a resume continues from the last checkpoint
         # Forked, not spawned: a forked rank ends with os._exit, skipping the interpreter's finalization, where
         # gloo's threads can abort a finished rank (SIGABRT in a C++ destructor).
@@ -126,6 +151,12 @@ def launch_ranks(name: str, shape: Topology, entrypoint: Callable[..., None], ar
     share_cores(os.environ, shape.nproc_per_node)  # the ranks inherit this process's environment
     try:
         elastic_launch(config, entrypoint)(*args)
+    except (DistError, RendezvousError) as error:  # before any rank: the port taken, node 0 not reachable
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise LaunchError(
+            f"the rendezvous of '{name}' at {endpoint} failed ({reason}); check that --rdzv-endpoint names node 0's "
+            "address and a port free there"
+        ) from None
     except ChildFailedError as error:
         ended = ", ".join(f"rank {rank} ({_how(failure.exitcode)})" for rank, failure in sorted(error.failures.items()))
         codes = {rank: failure.exitcode for rank, failure in error.failures.items()}

@@ -109,3 +109,22 @@ def test_the_visible_devices_are_the_drivers_narrowed_by_cuda_visible_devices(fi
     assert visible_devices({}, five_gpus) == ["0", "1", "2", "3", "4"]
     assert visible_devices({"CUDA_VISIBLE_DEVICES": "3,1"}, five_gpus) == ["3", "1"]
     assert visible_devices({"CUDA_VISIBLE_DEVICES": "0"}, tmp_path / "none") == []  # a CPU box
+
+
+@pytest.mark.parametrize(
+    ("resources", "visible"),
+    [("{gpus: 2}", "3"), ("{gpus: 4, nodes: 2}", "0,1"), ("{gpus: 5, judge_gpus: 4}", "0,1")],
+)
+def test_a_box_with_fewer_devices_than_the_job_places_is_refused_before_any_rank_starts(five_gpus, resources, visible):
+    """A job whose ranks (or judge) need more devices than are visible was found out only inside each forked rank
+    (a ValueError traceback, then 'resume continues from the last checkpoint'), or as a traceback of
+    `appliance train`: the launcher (or the one process) now refuses it as a bad job, exit 2, in one sentence."""
+    from appliance.errors import ApplianceError
+
+    spec = parse_job_text(
+        "name: j\nstudent: {model: s}\njudge: {model: big-judge}\nrewards: [{name: judge}]\n"
+        f"engine: {{judge: vllm}}\nresources: {resources}\n"
+    )
+    with pytest.raises(ApplianceError, match="are visible \\(CUDA_VISIBLE_DEVICES\\)") as refused:
+        process_role(spec.resources, environ={"CUDA_VISIBLE_DEVICES": visible}, gpus_dir=five_gpus)
+    assert refused.value.exit_code == 2 and str(refused.value).count(". ") == 0

@@ -96,6 +96,7 @@ def plan_rank(
     and a rank with the whole base would not fit: then it is sharded over the ranks (FSDP-QLoRA).
     """
     resources, one_rank = job.resources, rank_job(job)
+    device = box_share(device, resources.student_devices)
     # A whole base on every rank is tried first: DDP needs no gathers, so it is kept whenever it fits.
     plan = plan_job(one_rank, student_config, judge_config, device, prompt_tokens=prompt_tokens)
     if resources.sharding != "auto":
@@ -122,6 +123,14 @@ def plan_rank(
         return plan  # one rank: nothing to shard over, nothing to say
     choices = replace(plan.choices, sharding=sharding, reasons={**plan.choices.reasons, "sharding": reason})
     return replace(plan, choices=choices)
+
+
+def box_share(device: DeviceInfo, ranks_on_box: int) -> DeviceInfo:
+    """The part of `device` one of a box's ranks is planned against: a GPU is the rank's own; the CPU's memory is
+    the box's, which every rank on it shares, so each is planned against its share."""
+    if device.kind != "cpu" or ranks_on_box <= 1:
+        return device
+    return replace(device, total_bytes=device.total_bytes // ranks_on_box, used_bytes=device.used_bytes // ranks_on_box)
 
 
 def plan_devices(

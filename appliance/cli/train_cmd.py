@@ -89,9 +89,14 @@ def train(args) -> int:
         metrics_address = parse_metrics_addr(args.metrics_addr) if args.metrics_addr else None
         spec = load_checked_job(args.file, data_dir)
 
-        world = process_role(spec.resources, several=bool(args.nnodes or args.node_rank))
+        # Flags for several boxes make this box's launcher (topology() holds them to the job); --nnodes 1 does not:
+        # its one rank, forked with the same flags, would launch again.
+        several = (args.nnodes or 1) > 1 or bool(args.node_rank)
+        world = process_role(spec.resources, several=several)
         if world == LAUNCHER:
             return _launch(args, spec, data_dir)
+        if world.world_size == 1:  # the whole job here: no other run of it may share its folder
+            run_lock = hold_job_name(data_dir, spec.name)  # noqa: F841 - held until this run returns
         job_dir = _job_dir(args, spec, data_dir, world)
     except ApplianceError as error:
         return _refused(error, error.exit_code)
@@ -126,6 +131,29 @@ def train(args) -> int:
 
         destroy_process_group()
     return code
+
+
+def hold_job_name(data_dir: Path, name: str):
+    """The open lock file that makes this process the one run of job `name` in the data dir, held until it exits.
+
+    Two runs of one job (a second `appliance train --resume` while the first still runs) would write the same
+    checkpoints and records. The lock sits beside the job's folder, which --restart renames; the forked ranks
+    inherit it, so it is held until the last of them ends.
+    """
+    import fcntl
+
+    folder = jobs_dir(data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = open(folder / f".{name}.lock", "a")  # noqa: SIM115 - held for the life of the run
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ApplianceError(
+            f"job '{name}' is already running from {folder / name} (another 'appliance train' holds it); wait for "
+            "it to end or stop it, or give this job another name"
+        ) from None
+    return handle
 
 
 def train_rank(args) -> None:
@@ -218,11 +246,12 @@ def _launch(args, spec, data_dir: Path) -> int:
     """This box's launcher: prepare the job folder (node 0), start the ranks, report how they ended."""
     from appliance.cli.launch import topology
     from appliance.grpo.run import prepare_job_dir
-    from appliance.ranks import LaunchError, launch_ranks
+    from appliance.ranks import LaunchError, launch_logs, launch_ranks
 
     try:
         shape = topology(args, spec)
         if not shape.node_rank:
+            run_lock = hold_job_name(data_dir, spec.name)  # noqa: F841 - held while the ranks run
             job_dir = prepare_job_dir(data_dir, spec, resume=args.resume, restart=args.restart)
     except ApplianceError as error:
         return _refused(error, error.exit_code)
@@ -232,7 +261,8 @@ def _launch(args, spec, data_dir: Path) -> int:
         flush=True,
     )
     try:
-        launch_ranks(spec.name, shape, train_rank, (args,))
+        logs = launch_logs(jobs_dir(data_dir) / spec.name, shape.node_rank)
+        launch_ranks(spec.name, shape, train_rank, (args,), logs)
     except LaunchError as error:
         if EXIT_BAD_INPUT in error.exit_codes.values():  # the ranks refused the job: a resume would refuse it too
             print(f"error: {error}; change the job as the rank said", file=sys.stderr)

@@ -117,6 +117,8 @@ def process_role(
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return RankInfo(int(environ["RANK"]), world, local_rank, device)
     if several or (resources is not None and resources.world_size > 1):
+        if resources is not None:  # refused here, before any rank is forked, rather than in every rank
+            device_layout(resources.student_devices, 0, visible)
         return LAUNCHER
     layout = device_layout(1, resources.judge_gpus if resources is not None else 0, visible)
     if layout.judge:  # this process keeps the student's device; the judge's engine gets the rest
@@ -155,6 +157,23 @@ def end_rank_process(code: int) -> NoReturn:
         except (OSError, ValueError):  # closed or gone: nothing more to say there
             pass
     os._exit(code)
+
+
+def check_resumed_together(world: RankInfo, step: int | None) -> None:
+    """Every rank resumed from the same checkpoint (`step`: this rank's, None for none), or DistributedError.
+
+    Rank 0 writes the checkpoints; a box that sees another data dir finds none and would train from step 0 beside
+    ranks at step N, its adapter and gradients out of step with theirs, until one side ran out of steps.
+    """
+    if world.world_size == 1:
+        return
+    mine = -1 if step is None else step
+    highest, negated = world.max([mine, -mine])
+    if highest != -negated:
+        raise DistributedError(
+            f"the job's ranks resumed from different checkpoints (steps {-negated} to {highest}, -1: none found); "
+            "every box must see the same data dir, where rank 0 writes the checkpoints"
+        )
 
 
 def share(items: list, rank: int, world_size: int) -> list:

@@ -33,7 +33,7 @@ from appliance.conventions import ENVIRONMENT_REWARD, EXTERNAL_ENVIRONMENT
 from appliance.durable import write_atomically
 from appliance.engines.hf import HFEngine
 from appliance.errors import ApplianceError, StopBeforeStep
-from appliance.grpo.distributed import RankInfo, one_process
+from appliance.grpo.distributed import RankInfo, check_resumed_together, one_process
 from appliance.grpo.prompt_lengths import longest_opening_tokens, longest_prompt_tokens
 from appliance.grpo.step_record import (
     EvalResult,
@@ -156,7 +156,10 @@ def _announce(trainer: Trainer, spec: JobSpec, resume: bool) -> None:
         device_total_bytes=plan.device.total_bytes,
         device_used_bytes=plan.device.used_bytes,
     )
-    if resume and trainer.resume() is None:
+    resumed = trainer.resume() if resume else None
+    if resume:
+        check_resumed_together(trainer.world, resumed)
+    if resume and resumed is None:
         trainer.log(f"no checkpoint in {trainer.job_dir / 'checkpoints'}; starting at step 0")
     choices = trainer.choices
     trainer.log(

@@ -174,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
 def launch(spec, channel: Channel, data_dir: Path, job_dir: Path, resume: bool) -> int:
     """Start the job's ranks on this box through the launcher `appliance train` uses (ranks.launch_ranks) and
     end as rank 0 ended: its code says whether the job is worth a restart."""
-    from appliance.ranks import LaunchError, Topology, launch_ranks
+    from appliance.ranks import LaunchError, Topology, launch_logs, launch_ranks
 
     shape = Topology(1, None, None, spec.resources.student_devices)
     try:
-        launch_ranks(spec.name, shape, rank_entry, (channel, data_dir, job_dir, resume))
+        launch_ranks(spec.name, shape, rank_entry, (channel, data_dir, job_dir, resume), launch_logs(job_dir))
     except LaunchError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         # The first rank that ended with a code of its own (a bad job, a full disk) says what the job needs.

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from appliance.budget.components import weights_bytes
 from appliance.budget.device_probe import DeviceInfo
 from appliance.budget.device_plans import plan_devices, rank_job, refusal
-from appliance.budget.plan import plan_job
+from appliance.budget.plan import budget_of, plan_job
 from appliance.budget.shapes import fixture_for, load_config, shape_from_config
 from appliance.cli.main import main
 from appliance.config.job_file import parse_job_text
 
 GIB = 2**30
+SMOLLM = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+          "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "tie_word_embeddings": True,
+          "max_position_embeddings": 8192}  # fmt: skip
 GPU80 = DeviceInfo("cuda", 80 * GIB, 0, "fake")
 COMMON = """
 task: {dataset: builtin:gsm8k}
@@ -108,3 +114,23 @@ def test_a_judge_on_devices_of_its_own_beside_several_ranks_is_refused_not_plann
     spec = job(STUDENT_8B + JUDGE_70B + "resources: {gpus: 4, nodes: 2, judge_gpus: 2}\n")
     refusals = dict(layout_refusals(spec))
     assert "judge.endpoint" in refusals[("resources", "judge_gpus")]
+
+
+@settings(max_examples=30, deadline=None)
+@given(ranks=st.sampled_from([2, 3, 4]), gib=st.sampled_from([2, 3, 5, 8, 16, 64]), nodes=st.sampled_from([1, 2]))
+def test_the_ranks_of_a_cpu_box_fit_together_in_its_memory(ranks, gib, nodes):
+    """On the CPU a box's ranks share one memory: the plan accepts a layout only when every rank of the box fits
+    in it at once (each was planned against the whole box, and two ranks of 2.6 GiB fitted a 3 GiB box)."""
+    spec = parse_job_text(
+        "name: j\nstudent: {model: m, quantization: none}\ntask: {dataset: builtin:multiply}\n"
+        f"rewards: [{{name: correctness}}]\ngrpo: {{prompts_per_step: {ranks * nodes * 2}, group_size: 8}}\n"
+        f"resources: {{gpus: {ranks}, nodes: {nodes}}}\n"
+    )
+    box = DeviceInfo("cpu", gib * GIB, 0, "fake")
+    devices = plan_devices(spec, SMOLLM, None, box)
+    on_box = [device for device in devices if device.node == 0]
+    assert len(on_box) == ranks
+    if not refusal(devices):
+        assert sum(device.peak_bytes for device in on_box) <= budget_of(spec, box)
+    gpu = DeviceInfo("cuda", gib * GIB, 0, "fake", bf16_matmul=True)  # a GPU is each rank's own
+    assert plan_devices(spec, SMOLLM, None, gpu)[0].budget_bytes == budget_of(spec, gpu)

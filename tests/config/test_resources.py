@@ -219,3 +219,47 @@ def test_auto_never_resolves_to_a_layout_config_check_refuses(quantization, rank
     plan = _plan(spec, kind, gib)
     assert not (plan.choices.sharding == "fsdp" and plan.choices.rollout_weights == "merged_copy"), plan.choices
     assert layout_refusals(spec, plan) == []
+
+
+JUDGES = {
+    "none": None,
+    "remote": {"model": "m", "endpoint": "http://127.0.0.1:9/v1"},
+    "student's base": {"model": "m", "share_student_base": True},
+    "local": {"model": "m"},
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    judge=st.sampled_from(sorted(JUDGES)),
+    engine=st.sampled_from(["auto", "hf", "vllm"]),
+    judge_gpus=st.sampled_from([1, 2, 4]),
+    kind=st.sampled_from(["cpu", "cuda"]),
+)
+def test_judge_gpus_are_accepted_only_for_a_local_vllm_judge(tmp_path_factory, judge, engine, judge_gpus, kind):
+    """judge_gpus gives the judge GPUs of its own, which only a local vLLM judge runs on (make_judge): a
+    transformers judge (set, or auto on the CPU) loaded on the student's device, a remote judge or the student's base
+    had none to use, on the CPU the judge shared the student's memory, and `appliance plan` crashed planning the
+    devices of a judge it had no config for."""
+    from appliance.cli.main import main
+    from appliance.job_checks import layout_refusals
+
+    tmp_path = tmp_path_factory.mktemp("judge")
+    section = f"judge: {__import__('json').dumps(JUDGES[judge])}\n" if JUDGES[judge] else ""
+    rewards = "rewards: [{name: judge}]\n" if JUDGES[judge] else "rewards: [{name: correctness}]\n"
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "name: r\nstudent: {model: m}\ntask: {dataset: 'builtin:multiply'}\n" + section + rewards
+        + f"engine: {{judge: {engine}}}\nresources: {{gpus: {judge_gpus + 1}, judge_gpus: {judge_gpus}}}\n"
+    )  # fmt: skip
+    config = tmp_path / "config.json"
+    config.write_text(__import__("json").dumps(SMOLLM))
+    command = ["plan", str(path), "--data-dir", str(tmp_path), "--model-config", f"m={config}", "--device", kind]
+    runs = judge == "local" and engine != "hf" and kind == "cuda"  # the CPU has no devices to give a judge
+    assert main([*command, "--device-memory", "80GiB"]) == (0 if runs else 2)
+    spec, errors = check_job_file(path, tmp_path, check_models=False)
+    if judge == "local" and engine != "hf":
+        assert errors == [] and layout_refusals(spec) == []  # what auto resolves to is the plan's to hold
+        return
+    [error] = errors
+    assert error.key == "resources.judge_gpus" and error.message.count(". ") == 0, error.message

@@ -35,5 +35,5 @@ def test_the_launcher_gives_its_ranks_their_share(tmp_path, monkeypatch):
     job_file.write_text(job_file.read_text() + "resources: {gpus: 2}\n")
     args = build_parser().parse_args(["train", str(job_file), "--data-dir", str(tmp_path / "empty-data")])
     with pytest.raises(LaunchError, match="rank 0 .*failed|rank 1 .*failed"):
-        launch_ranks("shares", Topology(1, None, None, 2), train_rank, (args,))
+        launch_ranks("shares", Topology(1, None, None, 2), train_rank, (args,), tmp_path / ".launch")
     assert os.environ["OMP_NUM_THREADS"] == str(threads_per_rank(2))
