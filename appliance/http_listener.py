@@ -10,6 +10,8 @@ and each job's student endpoint (uvicorn with `guarded_protocol(...)`):
   peer holding the most, or that peer's oldest outright when it holds more
   than the newcomer; with none to evict it is answered 503 and closed, so no
   peer's connections, idle, half-sent or long-polling, keep another peer out;
+- no connection is upgraded (WebSocket or any other protocol): an `Upgrade`
+  request is answered as plain HTTP, so every connection stays under its caps;
 - a request head must arrive within `head_seconds` of the connection (or of
   the previous answer) and within `max_head_bytes`; a body within
   `body_seconds` of its head; a connection idle after an answer is closed
@@ -174,6 +176,8 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # No listener serves WebSockets: an upgraded connection would leave this protocol, its caps and its count.
+        self.ws_protocol_class = None
         self.peer, self.waiting_since, self.stalled_since = self.peer_of(transport), None, None
         self._timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None

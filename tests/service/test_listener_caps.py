@@ -175,6 +175,42 @@ def test_a_stalled_body_and_an_idle_keep_alive_are_cut(serve):
     assert closed
 
 
+async def websocket_echo(scope, receive, send) -> None:
+    """An app that would hold a WebSocket open for ever (the listener must never hand it one), else `hello`."""
+    if scope["type"] != "websocket":
+        return await hello(scope, receive, send)
+    await receive()
+    await send({"type": "websocket.accept"})
+    while (await receive())["type"] != "websocket.disconnect":
+        pass
+
+
+@pytest.mark.parametrize("protocol", ["websocket", "WebSocket", "h2c"])
+def test_no_connection_is_upgraded_out_of_the_listeners_caps(serve, protocol):
+    port = serve(ListenerLimits(total=8, per_peer=4, head_seconds=1.0, idle_seconds=1.0), app=websocket_echo)
+    upgrade = (
+        "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: {}\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).format(protocol)
+    held = [connect(port, send=upgrade.encode()) for _ in range(6)]
+    for sock in held:
+        closed, said = closed_within(sock, 4)  # answered as plain HTTP, then cut when idle like any connection
+        assert said.startswith(b"HTTP/1.1 200") and closed
+    for sock in held:
+        sock.close()
+    # None of them stays counted: a peer that upgraded and left is not refused for ever after.
+    assert wait_for_status(port, 200)
+
+
+def wait_for_status(port: int, status: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(get(port)[0] == status for _ in range(6)):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 async def big_page(scope, receive, send) -> None:
     """An app whose every answer is 8 MiB (a long page of a log)."""
     if scope["type"] != "http":
