@@ -12,6 +12,8 @@ and each job's student endpoint (uvicorn with `guarded_protocol(...)`):
   peer's connections, idle, half-sent or long-polling, keep another peer out;
 - no connection is upgraded (WebSocket or any other protocol): an `Upgrade`
   request is answered as plain HTTP, so every connection stays under its caps;
+- at most `max_pipelined` requests wait parsed behind the one being answered
+  on a connection; a peer pipelining more is dropped;
 - a request head must arrive within `head_seconds` of the connection (or of
   the previous answer) and within `max_head_bytes`; a body within
   `body_seconds` of its head; a connection idle after an answer is closed
@@ -63,6 +65,7 @@ class ListenerLimits:
     write_seconds: float = 30.0
     max_unread_bytes: int = 64 * 2**20
     fresh_seconds: float = 1.0  # a connection waiting less than this is a burst's, not evicted for its peer's cap
+    max_pipelined: int = 16  # requests parsed and queued behind the one being answered, per connection
 
 
 class ConnectionGate:
@@ -166,6 +169,10 @@ class ConnectionGate:
         return found
 
 
+class PipelinedTooDeep(Exception):
+    """Raised in the parser's callback to stop parsing a connection that pipelined too many requests."""
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's HTTP protocol under a ConnectionGate (set on a subclass by `guarded_protocol`)."""
 
@@ -210,6 +217,12 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
+        if len(self.pipeline) >= self.gate.limits.max_pipelined:
+            # Each queued request is parsed and held in memory: a peer sending thousands in one write is dropped,
+            # and raising stops the parser short of the rest of the write.
+            self.gate.note(self.peer, "pipelined")
+            self.evict()
+            raise PipelinedTooDeep(f"over {self.gate.limits.max_pipelined} requests pipelined on one connection")
         self._cancel()
         self.waiting_since, self._in_head = None, False
         self._timer = self.loop.call_later(self.gate.limits.body_seconds, self._timed_out, 408)
@@ -261,6 +274,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def evict(self) -> None:
         """Close now with a reset: nothing more is sent, and the kernel drops what the peer left unread."""
         self._cancel()
+        self.pipeline.clear()
         sock = self.transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:

@@ -16,6 +16,8 @@ import time
 import urllib.request
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.engines.openai_server import ENDPOINT_LIMITS, serve_app_in_thread
 from appliance.http_listener import ListenerLimits, serve_guarded
@@ -209,6 +211,26 @@ def wait_for_status(port: int, status: int, seconds: float = 5.0) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def answers_to_pipeline(port: int, depth: int) -> tuple[int, bool]:
+    """(answers read, whether the server closed) after `depth` GETs sent in one write on one connection."""
+    sock = connect(port, send=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * depth)
+    closed, said = closed_within(sock, 3)
+    sock.close()
+    return said.count(b"HTTP/1.1 200"), closed
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.one_of(st.integers(1, 9), st.integers(10, 20_000)))
+def test_a_peer_pipelining_thousands_of_requests_is_dropped_not_queued(serve, depth):
+    port = serve(ListenerLimits(max_pipelined=8, idle_seconds=1.0, head_seconds=1.0))
+    answered, closed = answers_to_pipeline(port, depth)
+    if depth <= 9:  # the one answered and max_pipelined behind it: an honest pipelining client
+        assert answered == depth
+    else:  # never more than max_pipelined parsed and queued at once, whatever one write holds
+        assert answered <= 9 and closed
+    assert get(port)[0] == 200
 
 
 async def big_page(scope, receive, send) -> None:
