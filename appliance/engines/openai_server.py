@@ -26,7 +26,9 @@ from appliance.engines.engine import LocalEngine, Sampling
 from appliance.http_listener import ListenerLimits, RunningServer, serve_guarded
 
 # An endpoint serves a few agents of one job: a generation runs at a time, the rest wait in line.
-ENDPOINT_LIMITS = ListenerLimits(total=256, per_peer=64)
+# A body holds a chat request or a submission of trajectory groups (the daemon forwards up to its
+# MAX_TRAJECTORY_BODY_BYTES, the same bound): nothing larger is read, whatever the token holder sends.
+ENDPOINT_LIMITS = ListenerLimits(total=256, per_peer=64, max_body_bytes=16 * 2**20)
 
 
 class ChatMessage(BaseModel):

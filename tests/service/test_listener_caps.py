@@ -233,6 +233,55 @@ def test_a_peer_pipelining_thousands_of_requests_is_dropped_not_queued(serve, de
     assert get(port)[0] == 200
 
 
+RECEIVED: list[int] = []  # body bytes the counting app was handed, per request
+
+
+async def counting(scope, receive, send) -> None:
+    """Reads the body to its end, counting what it is handed, then answers 200."""
+    if scope["type"] != "http":
+        return
+    RECEIVED.append(0)
+    while True:
+        message = await receive()
+        RECEIVED[-1] += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def post(port: int, size: int, chunked: bool, piece: int) -> bytes:
+    """What the server answers to a POST of `size` bytes, sent with Content-Length or chunked in `piece`s."""
+    sock = connect(port)
+    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % size
+    sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n\r\n")
+    sent = 0
+    try:
+        while sent < size:
+            part = min(piece, size - sent)
+            data = b"x" * part
+            sock.sendall(b"%x\r\n%s\r\n" % (part, data) if chunked else data)
+            sent += part
+        if chunked:
+            sock.sendall(b"0\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused mid-body: the answer is already there
+    _closed, said = closed_within(sock, 3)
+    sock.close()
+    return said
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.integers(0, 300_000), chunked=st.booleans(), piece=st.sampled_from([1000, 65536]))
+def test_a_body_past_the_listeners_cap_is_refused_however_it_is_framed(serve, size, chunked, piece):
+    port = serve(ListenerLimits(max_body_bytes=100_000, body_seconds=5.0, head_seconds=0.5), app=counting)
+    RECEIVED.clear()
+    said = post(port, size, chunked, piece)
+    assert all(count <= 100_000 for count in RECEIVED)  # the app never holds more than the cap
+    assert said.startswith(b"HTTP/1.1 413" if size > 100_000 else b"HTTP/1.1 200"), said[:80]
+    assert get(port)[0] == 200
+
+
 async def big_page(scope, receive, send) -> None:
     """An app whose every answer is 8 MiB (a long page of a log)."""
     if scope["type"] != "http":
