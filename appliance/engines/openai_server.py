@@ -75,6 +75,9 @@ class SamplingPolicy:
     stop: tuple[str, ...] = ()
     # The job's bound on a turn (grpo.max_new_tokens): a request asking for more is served at most this many.
     max_tokens: int | None = None
+    # The job's bound on a whole sequence (its memory plan's): a longer prompt is refused before the engine sees
+    # it, and a reply is served at most up to the bound.
+    max_sequence_tokens: int | None = None
 
     def refusal(self, request: "ChatRequest") -> str | None:
         """Why `request` asks for other sampling than the job's, or None."""
@@ -209,7 +212,7 @@ class ChatService:
             raise ValueError(refusal)
         # Rendered and checked before the lock: a bad request never waits behind a generation.
         prompt = self.render(request)
-        sampling, stop = self._sampling(request)
+        sampling, stop = self._sampling(request, self._room(prompt))
         # Under a policy the text keeps the stop string: the served text is always the sampled tokens' text.
         trim = self.policy is None and stop and not request.include_stop_str_in_output
         request_id = uuid.uuid4().hex
@@ -228,11 +231,25 @@ class ChatService:
             ]
         return self._document(request, request_id, completions, logprobs, extras)
 
-    def _sampling(self, request: ChatRequest) -> tuple[Sampling, tuple[str, ...]]:
+    def _room(self, prompt: str) -> int | None:
+        """Tokens left for the reply under the policy's sequence bound (None: no bound); ValueError when none."""
+        bound = self.policy.max_sequence_tokens if self.policy is not None else None
+        if bound is None:
+            return None
+        tokens = len(self.engine.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if tokens >= bound:
+            raise ValueError(
+                f"the prompt is {tokens} tokens and this job's sequences are at most {bound} (its memory plan); "
+                "shorten the conversation"
+            )
+        return bound - tokens
+
+    def _sampling(self, request: ChatRequest, room: int | None = None) -> tuple[Sampling, tuple[str, ...]]:
         """The request's sampling (a policy fixes temperature, top-p and stop), and its own stop strings."""
         stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
         asked = request.max_completion_tokens or request.max_tokens
         bound = self.policy.max_tokens if self.policy is not None else None
+        bound = min(bound, room) if bound is not None and room is not None else bound or room
         sampling = Sampling(
             max_new_tokens=min(asked or bound or 256, bound or asked or 256),
             n=request.n,

@@ -7,6 +7,8 @@ the tiny random Llama.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_served_ledger import TOOLS, group_of, played, served_turn
 
 from appliance.agents.served_tokens import Freshness, ServedLedger, TrajectoryRefused
@@ -254,3 +256,23 @@ def test_an_external_job_serves_with_its_grpo_sampling_and_staleness(tiny_engine
         assert source.max_staleness == 2
     finally:
         source.close()
+
+
+@pytest.mark.model
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=st.integers(0, 120), asked=st.integers(1, 4096))
+def test_no_served_sequence_grows_past_the_jobs_plan(tiny_engine, words, asked):
+    """The attack: an agent with the job's token sends a prompt of any length (up to the listener's body cap)
+    and asks any max_tokens; the trainer's engine must never hold a sequence past the plan's bound."""
+    bounded = ChatService(
+        tiny_engine, "student", policy=SamplingPolicy(0.7, 0.9, max_tokens=4096, max_sequence_tokens=64)
+    )
+    request = _request(messages=[{"role": "user", "content": "word " * words}], max_tokens=asked)
+    try:
+        answer = bounded.complete(request)
+    except ValueError as refused:
+        assert "this job's sequences are at most 64" in str(refused)
+        return
+    [choice] = answer["choices"]
+    assert answer["usage"]["total_tokens"] <= 64
+    assert choice["finish_reason"] in ("stop", "length")
