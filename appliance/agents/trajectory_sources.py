@@ -157,6 +157,7 @@ def make_source(
                 spec.grpo.top_p,
                 max_tokens=spec.grpo.max_new_tokens,
                 max_sequence_tokens=max_sequence_tokens,  # the plan's: no served prompt grows past it
+                max_n=spec.grpo.group_size,
             ),
             max_staleness=spec.task.max_staleness,
             bind=bind_from_environment(os.environ),

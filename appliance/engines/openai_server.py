@@ -78,6 +78,8 @@ class SamplingPolicy:
     # The job's bound on a whole sequence (its memory plan's): a longer prompt is refused before the engine sees
     # it, and a reply is served at most up to the bound.
     max_sequence_tokens: int | None = None
+    # The job's group size: completions of one request are one engine batch, and the plan budgets a group's.
+    max_n: int | None = None
 
     def refusal(self, request: "ChatRequest") -> str | None:
         """Why `request` asks for other sampling than the job's, or None."""
@@ -91,6 +93,8 @@ class SamplingPolicy:
                 f" the request asks temperature {request.temperature} and top_p {request.top_p}: drop them or send"
                 " the job's values"
             )
+        if self.max_n is not None and request.n > self.max_n:
+            return f"this job's groups are {self.max_n} completions (its memory plan); the request asks n={request.n}"
         if "stop" in asked and stop and stop != self.stop:
             return (
                 f"this job's stop strings are {list(self.stop)}; the request asks {list(stop)}: a stop string would"

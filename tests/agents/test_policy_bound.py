@@ -127,7 +127,7 @@ def test_non_json_arguments_in_a_submitted_call_are_refused_not_a_crash(ledger, 
 
 @pytest.fixture
 def service(tiny_engine):
-    return ChatService(tiny_engine, "student", policy=SamplingPolicy(temperature=0.7, top_p=0.9))
+    return ChatService(tiny_engine, "student", policy=SamplingPolicy(temperature=0.7, top_p=0.9, max_n=4))
 
 
 def _request(**fields) -> ChatRequest:
@@ -145,6 +145,7 @@ def _request(**fields) -> ChatRequest:
         ({"top_p": 1.0}, "temperature 0.7 and top_p 0.9"),
         ({"stop": ["</answer>"]}, r"stop strings are \[\]"),
         ({"stop": "x"}, r"stop strings are \[\]"),
+        ({"n": 64}, r"groups are 4 completions \(its memory plan\); the request asks n=64"),
     ],
 )
 def test_a_request_for_other_sampling_is_refused_with_the_jobs_values(service, asked, says):
