@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from appliance.config.limits import MAX_SEED
 from appliance.engines.engine import LocalEngine, Sampling
 from appliance.http_listener import ListenerLimits, RunningServer, serve_guarded
 
@@ -51,7 +52,7 @@ class ChatRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=64)  # bounded: a request's n completions are one engine call under the lock
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # what every engine's RNG takes, not a 400 from torch
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)  # OpenAI's own maximum
     stream: bool = False

@@ -277,3 +277,12 @@ def test_no_served_sequence_grows_past_the_jobs_plan(tiny_engine, words, asked):
     [choice] = answer["choices"]
     assert answer["usage"]["total_tokens"] <= 64
     assert choice["finish_reason"] in ("stop", "length")
+
+
+@given(seed=st.one_of(st.integers(max_value=-1), st.integers(min_value=2**32)))
+def test_a_seed_no_engine_takes_is_refused_at_the_request(seed):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="seed"):
+        _request(seed=seed)
+    assert _request(seed=2**32 - 1).seed == 2**32 - 1
