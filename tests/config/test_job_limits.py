@@ -30,6 +30,8 @@ from appliance.text_rules import escaped, text_problem
 
 REPO = Path(__file__).resolve().parents[2]
 
+ANY_TEXT_OUT = st.text(st.characters(codec=None, categories=None), max_size=40)
+
 BASE = {
     "name": "bounded",
     "student": {"model": "smollm2-135m-instruct", "lora": {"target_modules": ["q_proj"]}},
@@ -189,6 +191,19 @@ def test_a_control_character_in_a_key_is_shown_escaped():
     parsed = parse_job(json.dumps(data), "keys.yaml")
     [error] = [e for e in parsed.errors if "unknown key" in e.message]
     assert "\\x1b]52" in error.key and "\x1b" not in str(error)
+
+
+BIDI_CONTROLS = [chr(code) for code in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=ANY_TEXT_OUT, bidi=st.lists(st.sampled_from(BIDI_CONTROLS), max_size=4), multiline=st.booleans())
+def test_what_a_terminal_is_shown_reorders_nothing_and_steers_nothing(text, bidi, multiline):
+    """Another member's sample text or failure reason with a right-to-left override ("\u202e") showed the rest
+    of the line reversed (a name or command other than the one it holds)."""
+    shown = escaped("".join(bidi) + text + "".join(bidi), multiline=multiline)
+    assert text_problem(shown, multiline=multiline) is None
+    assert not any(control in shown for control in BIDI_CONTROLS)
 
 
 def test_a_value_the_loader_cannot_build_is_an_error_not_a_crash():
