@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from appliance.engines.openai_server import ENDPOINT_LIMITS, serve_app_in_thread
 from appliance.http_listener import ListenerLimits, serve_guarded
 from appliance.metrics import TrainingMetrics, serve_metrics
+from appliance.service.daemon import MAX_TRAJECTORY_BODY_BYTES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -343,6 +344,13 @@ def test_a_jobs_student_endpoint_is_capped_the_same_way():
         assert sum(map(established, held)) <= ENDPOINT_LIMITS.per_peer
         for sock in held:
             sock.close()
+        # A body past its cap is refused from its declared length, and what the daemon forwards always fits.
+        over = ENDPOINT_LIMITS.max_body_bytes + 1
+        big = connect(
+            port, "127.0.0.4", b"POST /v1/trajectories HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % over
+        )
+        assert closed_within(big, 3)[1].startswith(b"HTTP/1.1 413")
+        assert MAX_TRAJECTORY_BODY_BYTES <= ENDPOINT_LIMITS.max_body_bytes
     finally:
         running.close(timeout_seconds=10)
 
