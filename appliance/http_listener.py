@@ -16,7 +16,9 @@ and each job's student endpoint (uvicorn with `guarded_protocol(...)`):
   on a connection; a peer pipelining more is dropped;
 - a request body is at most `max_body_bytes` (declared or streamed, chunked
   included): past it the request is answered 413 and its connection closed,
-  whatever the app would have buffered;
+  whatever the app would have buffered; what arrives between a head and the
+  next wait (framing, trailers, a head sent early) at most twice that plus
+  `max_head_bytes`;
 - a request head must arrive within `head_seconds` of the connection (or of
   the previous answer) and within `max_head_bytes`; a body within
   `body_seconds` of its head; a connection idle after an answer is closed
@@ -193,7 +195,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._head_bytes, self._in_head, self._draining = 0, False, False
-        self._body_bytes, self._refused = 0, False
+        self._body_bytes, self._busy_bytes, self._refused = 0, 0, False
         self.admitted = self.gate.admit(self)
         if not self.admitted:
             self._answer(503, "too many connections from this peer or to this listener; retry later")
@@ -213,6 +215,14 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.waiting_since is not None and not self._draining:
             self._head_bytes += len(data)
             self._in_head = True
+        else:
+            # Everything after a head until the connection waits again: a body with its framing, trailers, the next
+            # head sent early. The parser holds a trailer or a header in memory until it ends, so all count.
+            self._busy_bytes += len(data)
+            if self._busy_bytes > 2 * self.gate.limits.max_body_bytes + self.gate.limits.max_head_bytes:
+                if not self._refused and not self.transport.is_closing():
+                    self._refuse_body()
+                return
         super().data_received(data)
         if self._in_head and self._head_bytes > self.gate.limits.max_head_bytes and not self.transport.is_closing():
             self._answer(431, f"the request head is over {self.gate.limits.max_head_bytes} bytes")
@@ -324,6 +334,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def _await_head(self) -> None:
         self._cancel()
         self.waiting_since, self._head_bytes, self._in_head, self._draining = time.monotonic(), 0, False, False
+        self._busy_bytes = 0
         self._timer = self.loop.call_later(self.gate.limits.head_seconds, self._timed_out, 408)
 
     def _cancel(self) -> None:

@@ -283,6 +283,40 @@ def test_a_body_past_the_listeners_cap_is_refused_however_it_is_framed(serve, si
     assert get(port)[0] == 200
 
 
+async def slow_hello(scope, receive, send) -> None:
+    """`hello`, after two seconds at /slow (a long poll, a slow page): the peer sends on meanwhile."""
+    if scope["type"] == "http" and scope["path"] == "/slow":
+        await asyncio.sleep(2.0)
+    await hello(scope, receive, send)
+
+
+AFTER_A_HEAD = {  # what follows a complete head; the parser keeps each in memory until it ends
+    "endless trailers": (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n", b"X-T: aaaa\r\n"),
+    "one endless trailer": (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-T: ", b"a"),
+    "an endless next head": (b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nX-Long: ", b"a"),
+}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.sampled_from(sorted(AFTER_A_HEAD)), piece=st.sampled_from([4096, 65536]))
+def test_what_follows_a_head_is_bounded_however_it_is_framed(serve, shape, piece):
+    """The attack: 616 MB of chunked-body trailers in 8 s took a listener from 29 MB to 2.4 GB (any listener,
+    the metrics port included): a trailer, or a head sent during a slow answer, was counted nowhere."""
+    port = serve(ListenerLimits(max_body_bytes=100_000, max_head_bytes=8192, body_seconds=30.0), app=slow_hello)
+    head, unit = AFTER_A_HEAD[shape]
+    sock = connect(port, send=head)
+    block, sent = unit * (piece // len(unit)), 0
+    try:
+        while sent < 64 * 2**20:  # far past any kernel buffer: the server must stop taking it
+            sock.sendall(block)
+            sent += len(block)
+    except (BrokenPipeError, ConnectionResetError, socket.timeout, TimeoutError):
+        pass
+    sock.close()
+    assert sent < 64 * 2**20, f"the listener took {sent >> 20} MiB after one head"
+    assert get(port)[0] == 200
+
+
 async def big_page(scope, receive, send) -> None:
     """An app whose every answer is 8 MiB (a long page of a log)."""
     if scope["type"] != "http":
