@@ -10,6 +10,15 @@ and each job's student endpoint (uvicorn with `guarded_protocol(...)`):
   peer holding the most, or that peer's oldest outright when it holds more
   than the newcomer; with none to evict it is answered 503 and closed, so no
   peer's connections, idle, half-sent or long-polling, keep another peer out;
+- no connection is upgraded (WebSocket or any other protocol): an `Upgrade`
+  request is answered as plain HTTP, so every connection stays under its caps;
+- at most `max_pipelined` requests wait parsed behind the one being answered
+  on a connection; a peer pipelining more is dropped;
+- a request body is at most `max_body_bytes` (declared or streamed, chunked
+  included): past it the request is answered 413 and its connection closed,
+  whatever the app would have buffered; what arrives between a head and the
+  next wait (framing, trailers, a head sent early) at most twice that plus
+  `max_head_bytes`;
 - a request head must arrive within `head_seconds` of the connection (or of
   the previous answer) and within `max_head_bytes`; a body within
   `body_seconds` of its head; a connection idle after an answer is closed
@@ -61,6 +70,8 @@ class ListenerLimits:
     write_seconds: float = 30.0
     max_unread_bytes: int = 64 * 2**20
     fresh_seconds: float = 1.0  # a connection waiting less than this is a burst's, not evicted for its peer's cap
+    max_pipelined: int = 16  # requests parsed and queued behind the one being answered, per connection
+    max_body_bytes: int = 2**20  # one request's body; a route's own bound may be lower, never higher
 
 
 class ConnectionGate:
@@ -164,6 +175,10 @@ class ConnectionGate:
         return found
 
 
+class PipelinedTooDeep(Exception):
+    """Raised in the parser's callback to stop parsing a connection that pipelined too many requests."""
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's HTTP protocol under a ConnectionGate (set on a subclass by `guarded_protocol`)."""
 
@@ -174,10 +189,13 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # No listener serves WebSockets: an upgraded connection would leave this protocol, its caps and its count.
+        self.ws_protocol_class = None
         self.peer, self.waiting_since, self.stalled_since = self.peer_of(transport), None, None
         self._timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._head_bytes, self._in_head, self._draining = 0, False, False
+        self._body_bytes, self._busy_bytes, self._refused = 0, 0, False
         self.admitted = self.gate.admit(self)
         if not self.admitted:
             self._answer(503, "too many connections from this peer or to this listener; retry later")
@@ -197,6 +215,14 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.waiting_since is not None and not self._draining:
             self._head_bytes += len(data)
             self._in_head = True
+        else:
+            # Everything after a head until the connection waits again: a body with its framing, trailers, the next
+            # head sent early. The parser holds a trailer or a header in memory until it ends, so all count.
+            self._busy_bytes += len(data)
+            if self._busy_bytes > 2 * self.gate.limits.max_body_bytes + self.gate.limits.max_head_bytes:
+                if not self._refused and not self.transport.is_closing():
+                    self._refuse_body()
+                return
         super().data_received(data)
         if self._in_head and self._head_bytes > self.gate.limits.max_head_bytes and not self.transport.is_closing():
             self._answer(431, f"the request head is over {self.gate.limits.max_head_bytes} bytes")
@@ -206,14 +232,53 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
+        if self._refused:
+            return  # a request after the one refused in the same read: the connection is closing
+        if len(self.pipeline) >= self.gate.limits.max_pipelined:
+            # Each queued request is parsed and held in memory: a peer sending thousands in one write is dropped,
+            # and raising stops the parser short of the rest of the write.
+            self.gate.note(self.peer, "pipelined")
+            self.evict()
+            raise PipelinedTooDeep(f"over {self.gate.limits.max_pipelined} requests pipelined on one connection")
         self._cancel()
         self.waiting_since, self._in_head = None, False
         self._timer = self.loop.call_later(self.gate.limits.body_seconds, self._timed_out, 408)
+        self._body_bytes = 0
         super().on_headers_complete()
+        declared = [value for name, value in self.headers if name == b"content-length"]
+        if declared and declared[-1].isdigit() and int(declared[-1]) > self.gate.limits.max_body_bytes:
+            self._refuse_body()
+
+    def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return
+        self._body_bytes += len(body)
+        if self._body_bytes > self.gate.limits.max_body_bytes:
+            self._refuse_body()  # streamed past the cap (chunked, or a length that lied): nothing more is kept
+            return
+        super().on_body(body)
+
+    def _refuse_body(self) -> None:
+        """A body over max_body_bytes: the app sees a disconnect (its answer is dropped), the peer a 413."""
+        self._refused = True
+        self.pipeline.clear()
+        started = self.cycle is not None and self.cycle.response_started
+        if self.cycle is not None:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.gate.note(self.peer, "too_large")
+        if started:
+            self.evict()
+        else:
+            self._answer(
+                413, f"the request body is over this listener's limit of {self.gate.limits.max_body_bytes} bytes"
+            )
 
     def on_message_complete(self) -> None:
         self._message_done = True
         self._cancel()
+        if self._refused:
+            return
         super().on_message_complete()
         if self.cycle is not None and self.cycle.response_complete and not self.pipeline:
             self._await_head()  # answered before its body ended (a 413): the next head starts now
@@ -257,6 +322,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def evict(self) -> None:
         """Close now with a reset: nothing more is sent, and the kernel drops what the peer left unread."""
         self._cancel()
+        self.pipeline.clear()
         sock = self.transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -268,6 +334,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def _await_head(self) -> None:
         self._cancel()
         self.waiting_since, self._head_bytes, self._in_head, self._draining = time.monotonic(), 0, False, False
+        self._busy_bytes = 0
         self._timer = self.loop.call_later(self.gate.limits.head_seconds, self._timed_out, 408)
 
     def _cancel(self) -> None:
@@ -295,7 +362,12 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _answer(self, status: int, message: str) -> None:
         """A short error answer, then the connection closed (the app never sees the request)."""
-        reason = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}[status]
+        reason = {
+            408: "Request Timeout",
+            413: "Content Too Large",
+            431: "Request Header Fields Too Large",
+            503: "Service Unavailable",
+        }[status]
         body = ('{"error": "' + message + '"}').encode()
         head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
         self.transport.write(head.encode() + b"connection: close\r\n\r\n" + body)

@@ -20,6 +20,11 @@ from pydantic import AfterValidator, Field
 # Everything the rule refuses in a single-line value; prose also allows \t and \n.
 _NOT_IN_LINE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _NOT_IN_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+# Printed escaped too: bidi overrides, embeddings and isolates reorder what follows them on the line (another
+# member's sample or reason could show a command or a name other than the one it holds).
+_BIDI = "\u202a-\u202e\u2066-\u2069"
+_SHOWN_ESCAPED_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f\ud800-\udfff{_BIDI}]")
+_SHOWN_ESCAPED_TEXT = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff{_BIDI}]")
 
 
 def first_bad(value: str, multiline: bool = False) -> int | None:
@@ -64,11 +69,12 @@ def Text(max_length: int):  # noqa: N802
 
 
 def escaped(text: str, multiline: bool = True) -> str:
-    """`text` for a terminal: every character the rule refuses written as \\xNN, \\uNNNN (newline and tab kept
-    when `multiline`, a carriage return read as a line break: it could otherwise overwrite a line shown)."""
+    """`text` for a terminal: every character the rule refuses, and every bidi override or isolate, written as
+    \\xNN, \\uNNNN (newline and tab kept when `multiline`, a carriage return read as a line break: it could
+    otherwise overwrite a line shown)."""
     if multiline:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    pattern = _NOT_IN_TEXT if multiline else _NOT_IN_LINE
+    pattern = _SHOWN_ESCAPED_TEXT if multiline else _SHOWN_ESCAPED_LINE
     return pattern.sub(_visible, text)
 
 

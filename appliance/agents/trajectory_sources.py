@@ -126,6 +126,7 @@ def make_source(
     *,
     job_dir: Path | None = None,
     stop_requested: Callable[[], str | None] | None = None,
+    max_sequence_tokens: int | None = None,
 ) -> TrajectorySource:
     """The trajectory source of an agent job (`task.environment` set): the one place the key is read.
 
@@ -151,7 +152,13 @@ def make_source(
             # Room for several steps of submissions, so agents can run ahead of the trainer without being refused.
             max_queued_groups=max(16, 4 * spec.grpo.prompts_per_step),
             stop_requested=stop_requested,
-            policy=SamplingPolicy(spec.grpo.temperature, spec.grpo.top_p, max_tokens=spec.grpo.max_new_tokens),
+            policy=SamplingPolicy(
+                spec.grpo.temperature,
+                spec.grpo.top_p,
+                max_tokens=spec.grpo.max_new_tokens,
+                max_sequence_tokens=max_sequence_tokens,  # the plan's: no served prompt grows past it
+                max_n=spec.grpo.group_size,
+            ),
             max_staleness=spec.task.max_staleness,
             bind=bind_from_environment(os.environ),
             # Set by the daemon (`appliance serve --external-idle-timeout`); a foreground run waits for ever.

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from appliance.errors import ApplianceError
 from appliance.suggest import did_you_mean
-from appliance.config.limits import MAX_JOB_FILE_BYTES
+from appliance.config.limits import MAX_INTEGER, MAX_JOB_FILE_BYTES, MAX_NUMBER_CHARS
 from appliance.config.schema import JobSpec
 from appliance.text_rules import escaped, first_bad, text_problem
 
@@ -27,6 +27,34 @@ _NOT_IN_TEXT_RAW = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff
 
 # libyaml's parser where it is installed: a large job file costs milliseconds, not seconds of pure Python.
 SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class JobLoader(SafeLoader):  # type: ignore[valid-type, misc]
+    """The safe loader with every number bounded as it is built: a 20,000-digit hex or base-60 integer costs
+    seconds to build and cannot even be printed in an error, so it is refused at its line first."""
+
+
+def _bounded(build):
+    def construct(loader, node):
+        if len(node.value) > MAX_NUMBER_CHARS:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"a number of {len(node.value)} characters; write at most {MAX_NUMBER_CHARS}",
+                node.start_mark,
+            )
+        value = build(loader, node)
+        if isinstance(value, int) and abs(value) > MAX_INTEGER:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {value.bit_length()} bits; no key takes one past 2**63 - 1", node.start_mark
+            )
+        return value
+
+    return construct
+
+
+JobLoader.add_constructor("tag:yaml.org,2002:int", _bounded(yaml.constructor.SafeConstructor.construct_yaml_int))
+JobLoader.add_constructor("tag:yaml.org,2002:float", _bounded(yaml.constructor.SafeConstructor.construct_yaml_float))
 
 # A key path (("rewards", 0, "name")) -> its 1-based line in the file.
 LineIndex = dict[tuple, int]
@@ -277,7 +305,7 @@ def parse_job(text: str, file: str = "<job>") -> ParsedJob:
     problem = _text_problem(text, file)
     if problem is not None:
         return ParsedJob(file, None, {}, None, [problem])
-    loader = SafeLoader(text)
+    loader = JobLoader(text)
     try:
         problem = _shape_problem(text, file)
         if problem is not None:
@@ -289,7 +317,8 @@ def parse_job(text: str, file: str = "<job>") -> ParsedJob:
         line = mark.line + 1 if mark else None
         column = f", column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        return ParsedJob(file, None, {}, None, [ConfigError(file, "", f"YAML syntax error{column}: {problem}", line)])
+        kind = "a value cannot be read" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
+        return ParsedJob(file, None, {}, None, [ConfigError(file, "", f"{kind}{column}: {problem}", line)])
     except (ValueError, OverflowError, RecursionError) as exc:  # a value the loader cannot build (a 5000-digit int)
         message = f"a value cannot be read ({str(exc).split(';')[0][:MAX_SHOWN_VALUE]}); write it out plainly"
         return ParsedJob(file, None, {}, None, [ConfigError(file, "", message)])

@@ -18,6 +18,8 @@ from typing import Any
 import annotated_types
 
 MAX_JOB_FILE_BYTES = 256 * 1024  # read and refused before any parsing
+MAX_NUMBER_CHARS = 64  # one number as written in the file; a longer one is refused before it is built
+MAX_INTEGER = 2**63 - 1  # no key takes more; a larger integer is refused as the loader builds it
 DEFAULT_MAX_UPLOAD_BYTES = 64 * 2**20  # an uploaded dataset; `appliance serve --max-upload` changes it
 MAX_DATASET_ROW_BYTES = 1 * 2**20  # one line of a JSON Lines dataset
 MAX_DATASET_ROWS = 1_000_000
@@ -81,6 +83,8 @@ def file_limits() -> list[Limit]:
     """Bounds on the file as a whole (before the schema sees it)."""
     return [
         Limit("(job file)", "bytes", None, MAX_JOB_FILE_BYTES),
+        Limit("(any number, as written)", "characters", None, MAX_NUMBER_CHARS),
+        Limit("(any integer)", "integer", -MAX_INTEGER, MAX_INTEGER),
         Limit("(uploaded dataset)", "bytes", None, DEFAULT_MAX_UPLOAD_BYTES),
         Limit("(dataset row)", "bytes", None, MAX_DATASET_ROW_BYTES),
         Limit("task.dataset (rows)", "rows", None, MAX_DATASET_ROWS),

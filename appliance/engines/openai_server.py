@@ -22,11 +22,14 @@ from typing import Any, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from appliance.config.limits import MAX_SEED
 from appliance.engines.engine import LocalEngine, Sampling
 from appliance.http_listener import ListenerLimits, RunningServer, serve_guarded
 
 # An endpoint serves a few agents of one job: a generation runs at a time, the rest wait in line.
-ENDPOINT_LIMITS = ListenerLimits(total=256, per_peer=64)
+# A body holds a chat request or a submission of trajectory groups (the daemon forwards up to its
+# MAX_TRAJECTORY_BODY_BYTES, the same bound): nothing larger is read, whatever the token holder sends.
+ENDPOINT_LIMITS = ListenerLimits(total=256, per_peer=64, max_body_bytes=16 * 2**20)
 
 
 class ChatMessage(BaseModel):
@@ -49,7 +52,7 @@ class ChatRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=64)  # bounded: a request's n completions are one engine call under the lock
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # what every engine's RNG takes, not a 400 from torch
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)  # OpenAI's own maximum
     stream: bool = False
@@ -73,6 +76,11 @@ class SamplingPolicy:
     stop: tuple[str, ...] = ()
     # The job's bound on a turn (grpo.max_new_tokens): a request asking for more is served at most this many.
     max_tokens: int | None = None
+    # The job's bound on a whole sequence (its memory plan's): a longer prompt is refused before the engine sees
+    # it, and a reply is served at most up to the bound.
+    max_sequence_tokens: int | None = None
+    # The job's group size: completions of one request are one engine batch, and the plan budgets a group's.
+    max_n: int | None = None
 
     def refusal(self, request: "ChatRequest") -> str | None:
         """Why `request` asks for other sampling than the job's, or None."""
@@ -86,6 +94,8 @@ class SamplingPolicy:
                 f" the request asks temperature {request.temperature} and top_p {request.top_p}: drop them or send"
                 " the job's values"
             )
+        if self.max_n is not None and request.n > self.max_n:
+            return f"this job's groups are {self.max_n} completions (its memory plan); the request asks n={request.n}"
         if "stop" in asked and stop and stop != self.stop:
             return (
                 f"this job's stop strings are {list(self.stop)}; the request asks {list(stop)}: a stop string would"
@@ -207,7 +217,7 @@ class ChatService:
             raise ValueError(refusal)
         # Rendered and checked before the lock: a bad request never waits behind a generation.
         prompt = self.render(request)
-        sampling, stop = self._sampling(request)
+        sampling, stop = self._sampling(request, self._room(prompt))
         # Under a policy the text keeps the stop string: the served text is always the sampled tokens' text.
         trim = self.policy is None and stop and not request.include_stop_str_in_output
         request_id = uuid.uuid4().hex
@@ -226,11 +236,25 @@ class ChatService:
             ]
         return self._document(request, request_id, completions, logprobs, extras)
 
-    def _sampling(self, request: ChatRequest) -> tuple[Sampling, tuple[str, ...]]:
+    def _room(self, prompt: str) -> int | None:
+        """Tokens left for the reply under the policy's sequence bound (None: no bound); ValueError when none."""
+        bound = self.policy.max_sequence_tokens if self.policy is not None else None
+        if bound is None:
+            return None
+        tokens = len(self.engine.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if tokens >= bound:
+            raise ValueError(
+                f"the prompt is {tokens} tokens and this job's sequences are at most {bound} (its memory plan); "
+                "shorten the conversation"
+            )
+        return bound - tokens
+
+    def _sampling(self, request: ChatRequest, room: int | None = None) -> tuple[Sampling, tuple[str, ...]]:
         """The request's sampling (a policy fixes temperature, top-p and stop), and its own stop strings."""
         stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
         asked = request.max_completion_tokens or request.max_tokens
         bound = self.policy.max_tokens if self.policy is not None else None
+        bound = min(bound, room) if bound is not None and room is not None else bound or room
         sampling = Sampling(
             max_new_tokens=min(asked or bound or 256, bound or asked or 256),
             n=request.n,

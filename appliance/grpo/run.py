@@ -286,8 +286,10 @@ class _Inputs:
 def _agent_job(spec: JobSpec, engine, data_dir: Path, job_dir: Path, stop_requested, plan: Plan, environment):
     from appliance.agents.trajectory_sources import make_source
 
-    source = make_source(spec, engine, Path(data_dir), job_dir=Path(job_dir), stop_requested=stop_requested)
     bound = plan.sequence_tokens["student"]  # the longest sequence an agent trajectory may reach
+    source = make_source(
+        spec, engine, Path(data_dir), job_dir=Path(job_dir), stop_requested=stop_requested, max_sequence_tokens=bound
+    )
     return AgentJob(source, spec.task.environment, bound, environment)
 
 

@@ -43,6 +43,10 @@ MAX_BYTES = 16 * 1024 * 1024
 BACKUPS = 5
 WINDOW_SECONDS = 60.0
 WRITTEN_PER_WINDOW = 20  # chatter lines written in full per caller and window; the rest are counted
+# All callers together (many addresses are many callers): lines in full, and callers with a summary line of
+# their own, per window; the rest go into one line for the others, so chatter grows the log by a bounded rate.
+WRITTEN_ALL_PER_WINDOW = 200
+SUMMARIES_PER_WINDOW = 50
 MAX_CALLERS = 4096  # callers whose window is tracked; past that, new callers share one
 MAX_FIELD = 256  # a path or message longer than this is cut: a caller chooses it
 
@@ -64,6 +68,9 @@ class AuditLog:
         self._lock = threading.Lock()
         self._fd = self._open()
         self._windows: dict[tuple, _Window] = {}
+        self._all = _Window(time.time())  # every caller's chatter this window, and the others' summary
+        self._all_summaries = 0
+        self._others_callers = 0
 
     def _open(self) -> int:
         # O_APPEND: every line lands at the end, whatever else writes; 0640: audit is not for everyone.
@@ -106,10 +113,12 @@ class AuditLog:
                 caller = ("others",)
             window = self._windows.setdefault(caller, _Window(now, fields=_who(fields)))
             window.written += 1
-            if window.written > WRITTEN_PER_WINDOW:
+            # Only lines written count against everyone's budget: one caller's flood uses its own share of it.
+            if window.written > WRITTEN_PER_WINDOW or self._all.written >= WRITTEN_ALL_PER_WINDOW:
                 kind = f"{fields['action']} {fields['outcome'].split(':')[0].split(' ')[0]}"  # "submit refused"
                 window.dropped[kind] = window.dropped.get(kind, 0) + 1
                 return
+            self._all.written += 1
         self.record(**fields, durable=False)
 
     def refused_tcp(self, remote: str, outcome: str) -> None:
@@ -131,17 +140,36 @@ class AuditLog:
             if not everything and now - window.start < WINDOW_SECONDS:
                 continue
             del self._windows[caller]
-            if window.dropped:
-                counted = ", ".join(f"{count} {kind}" for kind, count in sorted(window.dropped.items()))
-                entry = {
-                    "time": now,
-                    **window.fields,
-                    "action": "summary",
-                    "job_id": None,
-                    "outcome": f"{sum(window.dropped.values())} more lines since {window.start:.0f} not written "
-                    f"in full: {counted}"[:MAX_FIELD],
-                }
-                self._write((json.dumps(entry) + "\n").encode(), durable=False)
+            if not window.dropped:
+                continue
+            if self._all_summaries >= SUMMARIES_PER_WINDOW:  # past the callers with a line of their own
+                self._others_callers += 1
+                for kind, count in window.dropped.items():
+                    self._all.dropped[kind] = self._all.dropped.get(kind, 0) + count
+                continue
+            self._all_summaries += 1
+            self._write_summary(now, window.fields, window)
+        if everything or now - self._all.start >= WINDOW_SECONDS:
+            if self._all.dropped:
+                self._write_summary(
+                    now,
+                    {"uid": None, "user": None, "transport": "any"},
+                    self._all,
+                    f" by {self._others_callers} more callers",
+                )
+            self._all, self._all_summaries, self._others_callers = _Window(now), 0, 0
+
+    def _write_summary(self, now: float, who: dict, window: _Window, whose: str = "") -> None:
+        counted = ", ".join(f"{count} {kind}" for kind, count in sorted(window.dropped.items()))
+        entry = {
+            "time": now,
+            **who,
+            "action": "summary",
+            "job_id": None,
+            "outcome": f"{sum(window.dropped.values())} more lines{whose} since {window.start:.0f} not written "
+            f"in full: {counted}"[:MAX_FIELD],
+        }
+        self._write((json.dumps(entry) + "\n").encode(), durable=False)
 
     def record(
         self,

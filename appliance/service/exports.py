@@ -2,7 +2,8 @@
 
 Exports load the base model on the CPU, so the whole box is one export slot: a second request waits in FIFO
 order, at most MAX_WAITING of them (each waits in one of the daemon's worker threads, which submit, cancel
-and pause need too; one more is refused with a 429). `cancel(job_id)` ends a running export's process group (its staging folder is removed by the
+and pause need too; one more is refused with a 429). A caller has at most one export running or waiting, so
+no one holds the slot and the whole queue while another's export is refused. `cancel(job_id)` ends a running export's process group (its staging folder is removed by the
 exporter's cleanup or left as a temporary the next export ignores) or drops a queued one.
 """
 
@@ -16,6 +17,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Hashable
 
 from appliance.errors import ExportError
 from appliance.export.process import MODULE
@@ -52,12 +54,27 @@ class ExportRunner:
         self._running: dict[str, subprocess.Popen] = {}
         self._cancelled: set[str] = set()
         self._queued: dict[str, int] = {}
+        self._by_caller: dict[Hashable, str] = {}  # a caller's one running or waiting export: its job
 
     def run(
-        self, job_id: str, job_dir: Path, data_dir: Path, out: Path, checkpoint: str, merged: bool, dtype: str
+        self,
+        job_id: str,
+        job_dir: Path,
+        data_dir: Path,
+        out: Path,
+        checkpoint: str,
+        merged: bool,
+        dtype: str,
+        caller: Hashable | None = None,
     ) -> ExportDone:
-        """Wait for the export slot, export in a child process, return its result (ExportError on failure)."""
+        """Wait for the export slot, export in a child process, return its result (ExportError on failure);
+        `caller` (a uid or TCP host) may have only this one export running or waiting."""
         with self._guard:
+            if caller is not None and caller in self._by_caller:
+                raise ExportsBusy(
+                    f"your export of job '{self._by_caller[caller]}' is running or waiting; one export per caller at "
+                    "a time: ask again when it has finished, or cancel it (DELETE /jobs/<id>/export)"
+                )
             waiting = sum(self._queued.values())
             if waiting >= MAX_WAITING:
                 raise ExportsBusy(
@@ -65,6 +82,17 @@ class ExportRunner:
                     "when one has finished, or cancel one (DELETE /jobs/<id>/export)"
                 )
             self._queued[job_id] = self._queued.get(job_id, 0) + 1
+            if caller is not None:
+                self._by_caller[caller] = job_id
+        try:
+            return self._run_in_slot(job_id, job_dir, data_dir, out, checkpoint, merged, dtype)
+        finally:
+            with self._guard:
+                self._by_caller.pop(caller, None)
+
+    def _run_in_slot(
+        self, job_id: str, job_dir: Path, data_dir: Path, out: Path, checkpoint: str, merged: bool, dtype: str
+    ) -> ExportDone:
         with self._slot:
             with self._guard:
                 self._queued[job_id] -= 1

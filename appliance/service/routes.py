@@ -331,6 +331,7 @@ async def export(job_id: str, body: ExportRequest, daemon: DaemonDep, caller: Au
             body.checkpoint,
             body.merged,
             body.dtype,
+            caller.key,
         )
         return ExportResponse(
             path=str(result.path), kind=result.kind, job_id=job_id, step=result.step, manifest=result.manifest

@@ -31,6 +31,7 @@ import stat
 import struct
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
@@ -240,9 +241,12 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     app = create_app(daemon, control_token=control_token, admin_gid=admin_gid)
-    gates = [ConnectionGate("control socket", fit_caps(SOCKET_LIMITS, 0.5))]
+    # The listener's body cap is the largest route's (a submission's, with its upload); routes hold their own.
+    largest = max(daemon.submit_body_limit, daemon.trajectory_body_limit)
+    gates = [ConnectionGate("control socket", replace(fit_caps(SOCKET_LIMITS, 0.5), max_body_bytes=largest))]
     if tcp is not None:
-        gates.append(ConnectionGate("control port", fit_caps(TCP_LIMITS, 0.25), on_summary=_audit_summary(daemon)))
+        limits = replace(fit_caps(TCP_LIMITS, 0.25), max_body_bytes=largest)
+        gates.append(ConnectionGate("control port", limits, on_summary=_audit_summary(daemon)))
     servers = [_server(app, gate) for gate in gates]
     daemon.supervisor.start()
     daemon.start_housekeeping()

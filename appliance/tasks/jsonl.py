@@ -14,8 +14,10 @@ lines are skipped. Every bad line is reported with its number (the first ten).
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from appliance.config.limits import MAX_DATASET_ROW_BYTES, MAX_DATASET_ROWS
 from appliance.text_rules import text_problem
@@ -35,7 +37,7 @@ class RowError(ApplianceError):
 def read_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) for each non-blank line; bad JSON, or a line over MAX_DATASET_ROW_BYTES,
     yields (line, RowError). A line is never read past that cap."""
-    with open(path, "rb") as handle:
+    with _open_regular(path) as handle:
         line_number = 0
         while True:
             line = handle.readline(MAX_DATASET_ROW_BYTES + 1)
@@ -54,6 +56,17 @@ def read_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
                 yield line_number, json.loads(text)
             except json.JSONDecodeError as error:
                 yield line_number, RowError(f"not valid JSON ({error.msg} at column {error.colno})")
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading when it is a regular file; else a TaskError. Opened without blocking and checked
+    on the descriptor: a FIFO or device put in place of the checked file never hangs or floods the reader."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise TaskError(f"task.dataset: {path} is not a regular file; name a .jsonl file")
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "rb")
 
 
 def checked_rows(path: Path, parse_row: Callable[[Any, int, Path], Problem]) -> Iterator[Problem]:

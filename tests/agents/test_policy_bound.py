@@ -7,6 +7,8 @@ the tiny random Llama.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_served_ledger import TOOLS, group_of, played, served_turn
 
 from appliance.agents.served_tokens import Freshness, ServedLedger, TrajectoryRefused
@@ -125,7 +127,7 @@ def test_non_json_arguments_in_a_submitted_call_are_refused_not_a_crash(ledger, 
 
 @pytest.fixture
 def service(tiny_engine):
-    return ChatService(tiny_engine, "student", policy=SamplingPolicy(temperature=0.7, top_p=0.9))
+    return ChatService(tiny_engine, "student", policy=SamplingPolicy(temperature=0.7, top_p=0.9, max_n=4))
 
 
 def _request(**fields) -> ChatRequest:
@@ -143,6 +145,7 @@ def _request(**fields) -> ChatRequest:
         ({"top_p": 1.0}, "temperature 0.7 and top_p 0.9"),
         ({"stop": ["</answer>"]}, r"stop strings are \[\]"),
         ({"stop": "x"}, r"stop strings are \[\]"),
+        ({"n": 64}, r"groups are 4 completions \(its memory plan\); the request asks n=64"),
     ],
 )
 def test_a_request_for_other_sampling_is_refused_with_the_jobs_values(service, asked, says):
@@ -254,3 +257,32 @@ def test_an_external_job_serves_with_its_grpo_sampling_and_staleness(tiny_engine
         assert source.max_staleness == 2
     finally:
         source.close()
+
+
+@pytest.mark.model
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=st.integers(0, 120), asked=st.integers(1, 4096))
+def test_no_served_sequence_grows_past_the_jobs_plan(tiny_engine, words, asked):
+    """The attack: an agent with the job's token sends a prompt of any length (up to the listener's body cap)
+    and asks any max_tokens; the trainer's engine must never hold a sequence past the plan's bound."""
+    bounded = ChatService(
+        tiny_engine, "student", policy=SamplingPolicy(0.7, 0.9, max_tokens=4096, max_sequence_tokens=64)
+    )
+    request = _request(messages=[{"role": "user", "content": "word " * words}], max_tokens=asked)
+    try:
+        answer = bounded.complete(request)
+    except ValueError as refused:
+        assert "this job's sequences are at most 64" in str(refused)
+        return
+    [choice] = answer["choices"]
+    assert answer["usage"]["total_tokens"] <= 64
+    assert choice["finish_reason"] in ("stop", "length")
+
+
+@given(seed=st.one_of(st.integers(max_value=-1), st.integers(min_value=2**32)))
+def test_a_seed_no_engine_takes_is_refused_at_the_request(seed):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="seed"):
+        _request(seed=seed)
+    assert _request(seed=2**32 - 1).seed == 2**32 - 1

@@ -17,10 +17,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance.config.job_file import parse_job, read_job
-from appliance.config.limits import MAX_JOB_FILE_BYTES, MAX_MULTIPLY_PROBLEMS, Limit, limits_table, table_text
+from appliance.config.limits import (
+    MAX_INTEGER,
+    MAX_JOB_FILE_BYTES,
+    MAX_MULTIPLY_PROBLEMS,
+    MAX_NUMBER_CHARS,
+    Limit,
+    limits_table,
+    table_text,
+)
 from appliance.text_rules import escaped, text_problem
 
 REPO = Path(__file__).resolve().parents[2]
+
+ANY_TEXT_OUT = st.text(st.characters(codec=None, categories=None), max_size=40)
 
 BASE = {
     "name": "bounded",
@@ -183,9 +193,58 @@ def test_a_control_character_in_a_key_is_shown_escaped():
     assert "\\x1b]52" in error.key and "\x1b" not in str(error)
 
 
+BIDI_CONTROLS = [chr(code) for code in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=ANY_TEXT_OUT, bidi=st.lists(st.sampled_from(BIDI_CONTROLS), max_size=4), multiline=st.booleans())
+def test_what_a_terminal_is_shown_reorders_nothing_and_steers_nothing(text, bidi, multiline):
+    """Another member's sample text or failure reason with a right-to-left override ("\u202e") showed the rest
+    of the line reversed (a name or command other than the one it holds)."""
+    shown = escaped("".join(bidi) + text + "".join(bidi), multiline=multiline)
+    assert text_problem(shown, multiline=multiline) is None
+    assert not any(control in shown for control in BIDI_CONTROLS)
+
+
 def test_a_value_the_loader_cannot_build_is_an_error_not_a_crash():
     parsed = parse_job("name: x\ngrpo: {steps: " + "9" * 5000 + "}\n", "digits.yaml")
-    assert parsed.spec is None and "a value cannot be read (Exceeds the limit" in parsed.errors[0].message
+    assert parsed.spec is None and "a value cannot be read, column 15: a number of 5000" in parsed.errors[0].message
+    assert parsed.errors[0].line == 2
+
+
+NUMBER_FORMS = {
+    "decimal": lambda digits: "9" * digits,
+    "hex": lambda digits: "0x" + "f" * digits,
+    "octal": lambda digits: "0" + "7" * digits,
+    "binary": lambda digits: "0b" + "1" * digits,
+    "base 60": lambda digits: ":".join(["59"] * digits),
+    "base 60 float": lambda digits: ":".join(["59"] * digits) + ".5",
+    "float": lambda digits: "1." + "1" * digits + "e+3",
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(form=st.sampled_from(sorted(NUMBER_FORMS)), digits=st.one_of(st.integers(1, 40), st.integers(41, 60_000)))
+def test_a_number_of_any_size_or_base_is_refused_at_its_line_before_it_is_built(form, digits):
+    written = NUMBER_FORMS[form](digits)
+    text = json.dumps({**BASE, "grpo": {**BASE.get("grpo", {}), "steps": "@"}}).replace('"@"', written)
+    started = time.monotonic()
+    parsed = parse_job(text, "numbers.yaml")
+    assert time.monotonic() - started < 1.0
+    if len(written) > MAX_NUMBER_CHARS:
+        [error] = parsed.errors
+        assert error.line == 1 and "a value cannot be read" in error.message and written not in str(error)
+    else:
+        assert all(text_problem(escaped(str(e)), multiline=True) is None for e in parsed.errors)
+        assert parsed.data is None or all(abs(v) <= MAX_INTEGER for v in numbers_of(parsed.data))
+
+
+def numbers_of(value) -> list:
+    if isinstance(value, dict):
+        return [n for item in value.values() for n in numbers_of(item)]
+    if isinstance(value, list):
+        return [n for item in value for n in numbers_of(item)]
+    return [value] if isinstance(value, int) and not isinstance(value, bool) else []
 
 
 def test_the_raw_file_is_under_the_rule_too():

@@ -75,6 +75,27 @@ def test_a_flood_from_every_loopback_address_cannot_rotate_the_history(tmp_path)
     assert {line["remote"] for line in found if line["action"] == "summary"} == {"loopback", "2001:db8:0:1::/64"}
 
 
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(hosts=st.integers(300, 1500), per_host=st.integers(1, 8))
+def test_a_flood_from_many_hosts_grows_the_log_by_a_bounded_rate(tmp_path_factory, hosts, per_host):
+    """Every IPv4 address, or every /64 of a routed /48, is a caller of its own: 4096 of them wrote 20 lines and
+    a summary each per window (25 MB a minute: the whole history gone in minutes)."""
+    folder = tmp_path_factory.mktemp("audit")
+    log = AuditLog(folder / "audit.jsonl")
+    log.record(uid=0, pid=1, action="cancel", job_id="00000000aa", outcome="ok")
+    for number in range(hosts * per_host):
+        host = number % hosts
+        log.refused_tcp(f"[2001:db8:{host >> 16:x}:{host & 0xFFFF:x}::1]:4000", "refused: no bearer token")
+    log.close()  # every window ends: the summaries are written
+    found = lines(folder / "audit.jsonl")
+    assert found[0]["job_id"] == "00000000aa"
+    written = [line for line in found if line["action"] == "authenticate"]
+    summaries = [line for line in found if line["action"] == "summary"]
+    assert len(written) <= audit.WRITTEN_ALL_PER_WINDOW and len(summaries) <= audit.SUMMARIES_PER_WINDOW + 1
+    counted = sum(int(line["outcome"].split()[0]) for line in summaries)
+    assert len(written) + counted == hosts * per_host  # nothing unaccounted for
+
+
 def test_one_callers_flood_neither_rotates_the_history_nor_silences_another_caller(tmp_path):
     log = AuditLog(tmp_path / "audit.jsonl", max_bytes=64 * 1024)
     log.record(uid=1000, pid=5, action="submit", job_id="00000000aa", outcome="ok")

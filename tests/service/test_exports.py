@@ -13,11 +13,11 @@ from appliance.export.exporter import _umask
 from appliance.service.exports import MAX_WAITING, ExportCancelled, ExportRunner, ExportsBusy
 
 
-def _start(runner: ExportRunner, job_id: str, tmp_path, outcome: dict) -> threading.Thread:
+def _start(runner: ExportRunner, job_id: str, tmp_path, outcome: dict, caller=None) -> threading.Thread:
     def go() -> None:
         try:
             outcome[job_id] = runner.run(
-                job_id, tmp_path / job_id, tmp_path, tmp_path / f"out-{job_id}", "best", True, "bfloat16"
+                job_id, tmp_path / job_id, tmp_path, tmp_path / f"out-{job_id}", "best", True, "bfloat16", caller
             )
         except ExportError as error:
             outcome[job_id] = error
@@ -74,6 +74,25 @@ def test_an_export_past_the_waiting_ones_is_refused_with_429(tmp_path):
         thread.join(20)
     assert all(isinstance(outcome[name], ExportCancelled) for name in outcome) and len(outcome) == MAX_WAITING + 1
     assert runner._running == {} and runner._queued == {}
+
+
+def test_one_caller_holds_one_place_in_the_export_queue_and_never_all_of_it(tmp_path):
+    """The attack: one member keeps the slot running and fills every waiting place, so every other member's
+    export is refused for as long as they like."""
+    runner, outcome = ExportRunner(), {}
+    alice, bob = ("uid", 4001), ("uid", 4002)
+    threads = [_start(runner, "alice-1", tmp_path, outcome, alice)]
+    _until(lambda: "alice-1" in runner._running)
+    for job in ("alice-1", "alice-2"):  # the same job again, or another of hers: both refused while one is hers
+        with pytest.raises(ExportsBusy, match="your export of job 'alice-1' is running or waiting"):
+            runner.run(job, tmp_path / job, tmp_path, tmp_path / f"out-{job}", "best", True, "bfloat16", alice)
+    threads.append(_start(runner, "bob-1", tmp_path, outcome, bob))
+    _until(lambda: "bob-1" in runner._queued)  # another caller still finds a place
+    for name in ("bob-1", "alice-1"):
+        assert runner.cancel(name) is True
+    for thread in threads:
+        thread.join(20)
+    assert runner._by_caller == {} and runner._queued == {}  # her place is free again once it ended
 
 
 def test_the_umask_is_read_without_being_set(monkeypatch):

@@ -16,10 +16,13 @@ import time
 import urllib.request
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.engines.openai_server import ENDPOINT_LIMITS, serve_app_in_thread
 from appliance.http_listener import ListenerLimits, serve_guarded
 from appliance.metrics import TrainingMetrics, serve_metrics
+from appliance.service.daemon import MAX_TRAJECTORY_BODY_BYTES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -175,6 +178,145 @@ def test_a_stalled_body_and_an_idle_keep_alive_are_cut(serve):
     assert closed
 
 
+async def websocket_echo(scope, receive, send) -> None:
+    """An app that would hold a WebSocket open for ever (the listener must never hand it one), else `hello`."""
+    if scope["type"] != "websocket":
+        return await hello(scope, receive, send)
+    await receive()
+    await send({"type": "websocket.accept"})
+    while (await receive())["type"] != "websocket.disconnect":
+        pass
+
+
+@pytest.mark.parametrize("protocol", ["websocket", "WebSocket", "h2c"])
+def test_no_connection_is_upgraded_out_of_the_listeners_caps(serve, protocol):
+    port = serve(ListenerLimits(total=8, per_peer=4, head_seconds=1.0, idle_seconds=1.0), app=websocket_echo)
+    upgrade = (
+        "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: {}\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).format(protocol)
+    held = [connect(port, send=upgrade.encode()) for _ in range(6)]
+    for sock in held:
+        closed, said = closed_within(sock, 4)  # answered as plain HTTP, then cut when idle like any connection
+        assert said.startswith(b"HTTP/1.1 200") and closed
+    for sock in held:
+        sock.close()
+    # None of them stays counted: a peer that upgraded and left is not refused for ever after.
+    assert wait_for_status(port, 200)
+
+
+def wait_for_status(port: int, status: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(get(port)[0] == status for _ in range(6)):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def answers_to_pipeline(port: int, depth: int) -> tuple[int, bool]:
+    """(answers read, whether the server closed) after `depth` GETs sent in one write on one connection."""
+    sock = connect(port, send=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * depth)
+    closed, said = closed_within(sock, 3)
+    sock.close()
+    return said.count(b"HTTP/1.1 200"), closed
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.one_of(st.integers(1, 9), st.integers(10, 20_000)))
+def test_a_peer_pipelining_thousands_of_requests_is_dropped_not_queued(serve, depth):
+    port = serve(ListenerLimits(max_pipelined=8, idle_seconds=1.0, head_seconds=1.0))
+    answered, closed = answers_to_pipeline(port, depth)
+    if depth <= 9:  # the one answered and max_pipelined behind it: an honest pipelining client
+        assert answered == depth
+    else:  # never more than max_pipelined parsed and queued at once, whatever one write holds
+        assert answered <= 9 and closed
+    assert get(port)[0] == 200
+
+
+RECEIVED: list[int] = []  # body bytes the counting app was handed, per request
+
+
+async def counting(scope, receive, send) -> None:
+    """Reads the body to its end, counting what it is handed, then answers 200."""
+    if scope["type"] != "http":
+        return
+    RECEIVED.append(0)
+    while True:
+        message = await receive()
+        RECEIVED[-1] += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def post(port: int, size: int, chunked: bool, piece: int) -> bytes:
+    """What the server answers to a POST of `size` bytes, sent with Content-Length or chunked in `piece`s."""
+    sock = connect(port)
+    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % size
+    sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n\r\n")
+    sent = 0
+    try:
+        while sent < size:
+            part = min(piece, size - sent)
+            data = b"x" * part
+            sock.sendall(b"%x\r\n%s\r\n" % (part, data) if chunked else data)
+            sent += part
+        if chunked:
+            sock.sendall(b"0\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused mid-body: the answer is already there
+    _closed, said = closed_within(sock, 3)
+    sock.close()
+    return said
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.integers(0, 300_000), chunked=st.booleans(), piece=st.sampled_from([1000, 65536]))
+def test_a_body_past_the_listeners_cap_is_refused_however_it_is_framed(serve, size, chunked, piece):
+    port = serve(ListenerLimits(max_body_bytes=100_000, body_seconds=5.0, head_seconds=0.5), app=counting)
+    RECEIVED.clear()
+    said = post(port, size, chunked, piece)
+    assert all(count <= 100_000 for count in RECEIVED)  # the app never holds more than the cap
+    assert said.startswith(b"HTTP/1.1 413" if size > 100_000 else b"HTTP/1.1 200"), said[:80]
+    assert get(port)[0] == 200
+
+
+async def slow_hello(scope, receive, send) -> None:
+    """`hello`, after two seconds at /slow (a long poll, a slow page): the peer sends on meanwhile."""
+    if scope["type"] == "http" and scope["path"] == "/slow":
+        await asyncio.sleep(2.0)
+    await hello(scope, receive, send)
+
+
+AFTER_A_HEAD = {  # what follows a complete head; the parser keeps each in memory until it ends
+    "endless trailers": (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n", b"X-T: aaaa\r\n"),
+    "one endless trailer": (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-T: ", b"a"),
+    "an endless next head": (b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nX-Long: ", b"a"),
+}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.sampled_from(sorted(AFTER_A_HEAD)), piece=st.sampled_from([4096, 65536]))
+def test_what_follows_a_head_is_bounded_however_it_is_framed(serve, shape, piece):
+    """The attack: 616 MB of chunked-body trailers in 8 s took a listener from 29 MB to 2.4 GB (any listener,
+    the metrics port included): a trailer, or a head sent during a slow answer, was counted nowhere."""
+    port = serve(ListenerLimits(max_body_bytes=100_000, max_head_bytes=8192, body_seconds=30.0), app=slow_hello)
+    head, unit = AFTER_A_HEAD[shape]
+    sock = connect(port, send=head)
+    block, sent = unit * (piece // len(unit)), 0
+    try:
+        while sent < 64 * 2**20:  # far past any kernel buffer: the server must stop taking it
+            sock.sendall(block)
+            sent += len(block)
+    except (BrokenPipeError, ConnectionResetError, socket.timeout, TimeoutError):
+        pass
+    sock.close()
+    assert sent < 64 * 2**20, f"the listener took {sent >> 20} MiB after one head"
+    assert get(port)[0] == 200
+
+
 async def big_page(scope, receive, send) -> None:
     """An app whose every answer is 8 MiB (a long page of a log)."""
     if scope["type"] != "http":
@@ -236,6 +378,13 @@ def test_a_jobs_student_endpoint_is_capped_the_same_way():
         assert sum(map(established, held)) <= ENDPOINT_LIMITS.per_peer
         for sock in held:
             sock.close()
+        # A body past its cap is refused from its declared length, and what the daemon forwards always fits.
+        over = ENDPOINT_LIMITS.max_body_bytes + 1
+        big = connect(
+            port, "127.0.0.4", b"POST /v1/trajectories HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % over
+        )
+        assert closed_within(big, 3)[1].startswith(b"HTTP/1.1 413")
+        assert MAX_TRAJECTORY_BODY_BYTES <= ENDPOINT_LIMITS.max_body_bytes
     finally:
         running.close(timeout_seconds=10)
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from appliance.config.schema import TaskSpec
 from appliance.tasks import TaskError, load_jsonl_problems, load_task
+from appliance.tasks.jsonl import read_json_lines
 
 
 def write_lines(path: Path, lines: list) -> Path:
@@ -111,3 +115,35 @@ def test_dataset_path_is_relative_to_the_job_folder_and_split(tmp_path):
     assert {p.id for p in task.train}.isdisjoint({p.id for p in task.held_out})
     with pytest.raises(TaskError, match=r"task\.held_out \(10\) must be smaller than the 10 problems"):
         load_task(TaskSpec(dataset="sums.jsonl", held_out=10), tmp_path / "jobs")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "char device", "directory", "socket"])
+def test_a_fifo_or_device_in_place_of_the_checked_dataset_is_refused_not_read(tmp_path, kind):
+    """What the reader opens is checked on its descriptor: a file swapped after the check for a FIFO (a reader
+    waiting for ever) or a device (/dev/zero, a line with no end) never hangs or floods the job."""
+    path = tmp_path / "rows.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "char device":
+        path.symlink_to("/dev/zero")
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+    outcome: list = []
+
+    def read() -> None:
+        try:
+            outcome.append(list(read_json_lines(path)))
+        except (TaskError, OSError) as error:
+            outcome.append(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive() and kind == "fifo":
+        with open(path, "wb"):
+            pass  # let the blocked reader go before failing
+    assert outcome and isinstance(outcome[0], (TaskError, OSError)), f"the {kind} was read: {outcome}"
+    assert kind == "socket" or "not a regular file" in str(outcome[0])
