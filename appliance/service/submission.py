@@ -141,7 +141,7 @@ def _dataset(
                 f"the upload {target} could not be written ({error.strerror or error}); nothing was submitted. "
                 "Free space on its file system (or fix the I/O error) and retry"
             ) from error
-        return _with_dataset(parsed, str(target)), [], upload_dir
+        return _with_dataset(parsed, os.path.realpath(target)), [], upload_dir  # link-free, as workers read it
     roots = policy.dataset_roots
     candidate = Path(reference).expanduser()
     if not candidate.is_absolute():  # relative names start at the first root

@@ -110,7 +110,9 @@ def run(channel: Channel | None, data_dir: Path, job_dir: Path, resume: bool, wo
     from appliance.errors import ApplianceError, DiskFullError
     from appliance.grpo.run import run_job
     from appliance.service.rank_worker import agreed_stop, rank_process_group
+    from appliance.tasks.jsonl import read_admitted_paths_only
 
+    read_admitted_paths_only()  # the job's dataset is the resolved path admission checked: no link is followed
     several = world.world_size > 1
     stop_policy = agreed_stop if several else local_stop
     around = (lambda: rank_process_group(world)) if several else nullcontext

@@ -46,4 +46,4 @@ def _parse_gsm8k_row(row: Any, line_number: int, path: Path) -> Problem:
 
 def load_gsm8k(path: Path | None = None) -> list[Problem]:
     """All GSM8K train problems in file order (7473 for the shipped copy)."""
-    return parse_rows(path or gsm8k_path(), _parse_gsm8k_row)
+    return parse_rows(path or gsm8k_path(), _parse_gsm8k_row, shipped=path is None)

@@ -13,6 +13,7 @@ lines are skipped. Every bad line is reported with its number (the first ten).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -34,10 +35,10 @@ class RowError(ApplianceError):
     """What is wrong with one row; the caller adds the file and line."""
 
 
-def read_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+def read_json_lines(path: Path, shipped: bool = False) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) for each non-blank line; bad JSON, or a line over MAX_DATASET_ROW_BYTES,
     yields (line, RowError). A line is never read past that cap."""
-    with _open_regular(path) as handle:
+    with _open_regular(path, follow_links=shipped or not _admitted_paths_only) as handle:
         line_number = 0
         while True:
             line = handle.readline(MAX_DATASET_ROW_BYTES + 1)
@@ -58,10 +59,45 @@ def read_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
                 yield line_number, RowError(f"not valid JSON ({error.msg} at column {error.colno})")
 
 
-def _open_regular(path: Path) -> BinaryIO:
+_admitted_paths_only = False  # set in the daemon's workers: see read_admitted_paths_only
+
+
+def read_admitted_paths_only() -> None:
+    """From here on this process opens a dataset through no link at all. The daemon admits a dataset as its
+    resolved path, so a link in that path now was put there after the check, by someone who can write a folder
+    on it: following it would read a file outside the dataset roots."""
+    global _admitted_paths_only
+    _admitted_paths_only = True
+
+
+def _open_without_links(path: Path, flags: int) -> int:
+    """`path` (absolute) opened one component at a time, refusing a link at any of them (no openat2 in Python)."""
+    parts = Path(path).parts
+    if not Path(path).is_absolute() or len(parts) < 2:
+        raise TaskError(f"task.dataset: {path} is not the absolute path the daemon admitted; submit the job again")
+    folder = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[1:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        return os.open(parts[-1], flags | os.O_NOFOLLOW, dir_fd=folder)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise TaskError(
+                f"task.dataset: {path} now goes through a link, put there after the daemon admitted the job; "
+                "the daemon does not follow it. Put the file back, or submit the job again"
+            ) from error
+        raise
+    finally:
+        os.close(folder)
+
+
+def _open_regular(path: Path, follow_links: bool) -> BinaryIO:
     """`path` opened for reading when it is a regular file; else a TaskError. Opened without blocking and checked
     on the descriptor: a FIFO or device put in place of the checked file never hangs or floods the reader."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    descriptor = os.open(path, flags) if follow_links else _open_without_links(path, flags)
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
         raise TaskError(f"task.dataset: {path} is not a regular file; name a .jsonl file")
@@ -69,7 +105,9 @@ def _open_regular(path: Path) -> BinaryIO:
     return os.fdopen(descriptor, "rb")
 
 
-def checked_rows(path: Path, parse_row: Callable[[Any, int, Path], Problem]) -> Iterator[Problem]:
+def checked_rows(
+    path: Path, parse_row: Callable[[Any, int, Path], Problem], shipped: bool = False
+) -> Iterator[Problem]:
     """Each problem of `path` as it is read; at the end, one TaskError listing the first bad lines (if any)."""
     path = Path(path)
     if not path.is_file():
@@ -77,7 +115,7 @@ def checked_rows(path: Path, parse_row: Callable[[Any, int, Path], Problem]) -> 
     errors: list[str] = []
     error_count = rows = 0
     try:
-        for line_number, row in read_json_lines(path):
+        for line_number, row in read_json_lines(path, shipped):
             try:
                 if isinstance(row, RowError):
                     raise row
@@ -112,9 +150,10 @@ def _clean_tree(value: Any, where: str) -> None:
             _clean_tree(item, where)
 
 
-def parse_rows(path: Path, parse_row: Callable[[Any, int, Path], Problem]) -> list[Problem]:
-    """Parse every line of `path` with `parse_row`; raise one TaskError listing the first bad lines."""
-    return list(checked_rows(path, parse_row))
+def parse_rows(path: Path, parse_row: Callable[[Any, int, Path], Problem], shipped: bool = False) -> list[Problem]:
+    """Parse every line of `path` with `parse_row`; raise one TaskError listing the first bad lines. `shipped`: a
+    file of the installed package, read where it lies (no caller names it)."""
+    return list(checked_rows(path, parse_row, shipped))
 
 
 def count_problems(path: Path) -> int:

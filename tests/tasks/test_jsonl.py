@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.config.schema import TaskSpec
 from appliance.tasks import TaskError, load_jsonl_problems, load_task
+from appliance.tasks import jsonl
+from appliance.tasks.gsm8k import load_gsm8k
 from appliance.tasks.jsonl import read_json_lines
 
 
@@ -147,3 +152,42 @@ def test_a_fifo_or_device_in_place_of_the_checked_dataset_is_refused_not_read(tm
             pass  # let the blocked reader go before failing
     assert outcome and isinstance(outcome[0], (TaskError, OSError)), f"the {kind} was read: {outcome}"
     assert kind == "socket" or "not a regular file" in str(outcome[0])
+
+
+def nested_dataset(root: Path, depth: int) -> Path:
+    """root/d0/.../d{depth-1}/rows.jsonl holding one good row."""
+    folder = root.joinpath(*(f"d{level}" for level in range(depth)))
+    folder.mkdir(parents=True)
+    return write_lines(folder / "rows.jsonl", [{"question": "What is 2 + 2?", "answer": "4"}])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.integers(1, 4), data=st.data())
+def test_a_link_put_in_an_admitted_path_is_never_followed(tmp_path_factory, monkeypatch, depth, data):
+    """The daemon admits a dataset as its resolved path; a member who can write a folder on that path swaps the
+    folder (or the file) for a link elsewhere before the job runs. The worker opens it through no link at all:
+    any component replaced is refused by name, whatever its depth; the path as admitted still reads."""
+    root = tmp_path_factory.mktemp("roots")
+    admitted = nested_dataset(root / "datasets", depth)
+    elsewhere = nested_dataset(root / "secret", depth)  # the same names outside the root, readable by the daemon
+    monkeypatch.setattr(jsonl, "_admitted_paths_only", True)
+    assert [problem.answer for problem in load_jsonl_problems(admitted)] == ["4"]
+
+    level = data.draw(st.integers(0, depth), label="the component swapped for a link")
+    swapped = admitted.parents[depth - level - 1] if level < depth else admitted
+    target = elsewhere.parents[depth - level - 1] if level < depth else elsewhere
+    shutil.rmtree(swapped) if swapped.is_dir() else swapped.unlink()
+    swapped.symlink_to(target)
+    with pytest.raises(TaskError, match="now goes through a link"):
+        load_jsonl_problems(admitted)
+
+
+def test_the_cli_and_the_shipped_gsm8k_still_read_through_links(tmp_path, monkeypatch):
+    """Outside the daemon's workers a path is the user's own to name (a linked home folder is fine), and the
+    shipped GSM8K copy is read where the package lies, links in the install or not."""
+    real = nested_dataset(tmp_path / "real", 1)
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    assert len(load_jsonl_problems(tmp_path / "linked" / "d0" / "rows.jsonl")) == 1
+    monkeypatch.setattr(jsonl, "_admitted_paths_only", True)
+    assert len(load_jsonl_problems(real)) == 1
+    assert len(load_gsm8k()) == 7473
