@@ -25,6 +25,7 @@ from appliance.service.client import DaemonUnreachable
 
 RELEASES = "releases"
 LOCK = "lock"
+SWITCHING = "switching"  # "TARGET FROM WAS-ACTIVE": a swap began and has not been recorded as done
 READY_TIMEOUT_SECONDS = 900.0
 
 
@@ -78,6 +79,7 @@ def _install(bundle: Path, options: Options, say) -> Release:
     _stage_models(bundle, release, installed)
     _switch(options, release, installed, say, lambda: _install_files(bundle, release))
     _remember(options.state_dir, release, installed)
+    (options.state_dir / SWITCHING).unlink(missing_ok=True)
     _prune(options.state_dir, program, keep={release.version, installed.version if installed else ""})
     if installed is None:
         start = "systemctl start" if release.runtime == "podman" else "systemctl enable --now"
@@ -93,6 +95,9 @@ def rollback(options: Options, say=print) -> Release:
 
 def _rollback(options: Options, say) -> Release:
     now, before = current(options.state_dir), previous(options.state_dir)
+    unfinished = interrupted(options.state_dir)
+    if unfinished is not None and now is not None:
+        return _undo(options, now, unfinished, say)
     if now is None or before is None:
         raise InstallError(
             f"no release before the one in use is recorded in {options.state_dir}; nothing to roll back to"
@@ -110,7 +115,34 @@ def _rollback(options: Options, say) -> Release:
     units = _release_dir(options.state_dir, before.version) / "units"
     _switch(options, before, now, say, lambda: _restore_units(units))
     _remember(options.state_dir, before, now)
+    (options.state_dir / SWITCHING).unlink(missing_ok=True)
     return before
+
+
+def interrupted(state_dir: Path) -> tuple[str, str, bool] | None:
+    """(target, from, whether the service ran) of an install or rollback that stopped half-way (kill -9, power
+    loss); None when none did."""
+    try:
+        words = (state_dir / SWITCHING).read_text(errors="replace").split()
+    except FileNotFoundError:
+        return None
+    if len(words) != 3:  # cut short by a power loss: assume the service ran, so that it runs again
+        return ("an unknown release", "-", True)
+    return words[0], words[1], words[2] == "active"
+
+
+def _undo(options: Options, now: Release, unfinished: tuple[str, str], say) -> Release:
+    """A swap to unfinished[0] stopped half-way (its models, units or daemon may be in place): the release the
+    records name as in use goes back in place and runs, with every drained job; the records stay as they are."""
+    box.check_store_readable(now)
+    say(f"the swap to {unfinished[0]} did not finish; returning to {now.version}, the release in use before it")
+    if options.dry_run:
+        return now
+    _need_root()
+    units = _release_dir(options.state_dir, now.version) / "units"
+    _switch(options, now, None, say, lambda: _restore_units(units))
+    (options.state_dir / SWITCHING).unlink(missing_ok=True)
+    return now
 
 
 def uninstall(options: Options, purge: bool, say=print) -> None:
@@ -130,7 +162,7 @@ def _uninstall(options: Options, purge: bool, say) -> None:
     box.run("systemctl", "daemon-reload", check=False)
     for release in releases:
         box.run(box.runtime_program(release.runtime), "rmi", "--force", release.image, check=False)
-    for name in ("current", "previous", RELEASES, drain.DRAINED, "verified", "verified.stamp"):
+    for name in ("current", "previous", RELEASES, drain.DRAINED, SWITCHING, "verified", "verified.stamp"):
         target = options.state_dir / name
         shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink(missing_ok=True)
     kept = f"{box.DATA_DIR} and {box.MODELS_DIR}"
@@ -148,31 +180,51 @@ def _uninstall(options: Options, purge: bool, say) -> None:
 
 
 def _switch(options: Options, target: Release, running: Release | None, say, write_units) -> None:
-    """Drain, stop, flip models and units to `target`, start, resume: the moment jobs wait."""
+    """Drain, stop, flip models and units to `target`, start, resume: the moment jobs wait. Any step of it that
+    fails (a unit that cannot be written on a full disk, a daemon that does not start) puts `running` back."""
     active = box.run("systemctl", "is-active", "--quiet", box.UNIT, check=False).returncode == 0
+    earlier = interrupted(options.state_dir)  # one that stopped half-way may have stopped the service
+    ran = active or (earlier is not None and earlier[2])
+    state = "active" if ran else "inactive"
+    box.install_file(
+        options.state_dir / SWITCHING, f"{target.version} {running.version if running else '-'} {state}\n", 0o600
+    )
     started = stopped = time.monotonic()
     if active:
-        drained = drain.drain(box.SOCKET, options.drain_timeout, options.state_dir, say)
-        say(
-            f"drained {len(drained.job_ids)} job(s) in {drained.seconds:.1f} s"
-            + (
-                f"; still running past {options.drain_timeout:g} s (the stop checkpoints them): "
-                f"{' '.join(drained.still_running)}"
-                if drained.still_running
-                else ""
-            )
-        )
-        box.run("systemctl", "stop", box.UNIT)
+        _drain_and_stop(options, running, say)
         stopped = time.monotonic()
         say(f"service stopped {stopped - started:.1f} s after the drain began")
-    _put_in_place(target, running, write_units)
-    if active or drain.pending(options.state_dir):
-        try:
+    restart = ran or bool(drain.pending(options.state_dir))
+    try:
+        _put_in_place(target, running, write_units)
+        if restart:
             _start(options, target, stopped, say)
-        except (InstallError, DaemonUnreachable) as error:
-            if running is None:
-                raise
-            _return_to(options, running, target, error, say)
+    except (InstallError, DaemonUnreachable, OSError) as error:
+        if running is None:
+            raise
+        _return_to(options, running, target, error, say, restart)
+
+
+def _drain_and_stop(options: Options, running: Release | None, say) -> None:
+    drained = drain.drain(box.SOCKET, options.drain_timeout, options.state_dir, say)
+    say(
+        f"drained {len(drained.job_ids)} job(s) in {drained.seconds:.1f} s"
+        + (
+            f"; still running past {options.drain_timeout:g} s (the stop checkpoints them): "
+            f"{' '.join(drained.still_running)}"
+            if drained.still_running
+            else ""
+        )
+    )
+    try:
+        box.run("systemctl", "stop", box.UNIT)
+    except InstallError as error:  # still the release in use: its jobs go on where they were
+        resumed = drain.resume(box.SOCKET, options.state_dir, READY_TIMEOUT_SECONDS, say)
+        version = running.version if running else "the release in use"
+        (options.state_dir / SWITCHING).unlink(missing_ok=True)  # nothing was swapped
+        raise InstallError(
+            f"{error}; nothing was swapped, {version} runs on and its {len(resumed)} job(s) resumed"
+        ) from None
 
 
 def _put_in_place(target: Release, running: Release | None, write_units) -> None:
@@ -192,24 +244,28 @@ def _start(options: Options, target: Release, stopped: float, say) -> None:
     )
 
 
-def _return_to(options: Options, running: Release, failed: Release, error: Exception, say) -> None:
-    """The new release did not start: the one that ran before runs again, with its jobs, and the records still
-    name it; then the failure is raised. Its image, models and units were never touched."""
+def _return_to(options: Options, running: Release, failed: Release, error: Exception, say, restart: bool) -> None:
+    """The new release did not go in place or did not start: the one that ran before runs again (if it ran), with
+    its jobs, and the records still name it; then the failure is raised. Its image, models and units were never
+    touched."""
     say(f"appliance {failed.version} did not start ({error}); returning to {running.version}")
     box.run("systemctl", "stop", box.UNIT, check=False)
     units = _release_dir(options.state_dir, running.version) / "units"
-    _put_in_place(running, failed, lambda: _restore_units(units))
     try:
-        _start(options, running, time.monotonic(), say)
-    except (InstallError, DaemonUnreachable) as again:
+        _put_in_place(running, failed, lambda: _restore_units(units))
+        if restart:
+            _start(options, running, time.monotonic(), say)
+    except (InstallError, DaemonUnreachable, OSError) as again:
         raise InstallError(
             f"appliance {failed.version} did not start ({error}), and {running.version} did not start again "
             f"({again}): see journalctl -u {box.UNIT}; if the job store was migrated, the copy from before is "
             f"{box.DATA_DIR / 'appliance.db'}.schema-N"
         ) from None
+    (options.state_dir / SWITCHING).unlink(missing_ok=True)  # back where it began: nothing is half-done
     raise InstallError(
-        f"appliance {failed.version} did not start ({error}); {running.version} runs again and every drained job "
-        f"resumed; see journalctl -u {box.UNIT} for why, then install {failed.version} again or not"
+        f"appliance {failed.version} did not start ({error}); {running.version} "
+        + ("runs again and every drained job resumed" if restart else "is in place again (not started, as before)")
+        + f"; see journalctl -u {box.UNIT} for why, then install {failed.version} again or not"
     )
 
 
@@ -405,10 +461,17 @@ def _release_dir(state_dir: Path, version: str) -> Path:
 
 
 def _pointer(state_dir: Path, name: str) -> Release | None:
+    path = state_dir / name
     try:
-        version = (state_dir / name).read_text().strip()
+        version = path.read_bytes().decode("utf-8", errors="replace").strip()
     except FileNotFoundError:
         return None
+    if not box.NAME.fullmatch(version):
+        raise InstallError(
+            f"{path} is damaged ({version[:40]!r} is not a version): write into it the version in use, one of "
+            f"{' '.join(sorted(p.name for p in (state_dir / RELEASES).glob('*'))) or 'none recorded'}, "
+            "or install its bundle again"
+        )
     return Release.read(_release_dir(state_dir, version) / "release.json")
 
 

@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 
 MANIFEST = "MANIFEST.sha256"
@@ -256,6 +257,4 @@ def _sha256(bundle: Path, name: str) -> tuple[str, int]:
 def _write_marker(state_dir: Path, verified: Verified, stamp: dict[str, list[int]]) -> None:
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name, text in ((STAMP, json.dumps(stamp)), (MARKER, marker_line(verified.bundle, verified.manifest_sha256))):
-        temporary = state_dir / f".{name}.{os.getpid()}"
-        temporary.write_text(text)
-        os.replace(temporary, state_dir / name)
+        write_atomically(state_dir / name, text)
