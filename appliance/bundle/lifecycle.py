@@ -285,6 +285,26 @@ def _stage_models(bundle: Path, release: Release, installed: Release | None) -> 
     staging = box.MODELS_DIR / f".{release.version}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    try:
+        _copy_models(bundle, release, installed, staging)
+    except OSError as error:  # a full disk, an I/O error: nothing half-copied stays to fill it further
+        shutil.rmtree(staging, ignore_errors=True)
+        raise InstallError(
+            f"copying the models of {release.version} failed at {error.filename2 or error.filename}: "
+            f"{error.strerror or error}; nothing was changed: free space in {box.MODELS_DIR} (the new release's "
+            "models are copied beside the ones in use) and run the install again"
+        ) from None
+    box.run("chown", "-R", "root:appliance", str(staging))
+    box.run("chmod", "-R", "u=rwX,g=rX,o=", str(staging))
+    if target.exists() and target != (box.MODELS_DIR / "current").resolve():
+        shutil.rmtree(target)
+    if not target.exists():
+        os.rename(staging, target)
+    else:  # a reinstall of the release in use: its folder stays in place
+        shutil.rmtree(staging)
+
+
+def _copy_models(bundle: Path, release: Release, installed: Release | None, staging: Path) -> None:
     old = box.MODELS_DIR / installed.version if installed else None
     for model in release.models:
         source = bundle / "models" / model
@@ -299,14 +319,6 @@ def _stage_models(bundle: Path, release: Release, installed: Release | None) -> 
                 os.link(twin, destination)
             else:
                 shutil.copyfile(path, destination)
-    box.run("chown", "-R", "root:appliance", str(staging))
-    box.run("chmod", "-R", "u=rwX,g=rX,o=", str(staging))
-    if target.exists() and target != (box.MODELS_DIR / "current").resolve():
-        shutil.rmtree(target)
-    if not target.exists():
-        os.rename(staging, target)
-    else:  # a reinstall of the release in use: its folder stays in place
-        shutil.rmtree(staging)
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -68,3 +68,38 @@ def test_a_state_folder_that_is_not_a_folder_is_one_sentence(tmp_path: Path, act
     (tmp_path / "file").write_text("")
     state = tmp_path / "file" / "state"
     one_line_naming(cli("bundle", *action, "--state-dir", str(state)), state)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 64 KiB tmpfs: a real ENOSPC for whatever is written there (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder = tmp_path / "small"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def test_a_full_disk_while_the_models_are_staged_leaves_nothing_half_copied(
+    tmp_path: Path, small_disk: Path, monkeypatch
+):
+    """ENOSPC copying a model beside the release in use: one sentence naming the file and what to free, and no
+    partial folder left to keep the disk full (before: an OSError traceback and .VERSION.partial left behind)."""
+    from appliance.bundle import box, lifecycle
+
+    model = tmp_path / "bundle" / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(os.urandom(256 * 1024))
+    monkeypatch.setattr(box, "MODELS_DIR", small_disk)
+
+    with pytest.raises(InstallError) as refused:
+        lifecycle._stage_models(tmp_path / "bundle", Release("0.2.0", 2, ("tiny",)), None)
+
+    assert "model.safetensors" in str(refused.value) and "No space left on device" in str(refused.value)
+    assert f"free space in {small_disk}" in str(refused.value)
+    assert list(small_disk.iterdir()) == []
