@@ -155,6 +155,12 @@ def _uninstall(options: Options, purge: bool, say) -> None:
     releases = [Release.read(path) for path in sorted((options.state_dir / RELEASES).glob("*/release.json"))]
     box.run("systemctl", "disable", "--now", box.UNIT, check=False)  # the stop chain checkpoints running jobs
     box.run("systemctl", "stop", box.UNIT, check=False)
+    if box.run("systemctl", "is-active", "--quiet", box.UNIT, check=False).returncode == 0:
+        # Units, images (and with --purge the data) pulled from under a daemon that still runs: refuse first.
+        raise InstallError(
+            f"{box.UNIT} did not stop, so nothing was removed: see journalctl -u {box.UNIT}, stop it "
+            f"(systemctl stop {box.UNIT}), then run the uninstall again"
+        )
     for path in (box.QUADLET, box.SERVICE, box.HARDENING, box.SYSUSERS, box.TMPFILES, box.SHIM):
         path.unlink(missing_ok=True)
     shutil.rmtree(box.HARDENING.parent, ignore_errors=True)

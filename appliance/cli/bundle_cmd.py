@@ -145,8 +145,8 @@ def _status(args) -> int:
     print(f"rollback returns to: {back.version if back else 'nothing recorded'}")
     if unfinished is not None:
         print(
-            f"the swap to {unfinished[0]} did not finish (stopped half-way): run its install again to finish it, or "
-            f"'appliance bundle rollback' to return to {now.version if now else 'the release in use'}"
+            f"the swap to {unfinished[0]} did not finish (stopped half-way): run its install again to finish it"
+            + (f", or 'appliance bundle rollback' to return to {now.version}" if now else "")
         )
     held = pending(args.state_dir)
     if held:

@@ -178,3 +178,26 @@ def test_a_rollback_after_an_upgrade_killed_half_way_returns_to_the_release_in_u
     assert status.startswith("in use: 0.1.0 ") and "did not finish" not in status, status
     assert os.readlink(box.path("/var/lib/appliance-models/current")) == "0.1.0"
     assert "Image=localhost/appliance:0.1.0" in box.path("/etc/containers/systemd/appliance.container").read_text()
+
+
+def test_an_uninstall_whose_stop_fails_removes_nothing(box):
+    """`uninstall --purge` while the service will not stop (a stop that times out, here a systemctl whose stop
+    fails): it refuses before removing units, images or data, where it pulled them from under the daemon."""
+    assert run(box, "/opt/appliance-client/bin/" + install("0.1.0")).returncode == 0
+    assert run(box, "systemctl start appliance.service").returncode == 0
+    socket = box.path("/run/appliance/control.sock")
+    wait_for(lambda: Client(socket, timeout=60).status(), 60, "the 0.1.0 daemon")
+    standin = box.path("/usr/local/sbin/systemctl")
+    standin.rename(standin.with_name("systemctl.real"))
+    standin.write_text(
+        '#!/bin/sh\ncase "$1" in stop|disable) exit 1 ;; esac\nexec /usr/local/sbin/systemctl.real "$@"\n'
+    )
+    standin.chmod(0o755)
+
+    refused = run(box, "appliance bundle uninstall --purge")
+
+    assert refused.returncode == 1 and "did not stop, so nothing was removed" in refused.stderr, refused.stderr
+    assert Client(socket, timeout=60).status().version == "0.1.0"
+    assert box.path("/var/lib/appliance/appliance.db").exists() and box.path("/usr/local/bin/appliance").exists()
+    assert box.path("/etc/containers/systemd/appliance.container").exists()
+    assert run(box, "appliance bundle status").stdout.startswith("in use: 0.1.0 ")
