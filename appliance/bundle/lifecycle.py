@@ -128,7 +128,7 @@ def interrupted(state_dir: Path) -> tuple[str, str, bool] | None:
         return None
     if len(words) != 3:  # cut short by a power loss: assume the service ran, so that it runs again
         return ("an unknown release", "-", True)
-    return words[0], words[1], words[2] == "active"
+    return words[0], words[1], words[2] != "inactive"
 
 
 def _undo(options: Options, now: Release, unfinished: tuple[str, str], say) -> Release:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from appliance.bundle.box import InstallError, Release
 from appliance.bundle.drain import DRAINED, pending
-from appliance.bundle.lifecycle import RELEASES, current
+from appliance.bundle.lifecycle import RELEASES, SWITCHING, current, interrupted
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOME = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -56,6 +56,23 @@ def test_a_damaged_release_pointer_names_itself_or_reads_as_the_release(tmp_path
         assert str(tmp_path) in str(error)
     else:
         assert release is not None and release.version == "0.1.0"
+
+
+@SOME
+@given(data=st.binary(max_size=64) | st.sampled_from([b"", b"0.2.0", b"0.2.0 0.1.0", b"0.2.0 0.1.0 act\xffive"]))
+def test_a_swap_journal_cut_short_still_reads_as_an_unfinished_swap(tmp_path: Path, data: bytes):
+    """Any bytes in the journal read as a swap that did not finish, and one whose state is unreadable as one that
+    ran the service: the rollback that undoes it starts the service rather than leaving it down."""
+    (tmp_path / SWITCHING).write_bytes(data)
+    target, before, ran = interrupted(tmp_path)
+    assert isinstance(target, str) and isinstance(before, str)
+    assert ran is True or data.split()[2:] == [b"inactive"]
+
+
+def test_a_swap_journal_cut_short_is_shown_by_status(tmp_path: Path):
+    (tmp_path / SWITCHING).write_bytes(b"0.2.0 0.")
+    done = cli("bundle", "status", "--state-dir", str(tmp_path))
+    assert done.returncode == 0 and "did not finish" in done.stdout, done.stdout + done.stderr
 
 
 def test_a_damaged_drain_record_is_one_sentence_in_status(tmp_path: Path):
