@@ -212,16 +212,21 @@ def _switch(options: Options, target: Release, running: Release | None, say, wri
 
 
 def _drain_and_stop(options: Options, running: Release | None, say) -> None:
-    drained = drain.drain(box.SOCKET, options.drain_timeout, options.state_dir, say)
-    say(
-        f"drained {len(drained.job_ids)} job(s) in {drained.seconds:.1f} s"
-        + (
-            f"; still running past {options.drain_timeout:g} s (the stop checkpoints them): "
-            f"{' '.join(drained.still_running)}"
-            if drained.still_running
-            else ""
+    try:
+        drained = drain.drain(box.SOCKET, options.drain_timeout, options.state_dir, say)
+    except DaemonUnreachable as error:  # hung, or its socket gone: no drain, but the stop chain still checkpoints
+        say(f"no drain: the daemon does not answer ({error.__class__.__name__}); the stop checkpoints running jobs")
+        drained = None
+    if drained is not None:
+        say(
+            f"drained {len(drained.job_ids)} job(s) in {drained.seconds:.1f} s"
+            + (
+                f"; still running past {options.drain_timeout:g} s (the stop checkpoints them): "
+                f"{' '.join(drained.still_running)}"
+                if drained.still_running
+                else ""
+            )
         )
-    )
     try:
         box.run("systemctl", "stop", box.UNIT)
     except InstallError as error:  # still the release in use: its jobs go on where they were

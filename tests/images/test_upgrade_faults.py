@@ -201,3 +201,22 @@ def test_an_uninstall_whose_stop_fails_removes_nothing(box):
     assert box.path("/var/lib/appliance/appliance.db").exists() and box.path("/usr/local/bin/appliance").exists()
     assert box.path("/etc/containers/systemd/appliance.container").exists()
     assert run(box, "appliance bundle status").stdout.startswith("in use: 0.1.0 ")
+
+
+def test_an_upgrade_over_a_daemon_that_does_not_answer_still_swaps(box):
+    """The service is active but its daemon does not answer (here its socket is gone): the drain cannot ask it
+    anything, so the upgrade says so and stops the service (whose stop chain checkpoints running jobs) instead
+    of ending with "start it with 'appliance serve'" and leaving a box nobody can upgrade or roll back. The 0.2.0
+    of these tests does not start, so the end is 0.1.0 running again."""
+    assert run(box, "/opt/appliance-client/bin/" + install("0.1.0")).returncode == 0
+    assert run(box, "systemctl start appliance.service").returncode == 0
+    socket = box.path("/run/appliance/control.sock")
+    wait_for(lambda: Client(socket, timeout=60).status(), 60, "the 0.1.0 daemon")
+    socket.unlink()
+
+    upgrade = run(box, "/opt/appliance-client/bin/" + install("0.2.0"))
+
+    assert "no drain: the daemon does not answer" in upgrade.stdout, upgrade.stdout + upgrade.stderr
+    assert "returning to 0.1.0" in upgrade.stdout and "0.1.0 runs again" in upgrade.stderr, upgrade.stderr
+    assert Client(socket, timeout=60).status().version == "0.1.0", log(box)
+    assert "did not finish" not in run(box, "appliance bundle status").stdout
