@@ -5,7 +5,8 @@ its version and its models copied beside the old ones while jobs still run; then
 (drain.py), the service stops, the models' `current` link is flipped with one rename, the units are
 rewritten for the new image, the service starts (the daemon migrates the job store, keeping a copy of the
 old one) and every drained job resumes. The release before keeps its image tag, models and units, which is
-all a rollback needs. Uninstall removes units, shim and images and keeps the data unless told to purge it.
+all a rollback needs. A swap that fails puts the release before back; one killed half-way leaves a journal
+(state/switching) that status shows and a rollback undoes. Uninstall removes units, shim and images and keeps the data unless told to purge it.
 """
 
 from __future__ import annotations
