@@ -10,7 +10,6 @@ is flipped with one rename.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sqlite3
@@ -18,6 +17,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 
 DATA_DIR = Path("/var/lib/appliance")
@@ -88,9 +88,7 @@ class Release:
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps({**asdict(self), "models": list(self.models)}, indent=2) + "\n")
-        os.replace(temporary, path)
+        write_atomically(path, json.dumps({**asdict(self), "models": list(self.models)}, indent=2) + "\n", 0o644)
 
 
 def version_key(version: str) -> tuple | None:
@@ -208,11 +206,9 @@ def check_store_readable(release: Release, data_dir: Path = DATA_DIR) -> None:
 
 
 def install_file(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.new")
-    temporary.write_text(text)
-    temporary.chmod(mode)
-    os.replace(temporary, path)
+    """Whole or not at all, durably (a power loss between two of the installer's writes leaves each file whole)."""
+    write_atomically(path, text, mode)
+    path.chmod(mode)  # the creation mode is masked by the caller's umask
 
 
 def shim_text(runtime: str) -> str:

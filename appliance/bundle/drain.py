@@ -9,11 +9,12 @@ resume after the swap (or after a failed upgrade, by the next install or rollbac
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.bundle.box import InstallError
+from appliance.durable import write_atomically
 from appliance.service.client import Client, ClientError, DaemonUnreachable
 
 ACTIVE = ("queued", "interrupted", "running")
@@ -80,15 +81,24 @@ def resume(socket: Path, state_dir: Path, ready_timeout: float, say=print) -> li
 
 
 def pending(state_dir: Path) -> list[str]:
+    """The ids a drain paused and no resume has taken back yet; a damaged record names itself and the way on."""
+    path = state_dir / DRAINED
     try:
-        return list(json.loads((state_dir / DRAINED).read_text()))
+        held = json.loads(path.read_bytes())
     except FileNotFoundError:
         return []
+    except (OSError, ValueError) as error:
+        held = error
+    if isinstance(held, list) and all(isinstance(job_id, str) for job_id in held):
+        return held
+    raise InstallError(
+        f"{path} (the jobs an upgrade paused) is damaged ({str(held)[:80]}): those jobs stay paused; find them with "
+        f"'appliance jobs list', resume each with 'appliance jobs resume ID', then remove {path}"
+    )
 
 
 def _record(state_dir: Path, held: list[str]) -> None:
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = state_dir / f".{DRAINED}.tmp"
     earlier = pending(state_dir)  # a drain that did not finish resuming: its jobs are kept
-    temporary.write_text(json.dumps(earlier + [job_id for job_id in held if job_id not in earlier]))
-    os.replace(temporary, state_dir / DRAINED)
+    # Durable before the service stops: a power loss then still leaves the list the resume needs.
+    write_atomically(state_dir / DRAINED, json.dumps(earlier + [job_id for job_id in held if job_id not in earlier]))

@@ -5,7 +5,8 @@ its version and its models copied beside the old ones while jobs still run; then
 (drain.py), the service stops, the models' `current` link is flipped with one rename, the units are
 rewritten for the new image, the service starts (the daemon migrates the job store, keeping a copy of the
 old one) and every drained job resumes. The release before keeps its image tag, models and units, which is
-all a rollback needs. Uninstall removes units, shim and images and keeps the data unless told to purge it.
+all a rollback needs. A swap that fails puts the release before back; one killed half-way leaves a journal
+(state/switching) that status shows and a rollback undoes. Uninstall removes units, shim and images and keeps the data unless told to purge it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from appliance.service.client import DaemonUnreachable
 
 RELEASES = "releases"
 LOCK = "lock"
+SWITCHING = "switching"  # "TARGET FROM WAS-ACTIVE": a swap began and has not been recorded as done
 READY_TIMEOUT_SECONDS = 900.0
 
 
@@ -78,6 +80,7 @@ def _install(bundle: Path, options: Options, say) -> Release:
     _stage_models(bundle, release, installed)
     _switch(options, release, installed, say, lambda: _install_files(bundle, release))
     _remember(options.state_dir, release, installed)
+    (options.state_dir / SWITCHING).unlink(missing_ok=True)
     _prune(options.state_dir, program, keep={release.version, installed.version if installed else ""})
     if installed is None:
         start = "systemctl start" if release.runtime == "podman" else "systemctl enable --now"
@@ -93,6 +96,9 @@ def rollback(options: Options, say=print) -> Release:
 
 def _rollback(options: Options, say) -> Release:
     now, before = current(options.state_dir), previous(options.state_dir)
+    unfinished = interrupted(options.state_dir)
+    if unfinished is not None and now is not None:
+        return _undo(options, now, unfinished, say)
     if now is None or before is None:
         raise InstallError(
             f"no release before the one in use is recorded in {options.state_dir}; nothing to roll back to"
@@ -110,7 +116,34 @@ def _rollback(options: Options, say) -> Release:
     units = _release_dir(options.state_dir, before.version) / "units"
     _switch(options, before, now, say, lambda: _restore_units(units))
     _remember(options.state_dir, before, now)
+    (options.state_dir / SWITCHING).unlink(missing_ok=True)
     return before
+
+
+def interrupted(state_dir: Path) -> tuple[str, str, bool] | None:
+    """(target, from, whether the service ran) of an install or rollback that stopped half-way (kill -9, power
+    loss); None when none did."""
+    try:
+        words = (state_dir / SWITCHING).read_text(errors="replace").split()
+    except FileNotFoundError:
+        return None
+    if len(words) != 3:  # cut short by a power loss: assume the service ran, so that it runs again
+        return ("an unknown release", "-", True)
+    return words[0], words[1], words[2] != "inactive"
+
+
+def _undo(options: Options, now: Release, unfinished: tuple[str, str], say) -> Release:
+    """A swap to unfinished[0] stopped half-way (its models, units or daemon may be in place): the release the
+    records name as in use goes back in place and runs, with every drained job; the records stay as they are."""
+    box.check_store_readable(now)
+    say(f"the swap to {unfinished[0]} did not finish; returning to {now.version}, the release in use before it")
+    if options.dry_run:
+        return now
+    _need_root()
+    units = _release_dir(options.state_dir, now.version) / "units"
+    _switch(options, now, None, say, lambda: _restore_units(units))
+    (options.state_dir / SWITCHING).unlink(missing_ok=True)
+    return now
 
 
 def uninstall(options: Options, purge: bool, say=print) -> None:
@@ -123,6 +156,12 @@ def _uninstall(options: Options, purge: bool, say) -> None:
     releases = [Release.read(path) for path in sorted((options.state_dir / RELEASES).glob("*/release.json"))]
     box.run("systemctl", "disable", "--now", box.UNIT, check=False)  # the stop chain checkpoints running jobs
     box.run("systemctl", "stop", box.UNIT, check=False)
+    if box.run("systemctl", "is-active", "--quiet", box.UNIT, check=False).returncode == 0:
+        # Units, images (and with --purge the data) pulled from under a daemon that still runs: refuse first.
+        raise InstallError(
+            f"{box.UNIT} did not stop, so nothing was removed: see journalctl -u {box.UNIT}, stop it "
+            f"(systemctl stop {box.UNIT}), then run the uninstall again"
+        )
     for path in (box.QUADLET, box.SERVICE, box.HARDENING, box.SYSUSERS, box.TMPFILES, box.SHIM):
         path.unlink(missing_ok=True)
     shutil.rmtree(box.HARDENING.parent, ignore_errors=True)
@@ -130,7 +169,7 @@ def _uninstall(options: Options, purge: bool, say) -> None:
     box.run("systemctl", "daemon-reload", check=False)
     for release in releases:
         box.run(box.runtime_program(release.runtime), "rmi", "--force", release.image, check=False)
-    for name in ("current", "previous", RELEASES, drain.DRAINED, "verified", "verified.stamp"):
+    for name in ("current", "previous", RELEASES, drain.DRAINED, SWITCHING, "verified", "verified.stamp"):
         target = options.state_dir / name
         shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink(missing_ok=True)
     kept = f"{box.DATA_DIR} and {box.MODELS_DIR}"
@@ -148,11 +187,38 @@ def _uninstall(options: Options, purge: bool, say) -> None:
 
 
 def _switch(options: Options, target: Release, running: Release | None, say, write_units) -> None:
-    """Drain, stop, flip models and units to `target`, start, resume: the moment jobs wait."""
+    """Drain, stop, flip models and units to `target`, start, resume: the moment jobs wait. Any step of it that
+    fails (a unit that cannot be written on a full disk, a daemon that does not start) puts `running` back."""
     active = box.run("systemctl", "is-active", "--quiet", box.UNIT, check=False).returncode == 0
+    earlier = interrupted(options.state_dir)  # one that stopped half-way may have stopped the service
+    ran = active or (earlier is not None and earlier[2])
+    state = "active" if ran else "inactive"
+    box.install_file(
+        options.state_dir / SWITCHING, f"{target.version} {running.version if running else '-'} {state}\n", 0o600
+    )
     started = stopped = time.monotonic()
     if active:
+        _drain_and_stop(options, running, say)
+        stopped = time.monotonic()
+        say(f"service stopped {stopped - started:.1f} s after the drain began")
+    restart = ran or bool(drain.pending(options.state_dir))
+    try:
+        _put_in_place(target, running, write_units)
+        if restart:
+            _start(options, target, stopped, say)
+    except (InstallError, DaemonUnreachable, OSError) as error:
+        if running is None:
+            raise
+        _return_to(options, running, target, error, say, restart)
+
+
+def _drain_and_stop(options: Options, running: Release | None, say) -> None:
+    try:
         drained = drain.drain(box.SOCKET, options.drain_timeout, options.state_dir, say)
+    except DaemonUnreachable as error:  # hung, or its socket gone: no drain, but the stop chain still checkpoints
+        say(f"no drain: the daemon does not answer ({error.__class__.__name__}); the stop checkpoints running jobs")
+        drained = None
+    if drained is not None:
         say(
             f"drained {len(drained.job_ids)} job(s) in {drained.seconds:.1f} s"
             + (
@@ -162,17 +228,15 @@ def _switch(options: Options, target: Release, running: Release | None, say, wri
                 else ""
             )
         )
+    try:
         box.run("systemctl", "stop", box.UNIT)
-        stopped = time.monotonic()
-        say(f"service stopped {stopped - started:.1f} s after the drain began")
-    _put_in_place(target, running, write_units)
-    if active or drain.pending(options.state_dir):
-        try:
-            _start(options, target, stopped, say)
-        except (InstallError, DaemonUnreachable) as error:
-            if running is None:
-                raise
-            _return_to(options, running, target, error, say)
+    except InstallError as error:  # still the release in use: its jobs go on where they were
+        resumed = drain.resume(box.SOCKET, options.state_dir, READY_TIMEOUT_SECONDS, say)
+        version = running.version if running else "the release in use"
+        (options.state_dir / SWITCHING).unlink(missing_ok=True)  # nothing was swapped
+        raise InstallError(
+            f"{error}; nothing was swapped, {version} runs on and its {len(resumed)} job(s) resumed"
+        ) from None
 
 
 def _put_in_place(target: Release, running: Release | None, write_units) -> None:
@@ -192,24 +256,28 @@ def _start(options: Options, target: Release, stopped: float, say) -> None:
     )
 
 
-def _return_to(options: Options, running: Release, failed: Release, error: Exception, say) -> None:
-    """The new release did not start: the one that ran before runs again, with its jobs, and the records still
-    name it; then the failure is raised. Its image, models and units were never touched."""
+def _return_to(options: Options, running: Release, failed: Release, error: Exception, say, restart: bool) -> None:
+    """The new release did not go in place or did not start: the one that ran before runs again (if it ran), with
+    its jobs, and the records still name it; then the failure is raised. Its image, models and units were never
+    touched."""
     say(f"appliance {failed.version} did not start ({error}); returning to {running.version}")
     box.run("systemctl", "stop", box.UNIT, check=False)
     units = _release_dir(options.state_dir, running.version) / "units"
-    _put_in_place(running, failed, lambda: _restore_units(units))
     try:
-        _start(options, running, time.monotonic(), say)
-    except (InstallError, DaemonUnreachable) as again:
+        _put_in_place(running, failed, lambda: _restore_units(units))
+        if restart:
+            _start(options, running, time.monotonic(), say)
+    except (InstallError, DaemonUnreachable, OSError) as again:
         raise InstallError(
             f"appliance {failed.version} did not start ({error}), and {running.version} did not start again "
             f"({again}): see journalctl -u {box.UNIT}; if the job store was migrated, the copy from before is "
             f"{box.DATA_DIR / 'appliance.db'}.schema-N"
         ) from None
+    (options.state_dir / SWITCHING).unlink(missing_ok=True)  # back where it began: nothing is half-done
     raise InstallError(
-        f"appliance {failed.version} did not start ({error}); {running.version} runs again and every drained job "
-        f"resumed; see journalctl -u {box.UNIT} for why, then install {failed.version} again or not"
+        f"appliance {failed.version} did not start ({error}); {running.version} "
+        + ("runs again and every drained job resumed" if restart else "is in place again (not started, as before)")
+        + f"; see journalctl -u {box.UNIT} for why, then install {failed.version} again or not"
     )
 
 
@@ -229,6 +297,26 @@ def _stage_models(bundle: Path, release: Release, installed: Release | None) -> 
     staging = box.MODELS_DIR / f".{release.version}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    try:
+        _copy_models(bundle, release, installed, staging)
+    except OSError as error:  # a full disk, an I/O error: nothing half-copied stays to fill it further
+        shutil.rmtree(staging, ignore_errors=True)
+        raise InstallError(
+            f"copying the models of {release.version} failed at {error.filename2 or error.filename}: "
+            f"{error.strerror or error}; nothing was changed: free space in {box.MODELS_DIR} (the new release's "
+            "models are copied beside the ones in use) and run the install again"
+        ) from None
+    box.run("chown", "-R", "root:appliance", str(staging))
+    box.run("chmod", "-R", "u=rwX,g=rX,o=", str(staging))
+    if target.exists() and target != (box.MODELS_DIR / "current").resolve():
+        shutil.rmtree(target)
+    if not target.exists():
+        os.rename(staging, target)
+    else:  # a reinstall of the release in use: its folder stays in place
+        shutil.rmtree(staging)
+
+
+def _copy_models(bundle: Path, release: Release, installed: Release | None, staging: Path) -> None:
     old = box.MODELS_DIR / installed.version if installed else None
     for model in release.models:
         source = bundle / "models" / model
@@ -243,14 +331,6 @@ def _stage_models(bundle: Path, release: Release, installed: Release | None) -> 
                 os.link(twin, destination)
             else:
                 shutil.copyfile(path, destination)
-    box.run("chown", "-R", "root:appliance", str(staging))
-    box.run("chmod", "-R", "u=rwX,g=rX,o=", str(staging))
-    if target.exists() and target != (box.MODELS_DIR / "current").resolve():
-        shutil.rmtree(target)
-    if not target.exists():
-        os.rename(staging, target)
-    else:  # a reinstall of the release in use: its folder stays in place
-        shutil.rmtree(staging)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -405,10 +485,17 @@ def _release_dir(state_dir: Path, version: str) -> Path:
 
 
 def _pointer(state_dir: Path, name: str) -> Release | None:
+    path = state_dir / name
     try:
-        version = (state_dir / name).read_text().strip()
+        version = path.read_bytes().decode("utf-8", errors="replace").strip()
     except FileNotFoundError:
         return None
+    if not box.NAME.fullmatch(version):
+        raise InstallError(
+            f"{path} is damaged ({version[:40]!r} is not a version): write into it the version in use, one of "
+            f"{' '.join(sorted(p.name for p in (state_dir / RELEASES).glob('*'))) or 'none recorded'}, "
+            "or install its bundle again"
+        )
     return Release.read(_release_dir(state_dir, version) / "release.json")
 
 

@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 
 MANIFEST = "MANIFEST.sha256"
@@ -33,7 +34,11 @@ DEFAULT_STATE_DIR = Path("/var/lib/appliance-install")
 MARKER = "verified"
 STAMP = "verified.stamp"
 MAX_MANIFEST_BYTES = 16 * 2**20
-_LINE = re.compile(r"([0-9a-f]{64})  ([^\x00-\x1f\x7f\\]+)")
+# A name a terminal prints on one line as it is, and sha256sum lists without escaping: no control character
+# (C0, DEL, C1, line separators), no backslash. A name of any other shape can never be in the manifest.
+_PLAIN = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029\\]+"
+_LINE = re.compile(rf"([0-9a-f]{{64}})  ({_PLAIN})")
+_NAME = re.compile(_PLAIN)
 _CHUNK = 4 * 2**20
 
 
@@ -175,6 +180,11 @@ def _check_tree(bundle: Path, listed: set[str]) -> None:
         for name in sorted(directories + files):
             path = Path(folder) / name
             relative = path.relative_to(bundle).as_posix()
+            if not _plain(name):
+                raise BundleRefused(
+                    f"refused: {ascii(str(path))} has a control character, a backslash or bytes that are not UTF-8 in "
+                    f"its name; no file of a bundle is named so (added after the bundle was made)"
+                )
             info = os.lstat(path)
             if stat.S_ISDIR(info.st_mode):
                 if relative not in parents:
@@ -187,6 +197,14 @@ def _check_tree(bundle: Path, listed: set[str]) -> None:
     missing = sorted(name for name in listed if not (bundle / name).is_file())
     if missing:
         raise BundleRefused(f"refused: missing from the bundle: {' '.join(missing[:10])}")
+
+
+def _plain(name: str) -> bool:
+    try:
+        name.encode("utf-8")  # a name that is not UTF-8 comes from os.walk with surrogates in it
+    except UnicodeEncodeError:
+        return False
+    return _NAME.fullmatch(name) is not None
 
 
 def _check_owner(path: Path, info: os.stat_result, what: str) -> None:
@@ -256,6 +274,4 @@ def _sha256(bundle: Path, name: str) -> tuple[str, int]:
 def _write_marker(state_dir: Path, verified: Verified, stamp: dict[str, list[int]]) -> None:
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name, text in ((STAMP, json.dumps(stamp)), (MARKER, marker_line(verified.bundle, verified.manifest_sha256))):
-        temporary = state_dir / f".{name}.{os.getpid()}"
-        temporary.write_text(text)
-        os.replace(temporary, state_dir / name)
+        write_atomically(state_dir / name, text)

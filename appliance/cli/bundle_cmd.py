@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from appliance.cli.main import EXIT_OK
+from appliance.cli.main import EXIT_FAILURE, EXIT_OK
 
 
 def register(subparsers) -> None:
@@ -73,6 +73,19 @@ def _run(handler, args) -> int:
     except ApplianceError as error:
         print(f"appliance bundle {args.bundle_command}: {error}", file=sys.stderr)
         return error.exit_code
+    except OSError as error:  # a full disk, an I/O error, a path that is not a folder: one line, never a traceback
+        print(f"appliance bundle {args.bundle_command}: {os_failure(error)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def os_failure(error: OSError) -> str:
+    """What failed on which file, and where to look: the step stopped there and can be run again."""
+    where = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
+    return (
+        f"{where or 'a file'}: {error.strerror or error} (errno {error.errno}); nothing after this step ran: "
+        "free space or fix that path, then run the same command again ('appliance bundle status' shows the release "
+        "in use)"
+    )
 
 
 def _verify(args) -> int:
@@ -123,11 +136,18 @@ def _uninstall(args) -> int:
 
 def _status(args) -> int:
     from appliance.bundle.drain import pending
-    from appliance.bundle.lifecycle import current, previous
+    from appliance.bundle.lifecycle import current, interrupted, previous
 
     now, before = current(args.state_dir), previous(args.state_dir)
     print(f"in use: {now.version + ' (' + now.image + ', ' + now.runtime + ', ' + now.device + ')' if now else 'none'}")
-    print(f"rollback returns to: {before.version if before else 'nothing recorded'}")
+    unfinished = interrupted(args.state_dir)
+    back = now if unfinished is not None and now is not None else before  # an unfinished swap is undone first
+    print(f"rollback returns to: {back.version if back else 'nothing recorded'}")
+    if unfinished is not None:
+        print(
+            f"the swap to {unfinished[0]} did not finish (stopped half-way): run its install again to finish it"
+            + (f", or 'appliance bundle rollback' to return to {now.version}" if now else "")
+        )
     held = pending(args.state_dir)
     if held:
         print(

@@ -13,6 +13,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.durable import fsync_dir
 from appliance.errors import ApplianceError
 
 
@@ -89,15 +90,24 @@ def _set_meta(db: sqlite3.Connection, version: int, readable_by: int) -> None:
 
 
 def _backup(db: sqlite3.Connection, path: Path, version: int) -> None:
-    """The file as it was, beside it, once per schema (SQLite's online backup: consistent under WAL)."""
+    """The file as it was, beside it, once per schema (SQLite's online backup: consistent under WAL), its name
+    durable before the migration commits; on a full disk nothing half-copied stays and the store is untouched."""
     copy = path.with_name(f"{path.name}.schema-{version}")
     if copy.exists():
         return
     partial = copy.with_name(copy.name + ".partial")
-    target = sqlite3.connect(partial)
     try:
-        db.backup(target)
-    finally:
-        target.close()
-    partial.chmod(path.stat().st_mode & 0o777)
-    partial.rename(copy)
+        target = sqlite3.connect(partial)
+        try:
+            db.backup(target)
+        finally:
+            target.close()
+        partial.chmod(path.stat().st_mode & 0o777)
+        partial.rename(copy)
+        fsync_dir(path.parent)
+    except (sqlite3.Error, OSError) as error:
+        partial.unlink(missing_ok=True)
+        raise SchemaError(
+            f"cannot keep a copy of {path} (schema {version}) before migrating it to schema {SCHEMA_VERSION}: "
+            f"{error}; the store is unchanged: free space in {path.parent}, then start the appliance again"
+        ) from None

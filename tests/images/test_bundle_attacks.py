@@ -62,6 +62,34 @@ def test_a_listed_file_with_a_setuid_or_setgid_bit_is_refused(signed: Path, sign
     assert not (bundle.parent / "state" / "verified").exists()
 
 
+NAMES = st.binary(min_size=1, max_size=24).filter(lambda name: b"/" not in name and b"\0" not in name)
+AWKWARD = st.sampled_from([b"a\nb", b"\xff\xfe", b"x\x1b[2Jy", b"back\\slash", b"nel\xc2\x85", b"\xe2\x80\xa8"])
+
+
+@ONCE_EACH
+@given(name=AWKWARD | NAMES, where=st.sampled_from(["", "docs", "models"]))
+def test_an_added_entry_of_any_name_is_refused_in_one_printable_line(
+    signed: Path, signing_key, tmp_path_factory, name, where
+):
+    """A name with a newline, escape sequence or bytes that are not UTF-8 is refused like any added file, and the
+    refusal stays one line a terminal prints as it is (a newline in a name once split it, a non-UTF-8 byte made
+    it unprintable)."""
+    if name in (b".", b".."):
+        return
+    bundle = copy_of(signed, tmp_path_factory.mktemp("names"))
+    folder = os.path.join(os.fsencode(bundle), os.fsencode(where)) if where else os.fsencode(bundle)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name), "wb"):
+        pass
+
+    with pytest.raises(BundleRefused) as refused:
+        verify_bundle(bundle, signing_key.keyring, None)
+
+    message = str(refused.value)
+    assert message.startswith("refused: ") and message.isprintable(), ascii(message)
+    message.encode("utf-8")  # stderr can print it
+
+
 # ----- folders above the bundle and the key --------------------------------------------------------------------
 
 MODES = st.integers(min_value=0o500, max_value=0o777).map(lambda mode: mode | 0o500)  # root reads, walks it

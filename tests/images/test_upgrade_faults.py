@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,100 @@ def test_two_installs_rollbacks_or_uninstalls_never_run_at_once(box):
     assert box.path("/usr/local/bin/appliance").exists() and box.path("/var/lib/appliance-install/current").exists()
     again = run(box, "/opt/appliance-client/bin/" + install("0.1.0"))
     assert again.returncode == 0 and "upgrade 0.1.0 -> 0.1.0" in again.stdout, again.stderr
+
+
+def test_an_upgrade_that_fills_the_disk_while_writing_its_files_returns_to_the_release_before(box):
+    """ENOSPC after the drain and the stop (the new release's documentation, wheels and SBOMs go to a 16 KiB
+    tmpfs mounted over /usr/share/doc): the install puts 0.1.0 back and starts it, and says so in one sentence."""
+    assert run(box, "/opt/appliance-client/bin/" + install("0.1.0")).returncode == 0
+    assert run(box, "systemctl start appliance.service").returncode == 0
+    socket = box.path("/run/appliance/control.sock")
+    wait_for(lambda: Client(socket, timeout=60).status(), 60, "the 0.1.0 daemon")
+    docs = box.path("/usr/share/doc")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(docs)], check=True)
+    try:
+        failed = run(box, "/opt/appliance-client/bin/" + install("0.2.0"))
+    finally:
+        subprocess.run(["umount", "--lazy", str(docs)], check=True)
+
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "Traceback" not in failed.stderr and len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    assert "No space left on device" in failed.stderr and "0.1.0 runs again" in failed.stderr, failed.stderr
+    assert Client(socket, timeout=60).status().version == "0.1.0", log(box)
+    assert run(box, "appliance bundle status").stdout.startswith("in use: 0.1.0 ")
+    assert os.readlink(box.path("/var/lib/appliance-models/current")) == "0.1.0"
+    assert "Image=localhost/appliance:0.1.0" in box.path("/etc/containers/systemd/appliance.container").read_text()
+
+
+def test_a_rollback_after_an_upgrade_killed_half_way_returns_to_the_release_in_use(box):
+    """kill -9 of the installer at the swap (at its daemon-reload: models and units are the new release's, the
+    service stopped, the records still name 0.1.0): status says so, and rollback puts 0.1.0 back and runs it,
+    where it said 'nothing to roll back to' (no release before 0.1.0 is recorded)."""
+    assert run(box, "/opt/appliance-client/bin/" + install("0.1.0")).returncode == 0
+    assert run(box, "systemctl start appliance.service").returncode == 0
+    socket = box.path("/run/appliance/control.sock")
+    wait_for(lambda: Client(socket, timeout=60).status(), 60, "the 0.1.0 daemon")
+    standin = box.path("/usr/local/sbin/systemctl")
+    standin.rename(standin.with_name("systemctl.real"))
+    standin.write_text(
+        '#!/bin/sh\nif [ "$1" = daemon-reload ] && rm /root/kill-at-reload 2>/dev/null; then kill -9 "$PPID"; fi\n'
+        'exec /usr/local/sbin/systemctl.real "$@"\n'
+    )
+    standin.chmod(0o755)
+    box.path("/root/kill-at-reload").write_text("")
+
+    killed = run(box, "/opt/appliance-client/bin/" + install("0.2.0"))
+    assert killed.returncode != 0 and not box.path("/root/kill-at-reload").exists(), killed.stdout + killed.stderr
+    assert os.readlink(box.path("/var/lib/appliance-models/current")) == "0.2.0"  # half-way indeed
+    halfway = run(box, "appliance bundle status").stdout
+    back = run(box, "appliance bundle rollback")
+    status = run(box, "appliance bundle status").stdout
+
+    assert "the swap to 0.2.0 did not finish" in halfway and "rollback returns to: 0.1.0" in halfway, halfway
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert Client(socket, timeout=60).status().version == "0.1.0", log(box)
+    assert status.startswith("in use: 0.1.0 ") and "did not finish" not in status, status
+    assert os.readlink(box.path("/var/lib/appliance-models/current")) == "0.1.0"
+    assert "Image=localhost/appliance:0.1.0" in box.path("/etc/containers/systemd/appliance.container").read_text()
+
+
+def test_an_uninstall_whose_stop_fails_removes_nothing(box):
+    """`uninstall --purge` while the service will not stop (a stop that times out, here a systemctl whose stop
+    fails): it refuses before removing units, images or data, where it pulled them from under the daemon."""
+    assert run(box, "/opt/appliance-client/bin/" + install("0.1.0")).returncode == 0
+    assert run(box, "systemctl start appliance.service").returncode == 0
+    socket = box.path("/run/appliance/control.sock")
+    wait_for(lambda: Client(socket, timeout=60).status(), 60, "the 0.1.0 daemon")
+    standin = box.path("/usr/local/sbin/systemctl")
+    standin.rename(standin.with_name("systemctl.real"))
+    standin.write_text(
+        '#!/bin/sh\ncase "$1" in stop|disable) exit 1 ;; esac\nexec /usr/local/sbin/systemctl.real "$@"\n'
+    )
+    standin.chmod(0o755)
+
+    refused = run(box, "appliance bundle uninstall --purge")
+
+    assert refused.returncode == 1 and "did not stop, so nothing was removed" in refused.stderr, refused.stderr
+    assert Client(socket, timeout=60).status().version == "0.1.0"
+    assert box.path("/var/lib/appliance/appliance.db").exists() and box.path("/usr/local/bin/appliance").exists()
+    assert box.path("/etc/containers/systemd/appliance.container").exists()
+    assert run(box, "appliance bundle status").stdout.startswith("in use: 0.1.0 ")
+
+
+def test_an_upgrade_over_a_daemon_that_does_not_answer_still_swaps(box):
+    """The service is active but its daemon does not answer (here its socket is gone): the drain cannot ask it
+    anything, so the upgrade says so and stops the service (whose stop chain checkpoints running jobs) instead
+    of ending with "start it with 'appliance serve'" and leaving a box nobody can upgrade or roll back. The 0.2.0
+    of these tests does not start, so the end is 0.1.0 running again."""
+    assert run(box, "/opt/appliance-client/bin/" + install("0.1.0")).returncode == 0
+    assert run(box, "systemctl start appliance.service").returncode == 0
+    socket = box.path("/run/appliance/control.sock")
+    wait_for(lambda: Client(socket, timeout=60).status(), 60, "the 0.1.0 daemon")
+    socket.unlink()
+
+    upgrade = run(box, "/opt/appliance-client/bin/" + install("0.2.0"))
+
+    assert "no drain: the daemon does not answer" in upgrade.stdout, upgrade.stdout + upgrade.stderr
+    assert "returning to 0.1.0" in upgrade.stdout and "0.1.0 runs again" in upgrade.stderr, upgrade.stderr
+    assert Client(socket, timeout=60).status().version == "0.1.0", log(box)
+    assert "did not finish" not in run(box, "appliance bundle status").stdout

@@ -46,3 +46,17 @@ def test_each_alert_fires_when_it_should():
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert alerts == tested, "every alert needs a case in alerts.test.yml"
+
+
+def test_every_appliance_metric_an_alert_names_is_one_the_daemon_exposes():
+    """alerts.test.yml feeds promtool series by name: a rule on a misspelt or renamed metric passes it and never
+    fires on a box. Every appliance_* name in alerts.yml must be a sample the daemon's registry exposes."""
+    import yaml
+    from test_dashboard_file import METRIC_NAME, daemon_sample_names
+
+    rules = yaml.safe_load((IMAGES / "alerts.yml").read_text())["groups"]
+    named = {n for group in rules for rule in group["rules"] for n in METRIC_NAME.findall(rule["expr"])}
+    named = {name for name in named if name.startswith("appliance_")}
+
+    assert {"appliance_jobs", "appliance_worker_restarts_total", "appliance_last_step_timestamp_seconds"} <= named
+    assert sorted(named - daemon_sample_names()) == []

@@ -142,3 +142,31 @@ def test_an_install_refuses_a_release_that_cannot_read_the_store_on_disk(tmp_pat
 
     assert "\n" not in str(refused.value)
     assert f"appliance 0.1.0 reads job store schema {SCHEMA_VERSION}" in str(refused.value)
+
+
+def test_a_full_disk_before_a_migration_leaves_the_store_as_it_was(tmp_path: Path):
+    """ENOSPC while the copy of a schema 1 store is taken (a real one: a tmpfs a copy does not fit on): one
+    sentence naming the store and what to free, no half copy left, the store still schema 1 with its jobs."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], check=True)
+    try:
+        path = schema_1_store(disk)
+        db = sqlite3.connect(path)
+        db.execute("INSERT INTO events (job_id, time, kind, data) VALUES ('aaaaaaaaaa', 3, 'log', ?)", ("x" * 300_000,))
+        db.commit()
+        db.close()
+
+        with pytest.raises(SchemaError) as refused:
+            JobStore(path)
+
+        assert f"cannot keep a copy of {path}" in str(refused.value) and f"free space in {disk}" in str(refused.value)
+        assert not list(disk.glob("*.schema-1*"))
+        assert meta(path) == {"schema_version": "1"}
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
