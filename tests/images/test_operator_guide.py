@@ -26,12 +26,21 @@ def image_arguments() -> list[str]:
     return json.loads(command[0][len("CMD ") :])
 
 
-def test_the_control_port_drop_in_keeps_the_image_arguments_and_adds_the_port():
-    exec_lines = [line for line in GUIDE.splitlines() if line.startswith("Exec=")]
-    assert len(exec_lines) == 1, exec_lines
-    arguments = exec_lines[0][len("Exec=") :].split()
+def test_every_drop_in_keeps_the_image_arguments_and_adds_only_options_the_daemon_has():
+    exec_lines = [line[len("Exec=") :].split() for line in GUIDE.splitlines() if line.startswith("Exec=")]
+    shown = subprocess.run(
+        [sys.executable, "-m", "appliance", "serve", "--help"], capture_output=True, text=True, cwd=REPO_ROOT
+    )
 
-    assert arguments[: len(image_arguments())] == image_arguments()
+    assert len(exec_lines) >= 2 and shown.returncode == 0, shown.stderr
+    for arguments in exec_lines:
+        assert arguments[: len(image_arguments())] == image_arguments()  # Exec= replaces them: it repeats them
+        added = [word for word in arguments[len(image_arguments()) :] if word.startswith("--")]
+        assert [option for option in added if not re.search(rf"^\s+{option}\b", shown.stdout, re.MULTILINE)] == []
+
+
+def test_the_control_port_drop_in_adds_the_port_and_its_token():
+    [arguments] = [line.split() for line in GUIDE.splitlines() if line.startswith("Exec=") and "--control-addr" in line]
     added = arguments[len(image_arguments()) :]
     assert added == ["--control-addr", "0.0.0.0:9470", "--control-token-file", "/run/secrets/control.token"]
     assert "Volume=/etc/appliance/control.token:/run/secrets/control.token:ro,Z" in GUIDE
