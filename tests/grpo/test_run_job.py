@@ -15,6 +15,7 @@ from appliance.job_checks import load_checked_job
 from appliance.errors import JobStopped
 from appliance.grpo.distributed import one_process
 from appliance.grpo.run import build_trainer
+from appliance.grpo.rollout import rule_rewards
 from appliance.grpo.run import run_job
 from appliance.grpo.step_record import StepRecord
 
@@ -268,9 +269,9 @@ def test_held_out_evaluation_through_the_merged_copy_equals_the_students_own(tin
         assert evaluated.reward_means == pytest.approx(direct.reward_means)
 
     def direct(adapter: bool):
-        return evaluate_student(
-            trainer.student, trainer.task, trainer.task.held_out, trainer.rewards_for_eval(), 12, use_adapter=adapter
-        )
+        task = trainer.source.task
+        rewards = rule_rewards(trainer.source.rewards)
+        return evaluate_student(trainer.student, task, task.held_out, rewards, 12, use_adapter=adapter)
 
     same(trainer.evaluate_held_out(adapter=False), direct(adapter=False))
     trainer.train_step()
