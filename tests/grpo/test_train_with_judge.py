@@ -51,8 +51,12 @@ def test_training_with_judge_reward_completes_and_logs_every_call(tmp_path, fres
         judge = record["rewards"]["judge"]
         assert 0.0 <= judge["mean"] <= 1.0 and judge["std"] >= 0.0
     calls = [json.loads(line) for line in (job_dir / "judge.jsonl").read_text().splitlines()]
-    # group mode: one logged call per group, 2 groups per step
-    assert sorted(call["step"] for call in calls) == [1, 1, 2, 2]
+    # group mode: each of a step's 2 groups read in judge.group_orders (4) orders, beside the differential check's
+    # reading of the groups' answer cores in each order (at most one per group)
+    full = sorted((call["step"], call["order"]) for call in calls if call["view"] == "full")
+    assert full == sorted([(step, order) for step in (1, 2) for order in range(4)] * 2)
+    core = [(call["step"], call["order"]) for call in calls if call["view"] == "core"]
+    assert len(full) + len(core) == len(calls) and all(core.count(key) <= 2 for key in core)
     for call in calls:
         assert call["outcome"] == "ok" and call["scoring"] == "probabilities" and call["mode"] == "group"
         assert {"prompt", "raw_output", "scores", "retries", "latency_seconds"} <= set(call)
