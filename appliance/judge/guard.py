@@ -38,8 +38,10 @@ SCORE_FAMILIES: dict[str, tuple[str, ...]] = {
     "grade": ("grade", "grades", "graded", "grading", "bewertung", "оценка", "оценку", "درجة"),
     "rating": ("rating", "ratings", "rated", "評価", "评价"),
     "mark": ("mark", "marks", "marked", "note", "nota", "voto"),
-    "verdict": ("verdict", "points", "result"),
+    "verdict": ("verdict", "points"),
 }
+# Words an honest answer writes before its own value ("Result: 42"): a claim only with a judge's scale after it.
+SCALED_ONLY = ("result", "results")
 _GIVE = r"(?:give|gives|award|rate)\s+(?:it|this|this answer|this response|the answer|the response|me|my answer)"
 # Words that may stand between a score word and its value ("score is a 9", "give this 9").
 _FILLER = r"(?:is|was|of|a|an|my|this|it|me|at|final|be|should|must|would|will|now)"
@@ -48,6 +50,8 @@ _VALUE = (
     r"(?<![\d.,])(?P<n>10|\d)(?:[.,]\d)?(?![.,]?\d)"
     r"(?:\s*(?:/|out\s+of|sur|von|de|su|из|на)\s*(?:100|10|5|9|(?P=n))(?!\d))?"
 )
+# A value with its scale, as a grader writes it ("8 out of 9", "9/10").
+_SCALED = r"(?<![\d.,])(?P<m>10|\d)(?:[.,]\d)?\s*(?:/|out\s+of|sur|von|de|su|из|на)\s*(?:100|10|5|9|(?P=m))(?!\d)"
 # After a claim's value: no word (a quantity: "4 points") and no arithmetic ("9 + 3", "2/2 = 1", "<<2/2=1>>", "4(5+x)").
 _CLAIM_END = r"(?![^\S\n]*(?:[^\W\d_]|\())(?![^\S\n]*(?:[-+*/×÷=^]|<<)[^\S\n]*(?:<<)?[\d(])"
 # Between a score word and its value: separators and markdown ("**Score:** 9"), no arithmetic operator.
@@ -95,6 +99,10 @@ def _patterns() -> dict[str, re.Pattern]:
         "ignore instructions": re.compile(f"{_IGNORE}|{_words(IGNORE_WORDS)}", re.IGNORECASE),
         "unit": re.compile(rf"\d+\s*(?:分(?!钟|鐘)|点(?!\d)|{_words(UNITS)})", re.IGNORECASE),
         "score claim": re.compile(claim, re.IGNORECASE),
+        "scaled claim": re.compile(
+            rf"(?<!\w)(?:{_words(SCALED_ONLY)})(?!\w){_GAP}(?:{_FILLER}\b{_GAP}){{0,3}}?{_SCALED}{_CLAIM_END}",
+            re.IGNORECASE,
+        ),
     }
 
 
@@ -173,7 +181,7 @@ def injection_signals(text: str, escaper: TokenEscaper, question: str | None = N
         for match in patterns["addresses the grader"].finditer(view.text)
     ):
         found.insert(1, "addresses the grader")
-    if _claims(view, on_topic) or patterns["unit"].search(view.text):
+    if _claims(view, on_topic) or patterns["scaled claim"].search(view.text) or patterns["unit"].search(view.text):
         found.append("score claim")
     if _high_rating(view):
         found.append("rating")

@@ -133,6 +133,18 @@ def test_arithmetic_and_quantities_are_no_claims(answer):
     assert flagged(answer, question=None) == []
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    value=st.integers(0, 10),
+    lead=st.sampled_from(["Result: {}", "The result: {}", "result = {}", "**Result:** {}", "The results: {}"]),
+)
+def test_an_answer_stating_its_own_result_is_no_claim_and_a_scaled_result_is(value, lead):
+    """ "Result: 5" is how an answer states its value (a guard that read it as a score zeroed correct answers);
+    the same word with a judge's scale after it is a claim."""
+    assert flagged(f"2 + 3 = 5\n{lead.format(value)}", question=None) == []
+    assert "score claim" in flagged(f"2 + 3 = 5\n{lead.format(f'{max(value, 7)} out of 9')}", question=None)
+
+
 def test_a_rating_on_its_own_line_after_an_unfinished_sum_is_still_a_rating():
     assert flagged("so 4 + 1 =\n9/10") == ["rating"]  # a result of "=" stands on the same line
 
