@@ -156,7 +156,11 @@ def test_a_transcript_longer_than_the_model_window_is_cut_and_scored(keeping_jud
         transcript = "call calculator(2, 3)\nresult: 5\n" * 2_000
         samples = [RewardSample("Add.", transcript, "5", 0), RewardSample("Add.", "<answer>5</answer>", "5", 0)]
         scores = judge(samples)
-        assert judge.window == 4096 and judge.stats()["prompts_cut"] == 1 and not any(judge.last_failed)
+        assert (
+            judge.window == 4096
+            and judge.stats()["prompts_cut"] == judge.stats()["requests"] == 2
+            and not any(judge.last_failed)
+        )
         assert all(0.0 <= score <= 1.0 for score in scores)
     finally:
         local.close()
