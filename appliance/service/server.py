@@ -241,12 +241,7 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     app = create_app(daemon, control_token=control_token, admin_gid=admin_gid)
-    # The listener's body cap is the largest route's (a submission's, with its upload); routes hold their own.
-    largest = max(daemon.submit_body_limit, daemon.trajectory_body_limit)
-    gates = [ConnectionGate("control socket", replace(fit_caps(SOCKET_LIMITS, 0.5), max_body_bytes=largest))]
-    if tcp is not None:
-        limits = replace(fit_caps(TCP_LIMITS, 0.25), max_body_bytes=largest)
-        gates.append(ConnectionGate("control port", limits, on_summary=_audit_summary(daemon)))
+    gates = _control_gates(daemon, tcp is not None)
     servers = [_server(app, gate) for gate in gates]
     daemon.supervisor.start()
     daemon.start_housekeeping()
@@ -283,6 +278,17 @@ async def _serve(
         _flush(gate)
     if watchdog:
         watchdog.cancel()
+
+
+def _control_gates(daemon: Daemon, with_tcp: bool) -> list[ConnectionGate]:
+    """The caps of the control socket and, when asked, of the TCP control port."""
+    # The listener's body cap is the largest route's (a submission's, with its upload); routes hold their own.
+    largest = max(daemon.submit_body_limit, daemon.trajectory_body_limit)
+    gates = [ConnectionGate("control socket", replace(fit_caps(SOCKET_LIMITS, 0.5), max_body_bytes=largest))]
+    if with_tcp:
+        limits = replace(fit_caps(TCP_LIMITS, 0.25), max_body_bytes=largest)
+        gates.append(ConnectionGate("control port", limits, on_summary=_audit_summary(daemon)))
+    return gates
 
 
 def _server(app, gate: ConnectionGate) -> "_Server":
