@@ -65,10 +65,10 @@ def test_two_vllm_steps_sync_the_adapter_and_agree_with_the_trainer(tmp_path, fr
     engine, student = trainer.engine, trainer.student
     try:
         assert engine.kind == "vllm"
-        problem = trainer.task.train[0]
-        prompt_ids = student.tokenizer(engine.render_chat(trainer.task.messages(problem)), add_special_tokens=False)[
-            "input_ids"
-        ]
+        problem = trainer.source.task.train[0]
+        prompt_ids = student.tokenizer(
+            engine.render_chat(trainer.source.task.messages(problem)), add_special_tokens=False
+        )["input_ids"]
         continuation = student.tokenizer(f"<answer>{problem.answer}</answer>", add_special_tokens=False)["input_ids"]
         served_before = sum(engine.continuation_logprobs(prompt_ids, continuation))
         trained_before = sum(_trainer_logprobs(student, prompt_ids, continuation))

@@ -51,6 +51,10 @@ def flip(socket_path: str, job_id: str, times: int) -> list[int]:
     ]
 
 
+def pauses(socket_path: str, job_id: str, times: int) -> list[tuple[int, dict]]:
+    return [unix_request(socket_path, "POST", f"/jobs/{job_id}/pause") for _ in range(times)]
+
+
 @needs_root
 def test_a_pause_resume_loop_is_held_to_the_rate_and_another_member_is_not(make_daemon):
     daemon = make_daemon(["--group", str(MEMBERS)])
@@ -68,8 +72,11 @@ def test_a_pause_resume_loop_is_held_to_the_rate_and_another_member_is_not(make_
         seconds = time.monotonic() - started
         ok, refused = statuses.count(200), statuses.count(429)
         assert ok <= 300 + seconds + 1 and refused >= 500 - (300 + seconds + 1), (ok, refused, seconds)
-        status, answer = as_alice(unix_request, socket_path, "POST", f"/jobs/{target}/pause")
-        assert status == 429 and "retry in" in answer["error"]
+        started = time.monotonic()
+        burst = as_alice(pauses, socket_path, target, 10)  # right after the loop: at most one a second more
+        let_through = [answer for status, answer in burst if status != 429]
+        assert len(let_through) <= time.monotonic() - started + 1, burst
+        assert any(status == 429 and "retry in" in answer["error"] for status, answer in burst), burst
         status, _ = as_user(BOB, BOB, (MEMBERS,), unix_request, socket_path, "POST", f"/jobs/{bob_job}/cancel")
         assert status == 200  # another member's own bucket is full
         audit = [json.loads(line) for line in (daemon.data_dir / "audit.jsonl").read_text().splitlines()]
