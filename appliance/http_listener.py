@@ -175,7 +175,7 @@ class ConnectionGate:
         return found
 
 
-class PipelinedTooDeep(Exception):
+class _PipelinedTooDeep(Exception):
     """Raised in the parser's callback to stop parsing a connection that pipelined too many requests."""
 
 
@@ -239,7 +239,7 @@ class GuardedProtocol(HttpToolsProtocol):
             # and raising stops the parser short of the rest of the write.
             self.gate.note(self.peer, "pipelined")
             self.evict()
-            raise PipelinedTooDeep(f"over {self.gate.limits.max_pipelined} requests pipelined on one connection")
+            raise _PipelinedTooDeep(f"over {self.gate.limits.max_pipelined} requests pipelined on one connection")
         self._cancel()
         self.waiting_since, self._in_head = None, False
         self._timer = self.loop.call_later(self.gate.limits.body_seconds, self._timed_out, 408)

@@ -12,6 +12,7 @@ CONTROL_FLOW = {
     "appliance.engines.openai_remote._Failure",  # one request's outcome, turned into a Completion.error
     "appliance.engines.openai_server._ServiceClosed",  # the served model went away; the request gets a 503
     "appliance.service.control._BodyTooLarge",  # the body limit middleware's early exit, answered as a 413
+    "appliance.http_listener._PipelinedTooDeep",  # stops the HTTP parser of a connection the listener drops
 }
 
 

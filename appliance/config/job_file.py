@@ -300,12 +300,31 @@ def _value_at(data: Any, path: tuple) -> Any:
     return data if isinstance(data, str) else None
 
 
+def _path_of(node: yaml.Node, mark: yaml.Mark, path: tuple = ()) -> tuple | None:
+    """The key path of the value that starts at `mark` in a composed document (no value built), if any."""
+    if node.start_mark.index == mark.index and not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        return path
+    if isinstance(node, yaml.MappingNode):
+        children = [(key.value, value) for key, value in node.value]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(enumerate(node.value))
+    else:
+        return None
+    for part, child in children:
+        if child.start_mark.index <= mark.index <= child.end_mark.index:
+            found = _path_of(child, mark, path + (part,))
+            if found is not None:
+                return found
+    return None
+
+
 def parse_job(text: str, file: str = "<job>") -> ParsedJob:
     """Parse and validate YAML text; every problem found is in the result's `errors`."""
     problem = _text_problem(text, file)
     if problem is not None:
         return ParsedJob(file, None, {}, None, [problem])
     loader = JobLoader(text)
+    root = None
     try:
         problem = _shape_problem(text, file)
         if problem is not None:
@@ -318,7 +337,8 @@ def parse_job(text: str, file: str = "<job>") -> ParsedJob:
         column = f", column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         kind = "a value cannot be read" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
-        return ParsedJob(file, None, {}, None, [ConfigError(file, "", f"{kind}{column}: {problem}", line)])
+        key = dotted(_path_of(root, mark) or ()) if root is not None and mark is not None else ""
+        return ParsedJob(file, None, {}, None, [ConfigError(file, key, f"{kind}{column}: {problem}", line)])
     except (ValueError, OverflowError, RecursionError) as exc:  # a value the loader cannot build (a 5000-digit int)
         message = f"a value cannot be read ({str(exc).split(';')[0][:MAX_SHOWN_VALUE]}); write it out plainly"
         return ParsedJob(file, None, {}, None, [ConfigError(file, "", message)])

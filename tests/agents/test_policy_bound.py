@@ -252,8 +252,9 @@ def test_an_external_job_serves_with_its_grpo_sampling_and_staleness(tiny_engine
     )
     source = make_source(spec, tiny_engine, tmp_path, job_dir=tmp_path)
     try:
-        # grpo.max_new_tokens (default 128) is the most a turn is served
-        assert source.service.policy == SamplingPolicy(temperature=0.8, top_p=0.95, max_tokens=128)
+        # grpo.max_new_tokens (default 128) is the most a turn is served, grpo.group_size the most completions a call
+        expected = SamplingPolicy(temperature=0.8, top_p=0.95, max_tokens=128, max_n=spec.grpo.group_size)
+        assert source.service.policy == expected
         assert source.max_staleness == 2
     finally:
         source.close()
