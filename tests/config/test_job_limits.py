@@ -209,7 +209,7 @@ def test_what_a_terminal_is_shown_reorders_nothing_and_steers_nothing(text, bidi
 def test_a_value_the_loader_cannot_build_is_an_error_not_a_crash():
     parsed = parse_job("name: x\ngrpo: {steps: " + "9" * 5000 + "}\n", "digits.yaml")
     assert parsed.spec is None and "a value cannot be read, column 15: a number of 5000" in parsed.errors[0].message
-    assert parsed.errors[0].line == 2
+    assert parsed.errors[0].line == 2 and parsed.errors[0].key == "grpo.steps"
 
 
 NUMBER_FORMS = {
@@ -234,6 +234,7 @@ def test_a_number_of_any_size_or_base_is_refused_at_its_line_before_it_is_built(
     if len(written) > MAX_NUMBER_CHARS:
         [error] = parsed.errors
         assert error.line == 1 and "a value cannot be read" in error.message and written not in str(error)
+        assert error.key == "grpo.steps"  # named, though refused before any value is built
     else:
         assert all(text_problem(escaped(str(e)), multiline=True) is None for e in parsed.errors)
         assert parsed.data is None or all(abs(v) <= MAX_INTEGER for v in numbers_of(parsed.data))
