@@ -74,7 +74,9 @@ def test_the_judge_ranks_a_group_of_trajectories_in_one_call(judge_engine, token
             ],
         ),
     ]
-    judge = Judge(JudgeSpec(model="smollm2-135m-instruct", mode="group"), judge_engine, log_path=tmp_path / "j.jsonl")
+    # The fewest orders a group is read in: the group and its reverse.
+    spec = JudgeSpec(model="smollm2-135m-instruct", mode="group", group_orders=2)
+    judge = Judge(spec, judge_engine, log_path=tmp_path / "j.jsonl")
     scored = score_trajectories(
         "builtin:calculator",
         groups,
@@ -88,8 +90,8 @@ def test_the_judge_ranks_a_group_of_trajectories_in_one_call(judge_engine, token
     scores = scored.scores.per_function["judge"]
     assert len(scores) == 6 and all(0.0 <= score <= 1.0 for score in scores)
     calls = [json.loads(line) for line in (tmp_path / "j.jsonl").read_text().splitlines()]
-    assert len(calls) == 8 and all(call["mode"] == "group" for call in calls)  # per scenario, its four orders
-    assert [call["order"] for call in calls] == [0, 1, 2, 3] * 2
+    assert len(calls) == 4 and all(call["mode"] == "group" for call in calls)  # per scenario, its two orders
+    assert [call["order"] for call in calls] == [0, 1] * 2
     assert {call["view"] for call in calls} == {"full"}  # a transcript has no numeric reference: no differential
     first = calls[0]["prompt"]
     assert "What is 12 * 34?" in first and "What is 21 * 43?" not in first  # the scenario is the prompt
