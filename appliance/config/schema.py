@@ -8,7 +8,7 @@ that need the outside world (model store, dataset files, reward registry).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -41,12 +41,13 @@ Name = Line(limits.MAX_NAME_CHARS, min_length=1)
 PathText = Line(limits.MAX_PATH_CHARS, min_length=1)
 # A key of a free-form mapping (environment_options, reward params, chat_template_kwargs) and its values.
 Key = Line(limits.MAX_KEY_CHARS, min_length=1)
-Scalar = (
-    bool
-    | Int(-limits.MAX_OPTION_NUMBER, limits.MAX_OPTION_NUMBER)
-    | Num(-limits.MAX_OPTION_NUMBER, limits.MAX_OPTION_NUMBER)
-    | Line(limits.MAX_OPTION_CHARS)
-)
+# Union, not "|": the client imports this module on CPython 3.9, where "|" of these types fails at import.
+Scalar = Union[
+    bool,
+    Int(-limits.MAX_OPTION_NUMBER, limits.MAX_OPTION_NUMBER),
+    Num(-limits.MAX_OPTION_NUMBER, limits.MAX_OPTION_NUMBER),
+    Line(limits.MAX_OPTION_CHARS),
+]
 Options = Annotated[dict[Key, Scalar], Field(max_length=limits.MAX_OPTIONS)]
 
 

@@ -20,6 +20,9 @@ from appliance.service.client import Client
 from box_support import REPO_ROOT, admin_box, copy_tree, make_bundle
 from daemon_support import wait_for
 
+# A newcomer's box per test (tens of seconds each): run with the slow tier, beside nothing lighter.
+pytestmark = pytest.mark.slow
+
 MIGRATIONS = "opt/appliance/src/appliance/service/store_migrations.py"
 
 
