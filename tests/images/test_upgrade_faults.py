@@ -151,21 +151,28 @@ def test_an_upgrade_that_fills_the_disk_while_writing_its_files_returns_to_the_r
     assert "Image=localhost/appliance:0.1.0" in box.path("/etc/containers/systemd/appliance.container").read_text()
 
 
-def test_a_rollback_after_an_upgrade_killed_half_way_returns_to_the_release_in_use(box):
-    """kill -9 of the installer at the swap (at its daemon-reload: models and units are the new release's, the
-    service stopped, the records still name 0.1.0): status says so, and rollback puts 0.1.0 back and runs it,
-    where it said 'nothing to roll back to' (no release before 0.1.0 is recorded)."""
+def running_with_systemctl(box, before: str) -> Path:
+    """0.1.0 installed and its daemon answering, then a systemctl stand-in that runs `before` (shell) ahead of the
+    real one: the fault the test injects. The control socket's path."""
     assert run(box, "/opt/appliance-client/bin/" + install("0.1.0")).returncode == 0
     assert run(box, "systemctl start appliance.service").returncode == 0
     socket = box.path("/run/appliance/control.sock")
     wait_for(lambda: Client(socket, timeout=60).status(), 60, "the 0.1.0 daemon")
     standin = box.path("/usr/local/sbin/systemctl")
     standin.rename(standin.with_name("systemctl.real"))
-    standin.write_text(
-        '#!/bin/sh\nif [ "$1" = daemon-reload ] && rm /root/kill-at-reload 2>/dev/null; then kill -9 "$PPID"; fi\n'
-        'exec /usr/local/sbin/systemctl.real "$@"\n'
-    )
+    standin.write_text(f'#!/bin/sh\n{before}exec /usr/local/sbin/systemctl.real "$@"\n')
     standin.chmod(0o755)
+    return socket
+
+
+def test_a_rollback_after_an_upgrade_killed_half_way_returns_to_the_release_in_use(box):
+    """kill -9 of the installer at the swap (at its daemon-reload: models and units are the new release's, the
+    service stopped, the records still name 0.1.0): status says so, and rollback puts 0.1.0 back and runs it,
+    where it said 'nothing to roll back to' (no release before 0.1.0 is recorded)."""
+    socket = running_with_systemctl(
+        box,
+        'if [ "$1" = daemon-reload ] && rm /root/kill-at-reload 2>/dev/null; then kill -9 "$PPID"; fi\n',
+    )
     box.path("/root/kill-at-reload").write_text("")
 
     killed = run(box, "/opt/appliance-client/bin/" + install("0.2.0"))
@@ -186,16 +193,7 @@ def test_a_rollback_after_an_upgrade_killed_half_way_returns_to_the_release_in_u
 def test_an_uninstall_whose_stop_fails_removes_nothing(box):
     """`uninstall --purge` while the service will not stop (a stop that times out, here a systemctl whose stop
     fails): it refuses before removing units, images or data, where it pulled them from under the daemon."""
-    assert run(box, "/opt/appliance-client/bin/" + install("0.1.0")).returncode == 0
-    assert run(box, "systemctl start appliance.service").returncode == 0
-    socket = box.path("/run/appliance/control.sock")
-    wait_for(lambda: Client(socket, timeout=60).status(), 60, "the 0.1.0 daemon")
-    standin = box.path("/usr/local/sbin/systemctl")
-    standin.rename(standin.with_name("systemctl.real"))
-    standin.write_text(
-        '#!/bin/sh\ncase "$1" in stop|disable) exit 1 ;; esac\nexec /usr/local/sbin/systemctl.real "$@"\n'
-    )
-    standin.chmod(0o755)
+    socket = running_with_systemctl(box, 'case "$1" in stop|disable) exit 1 ;; esac\n')
 
     refused = run(box, "appliance bundle uninstall --purge")
 
