@@ -35,8 +35,12 @@ lint: venv
 	$(BIN)/ruff check appliance tui tests bench
 	$(BIN)/lint-imports
 
+# Test files run on TEST_WORKERS processes (pytest-xdist), a whole file per worker, the longest first
+# (tests/tier_budget.py orders them): most tests wait on daemons, ranks and imports rather than compute.
+TEST_WORKERS ?= 2
+
 test: venv lint
-	$(BIN)/python -m pytest --durations=15
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not model and not slow and not vllm and not image"

@@ -16,6 +16,12 @@ from pathlib import Path
 import pytest
 from store_support import link_model_store
 
+from appliance.ranks import share_cores
+
+# Parallel test workers (pytest-xdist) share the box's cores as a job's ranks do, set before torch is imported:
+# each worker's torch would otherwise start a thread per core, and its processes inherit the share.
+share_cores(os.environ, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
 pytest_plugins = ["tier_budget"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

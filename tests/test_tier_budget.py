@@ -49,13 +49,20 @@ def test_tiers_within_budget_pass_and_print_their_time(pytester, monkeypatch):
     assert "OVER BUDGET" not in result.stdout.str()
 
 
-def test_modules_run_fast_tier_first_and_stay_whole(pytester, monkeypatch):
-    # test_a holds a model test and a fast one: the whole module goes after test_b's fast tests, in its own order.
+def test_modules_run_heaviest_tier_first_and_stay_whole(pytester, monkeypatch):
+    # test_b holds a fast test and a model one: the whole module goes before test_a's fast tests, in its own order.
     pytester.makepyfile(
-        test_a="import pytest\n\n@pytest.mark.model\ndef test_heavy():\n    pass\n\ndef test_light():\n    pass\n",
-        test_b="def test_one():\n    pass\n\ndef test_two():\n    pass\n",
+        test_a="def test_one():\n    pass\n\ndef test_two():\n    pass\n",
+        test_b="import pytest\n\ndef test_light():\n    pass\n\n@pytest.mark.model\ndef test_heavy():\n    pass\n",
     )
     result = _run(pytester, monkeypatch, 60.0, "-v", "test_a.py", "test_b.py")
     ran = [line.split(" ")[0] for line in result.stdout.lines if " PASSED" in line]
     assert result.ret == pytest.ExitCode.OK
-    assert ran == ["test_b.py::test_one", "test_b.py::test_two", "test_a.py::test_heavy", "test_a.py::test_light"]
+    assert ran == ["test_b.py::test_light", "test_b.py::test_heavy", "test_a.py::test_one", "test_a.py::test_two"]
+
+
+def test_parallel_workers_report_their_tiers_to_one_summary(pytester, monkeypatch):
+    # `make test` runs the suite on pytest-xdist workers: their tests' seconds reach the controller's budget check.
+    result = _run(pytester, monkeypatch, 0.1, "-n", "2", "--dist", "loadfile")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*model:*OVER BUDGET*", "*tier(s) model over budget*"])

@@ -16,10 +16,10 @@ import pytest
 # beside the suite; a clean-clone CI run with more load still beside it summed 1,527 s there (2026-11-27).
 TIER_BUDGET_SECONDS = {"slow": 1800.0, "vllm": 600.0, "image": 900.0, "model": 2400.0, "fast": 600.0}
 
-# Whole modules run in this order of their heaviest tier, the learning tests last: CI builds the image beside
-# the first ~9 minutes of the suite, and single-threaded tests give up less to it than the learning tests,
-# whose two torch threads it slowed by 57% and 81% when they ran first (614 and 362 s, 391 and 200 s alone).
-RUN_ORDER = ("fast", "model", "vllm", "image", "slow")
+# Whole modules run in this order of their heaviest tier, the learning tests first: `make test` hands whole files
+# to its parallel workers in this order, and the longest files given out first finish beside the many short ones
+# instead of after them.
+RUN_ORDER = ("slow", "image", "vllm", "model", "fast")
 
 _spent: dict[str, float] = defaultdict(float)
 
@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     heaviest: dict[str, int] = {}
     for item in items:
-        heaviest[module(item)] = max(RUN_ORDER.index(tier_of(item.keywords)), heaviest.get(module(item), 0))
+        heaviest[module(item)] = min(RUN_ORDER.index(tier_of(item.keywords)), heaviest.get(module(item), len(RUN_ORDER)))
     first_seen = {name: index for index, name in enumerate(dict.fromkeys(map(module, items)))}
     items.sort(key=lambda item: (heaviest[module(item)], first_seen[module(item)]))
 

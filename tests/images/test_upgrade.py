@@ -24,7 +24,7 @@ from appliance.service.client import Client
 from box_support import admin_box, make_bundle
 from daemon_support import tiny_job, wait_for
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 
 def guide(box, command: str, timeout: float = 900) -> subprocess.CompletedProcess:
