@@ -34,7 +34,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     heaviest: dict[str, int] = {}
     for item in items:
-        heaviest[module(item)] = min(RUN_ORDER.index(tier_of(item.keywords)), heaviest.get(module(item), len(RUN_ORDER)))
+        heaviest[module(item)] = min(
+            RUN_ORDER.index(tier_of(item.keywords)), heaviest.get(module(item), len(RUN_ORDER))
+        )
     first_seen = {name: index for index, name in enumerate(dict.fromkeys(map(module, items)))}
     items.sort(key=lambda item: (heaviest[module(item)], first_seen[module(item)]))
 
