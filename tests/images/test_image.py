@@ -17,7 +17,7 @@ from packaging_support import link_or_copy
 pytestmark = pytest.mark.image
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-GPU_EXAMPLES = {"gsm8k-qwen7b-gpu.yaml", "gsm8k-8gpu.yaml"}  # name folders under the GPU box's /models
+GPU_EXAMPLES = {"gsm8k-qwen7b-gpu.yaml"}  # name folders under the GPU box's /models
 
 
 def readable_copy(models: Path, into: Path) -> Path:
