@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from appliance.service.submission import Accepted
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+REAP_SECONDS = 10.0  # how long a killed job's processes may take to leave before its slot is freed anyway
 LOG_TAIL_LINES = 12  # a failed job's reason quotes its log's end: a traceback's last frames and the error
 
 
@@ -513,6 +514,9 @@ class Supervisor:
         returncode = worker.proc.wait()
         try:
             kill_group(worker.proc.pid)
+            # A rank killed with its launcher may still be exiting (and holding its device's memory): the slot
+            # is free only once no process of the job is left.
+            wait_gone(worker.proc.pid, REAP_SECONDS)
             if worker.reader is not None:
                 worker.reader.join(timeout=10)
             worker.channel.close()
