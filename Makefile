@@ -37,10 +37,12 @@ lint: venv
 
 # Test files run on TEST_WORKERS processes (pytest-xdist), a whole file per worker, the longest first
 # (tests/tier_budget.py orders them): most tests wait on daemons, ranks and imports rather than compute.
+# The tests that time the daemon's answers (marked serial) run after them, alone on the box.
 TEST_WORKERS ?= 2
 
 test: venv lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" --durations=15
+	$(BIN)/python -m pytest -m serial --durations=5
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not model and not slow and not vllm and not image"

@@ -97,6 +97,7 @@ def test_a_check_killed_mid_way_is_a_422_and_the_daemon_answers_on(make_daemon):
     assert not list((daemon.data_dir / "uploads").glob(".incoming-*")), "the spooled body was left behind"
 
 
+@pytest.mark.serial  # times the daemon's answers: alone on the box
 @pytest.mark.skipif(not can_switch_users(), reason="a second caller needs another uid")
 def test_one_check_at_a_time_per_caller_and_status_never_waits_behind_them(make_daemon):
     daemon = make_daemon(["--group", str(MEMBERS)])

@@ -51,6 +51,7 @@ def test_huge_limits_return_one_capped_page(busy):
     assert client.job(job_id).last_record == {"step": 200000, "loss": 0.5}
 
 
+@pytest.mark.serial  # times the daemon's answers: alone on the box
 def test_status_stays_fast_while_12_clients_page_the_judge_log(busy):
     server, job_id = busy
     stop = threading.Event()

@@ -154,6 +154,7 @@ def sample(pid: int, stop: threading.Event, found: dict) -> None:
             return
 
 
+@pytest.mark.serial  # times the daemon's answers: alone on the box
 @pytest.mark.slow
 @pytest.mark.skipif(not can_switch_users(), reason="needs root: cgroups and other uids")
 def test_the_daemon_stays_within_its_bounds_under_load_and_attack(make_daemon, tmp_path):
