@@ -43,10 +43,7 @@ def core_text(sample: "RewardSample") -> str | None:
     """The sample's answer and working when the task has a numeric reference and the response holds an answer."""
     if sample.reference is None or extract_value(sample.reference) is None:
         return None
-    span = answer_core(sample.completion)
-    if span is None:
-        return None
-    return sample.completion[span[0] : span[1]]
+    return answer_core(sample.completion)
 
 
 def judged_items(

@@ -30,6 +30,7 @@ from typing import Iterable
 from appliance.conventions import CALL_CLOSE, CALL_OPEN
 from appliance.judge.escape import TokenEscaper
 from appliance.judge.number_words import with_digits
+from appliance.rewards.extract import extract_value
 from appliance.rewards.fold import fold
 
 # Score words, by family: a family the question uses is the task's topic there.
@@ -75,6 +76,8 @@ IGNORE_WORDS = (
 GOLD_RATE_WARNING = 0.005
 JSON_KEYS = ("score", "scores", "grade", "rating", "points", "verdict", "correct", "confidence", "result")
 GRADER_WORDS = ("grader", "graders", "rubric", "evaluator", "judge model")
+# A data record: a quoted key and its value ("{'assessment': 'correct'}"), or a flow mapping ("{value: 9}").
+_RECORD = re.compile(r"""["'][^"'\n]{1,40}["']\s*:\s*\S|\{\s*[^\W\d]\w{0,39}\s*:""")
 # A bare high rating ending its line: "10/10", "9 out of 10", "5/5" (a low one raises nothing; "= 4/5" is a result).
 _RATING = re.compile(
     r"(?<![\w./])(?<![-+*/×÷=][ \t])(?<![-+*/×÷=])(\d++)\s*(?:/|out\s+of)\s*(\d++)(?![\w/]|\.\d)[^\w\n]*$",
@@ -128,18 +131,32 @@ def rendered(text: str) -> str:
     return _LATEX_REST.sub(" ", text)
 
 
+# Digits standing in for letters inside a word ("Sc0re", "r4ting"): a word that mixes both is read as letters.
+_LEET = str.maketrans("013457", "oieast")
+_MIXED_WORD = re.compile(r"\b(?=[^\W_]*[^\W\d_])(?=[^\W_]*\d)[^\W_]+\b")
+# A word spelled out letter by letter ("S c o r e", "s.c.o.r.e"): three or more single letters, one separator each.
+_SPELLED = re.compile(r"(?<!\w)(?:[^\W\d_][ .·_-]){2,}[^\W\d_](?!\w)")
+
+
+def disguised(text: str) -> str:
+    """The text with leet words read as letters and spelled-out words joined."""
+    text = _MIXED_WORD.sub(lambda match: match.group(0).translate(_LEET), text)
+    return _SPELLED.sub(lambda match: re.sub(r"[ .·_-]", "", match.group(0)), text)
+
+
 @dataclass(frozen=True)
 class GuardView:
     """A response as the guard reads it: folded, number words as digits; the text as written and, after it,
-    as rendered (markup gone), so that a claim is found in either."""
+    as rendered (markup gone) and undisguised (leet, spelled-out letters), so that a claim is found in any."""
 
     text: str
 
     @classmethod
     def of(cls, response: str) -> "GuardView":
         written = with_digits(fold(response))
-        shown = with_digits(fold(rendered(response)))
-        return cls(written if shown == written else f"{written}\n{shown}")
+        views = [written, with_digits(fold(rendered(response)))]
+        views.append(with_digits(disguised(views[1])))
+        return cls("\n".join(dict.fromkeys(views)))
 
 
 def topics(question: str | None) -> frozenset[str]:
@@ -170,12 +187,17 @@ def _high_rating(view: GuardView) -> bool:
     return False
 
 
-def injection_signals(text: str, escaper: TokenEscaper, question: str | None = None) -> list[str]:
-    """The grader-directed signals found in a response (empty: none); `question` sets what is on topic."""
+def injection_signals(
+    text: str, escaper: TokenEscaper, question: str | None = None, numeric: bool = False
+) -> list[str]:
+    """The grader-directed signals found in a response (empty: none); `question` sets what is on topic, and
+    `numeric` says the task's answer is a number: a data record in the response is then no part of answering."""
     view = GuardView.of(text)
     patterns = _patterns()
     on_topic = topics(question)
     found = [name for name in ("marker", "score JSON", "ignore instructions") if patterns[name].search(view.text)]
+    if numeric and "score JSON" not in found and _RECORD.search(view.text):
+        found.append("record")
     if any(
         match.group(0).casefold().rstrip("s") not in on_topic
         for match in patterns["addresses the grader"].finditer(view.text)
@@ -197,5 +219,5 @@ def gold_rate(answers: Iterable[tuple[str | None, str]], escaper: TokenEscaper) 
     flagged = total = 0
     for question, answer in answers:
         total += 1
-        flagged += bool(injection_signals(answer, escaper, question))
+        flagged += bool(injection_signals(answer, escaper, question, numeric=extract_value(answer) is not None))
     return flagged, total

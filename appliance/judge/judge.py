@@ -49,6 +49,7 @@ from appliance.judge.prompts import (
 )
 from appliance.judge.rubric import check_rubric_scale
 from appliance.judge.window import PREFILL_TOKENS, WindowCut, engine_window, fit_responses, token_counter
+from appliance.rewards.extract import extract_value
 from appliance.rewards.fold import normalised
 
 if TYPE_CHECKING:
@@ -226,7 +227,9 @@ class Judge:
     def _guarded(self, samples: list["RewardSample"]) -> list["RewardSample"]:
         """The samples to judge: those without a grader-directed signal (judge.injection_guard)."""
         self.last_injections = [
-            injection_signals(sample.completion, self.escaper, sample.prompt)
+            injection_signals(
+                sample.completion, self.escaper, sample.prompt, extract_value(sample.reference) is not None
+            )
             if self.spec.injection_guard == "minimum"
             else []
             for sample in samples

@@ -66,11 +66,16 @@ class Found:
 
 @dataclass(frozen=True)
 class AnswerSpan:
-    """Where the final answer stands in a (folded) text: the whole marked span, or the number itself."""
+    """Where the final answer stands in a (folded) text: the whole marked span, or the number itself; where
+    its number ends, where closed markup's closing starts (`end` when it has none), and whether a marker
+    (not the last-number rule) found it."""
 
     start: int
     end: int
     value: Fraction
+    number_end: int
+    close_start: int
+    marked: bool
 
 
 def _value(match: re.Match) -> Fraction | None:
@@ -172,9 +177,14 @@ def locate_answer(folded: str) -> AnswerSpan | None:
         for start, end, inner_start, inner_end in spans:
             found = _number_in_span(folded, inner_start, inner_end)
             if found is not None:
-                return AnswerSpan(start, end if closed else found.end, found.value)
+                if closed:
+                    return AnswerSpan(start, end, found.value, found.end, inner_end, True)
+                return AnswerSpan(start, found.end, found.value, found.end, found.end, True)
     found = numbers(folded)
-    return AnswerSpan(found[-1].start, found[-1].end, found[-1].value) if found else None
+    if not found:
+        return None
+    last = found[-1]
+    return AnswerSpan(last.start, last.end, last.value, last.end, last.end, False)
 
 
 def format_number(value: Fraction) -> str:
@@ -221,17 +231,51 @@ def answers_match(predicted: str | None, reference: str | None) -> bool:
     return predicted_value is not None and predicted_value == reference_value
 
 
-def answer_core(text: str) -> tuple[int, int] | None:
-    """(start, end) in `text` of its answer and the working before it; None when it holds no number.
+def answer_core(text: str) -> str | None:
+    """The answer and the working before it, as the rules read them; None when the text holds no number.
 
-    The end is the answer span's (`locate_answer`) and the punctuation closing it on its line; the start is
-    the task's `<reasoning>` block when one opens before the answer, else the text's start. What lies outside
-    is not part of answering: the judge's differential check (judge/differential.py) scores the text without it.
+    The working starts at the task's `<reasoning>` block when one opens before the answer, else at the text's
+    start. A marked answer ends at its number and the punctuation closing it on its line; in closed markup
+    (`<answer>42 ...</answer>`) nothing between the number and the closing is kept. An unmarked answer (its
+    value is the last number) has no declared end, so it ends with its working: the last line that computes
+    ("6 * 11 = 66"), else the first line with a number, cut after the answer when the answer stands on it.
+    What lies outside is not part of answering: the judge's differential check (judge/differential.py)
+    scores the text without it.
     """
     folded = fold_with_offsets(text)
     span = locate_answer(folded.text)
     if span is None:
         return None
-    end = span.end + len(_CLOSING.match(folded.text, span.end).group(0).rstrip())
-    opening = folded.text.find(WORKING_OPEN, 0, span.start)
-    return folded.original(max(opening, 0), end)
+    start = max(folded.text.find(WORKING_OPEN, 0, span.start), 0)
+    if span.close_start < span.end:
+        between = folded.text[span.number_end : span.close_start]
+        pieces = [
+            (start, span.close_start if not between.strip() else span.number_end),
+            (span.close_start, _closed(folded.text, span.end)),
+        ]
+    elif span.marked:
+        pieces = [(start, _closed(folded.text, span.end))]
+    else:
+        pieces = [(start, _unmarked_end(folded.text, span))]
+    return "".join(text[slice(*folded.original(a, b))] for a, b in pieces)
+
+
+# Arithmetic between two numbers ("6 * 11", "12 x 2", "4 + 1", "= 66"): a line that computes is working.
+_COMPUTES = re.compile(r"\d\s*(?:[-+*/×÷^=]|x(?=\s))\s*[\d(]", re.IGNORECASE)
+
+
+def _closed(folded: str, end: int) -> int:
+    """`end` moved past the punctuation and closing tags that close the answer on its line."""
+    return end + len(_CLOSING.match(folded, end).group(0).rstrip())
+
+
+def _unmarked_end(folded: str, span: AnswerSpan) -> int:
+    """Where an unmarked answer's working ends (see `answer_core`)."""
+    computing = list(_COMPUTES.finditer(folded, 0, span.end))
+    anchor = computing[-1].start() if computing else numbers(folded)[0].start
+    line_start = folded.rfind("\n", 0, anchor) + 1
+    line_end = folded.find("\n", anchor)
+    line_end = len(folded) if line_end < 0 else line_end
+    if line_start <= span.start < line_end:
+        return _closed(folded, span.end)
+    return line_start + len(folded[line_start:line_end].rstrip())
