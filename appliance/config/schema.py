@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from appliance.config import limits
 from appliance.config.sizes import parse_memory_budget
@@ -24,13 +24,21 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def _not_a_bool(value):
+    # YAML's true/false are Python's bool, an int subclass: pydantic would read `steps: true` as 1.
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
 def Int(low: int, high: int):  # noqa: N802 (a type factory reads as a type)
-    return Annotated[int, Field(ge=low, le=high)]
+    return Annotated[int, BeforeValidator(_not_a_bool), Field(ge=low, le=high)]
 
 
 def Num(low: float, high: float, *, above: bool = False, below: bool = False):  # noqa: N802
     """A float in [low, high]; `above`/`below` make that end open."""
-    return Annotated[float, Field(**{"gt" if above else "ge": low}, **{"lt" if below else "le": high})]
+    bounds = {"gt" if above else "ge": low, "lt" if below else "le": high}
+    return Annotated[float, BeforeValidator(_not_a_bool), Field(**bounds)]
 
 
 Seed = Int(0, limits.MAX_SEED)

@@ -348,3 +348,13 @@ def test_a_forbidden_character_anywhere_in_a_value_or_a_key_is_refused(path, bad
         return  # libyaml itself refuses an escaped lone surrogate (a YAML syntax error at its line)
     assert parsed.spec is None
     assert any(f"U+{ord(bad):04X}" in e.message for e in parsed.errors), [str(e) for e in parsed.errors]
+
+
+@pytest.mark.parametrize(("key", "value"), [("steps", "true"), ("learning_rate", "false"), ("group_size", "yes")])
+def test_true_or_false_is_no_number(key, value):
+    # YAML's true and false are bools, an int subclass: `grpo.steps: true` was read as 1 step.
+    text = json.dumps({**BASE, "grpo": {**BASE.get("grpo", {}), key: "@"}}).replace('"@"', value)
+    parsed = parse_job(text, "bools.yaml")
+    assert parsed.spec is None
+    [error] = parsed.errors
+    assert error.key == f"grpo.{key}" and "not true or false" in error.message
