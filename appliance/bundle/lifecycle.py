@@ -468,7 +468,7 @@ def _check_not_older(release: Release, installed: Release, before: Release | Non
     if release.version == installed.version or (new is not None and old is not None and new > old):
         return
     back = f"'appliance bundle rollback' returns to {before.version}; " if before else ""
-    how = "older than" if new is not None and old is not None else "not comparable with"
+    how = "not comparable with" if new is None or old is None else "older than" if new < old else "another spelling of"
     raise InstallError(
         f"refused: {release.version} is {how} {installed.version}, the release in use; {back}to install it "
         "anyway, on purpose, give --downgrade"

@@ -51,6 +51,18 @@ def test_an_older_signed_bundle_is_not_installed_over_a_newer_one(
     assert "give --downgrade" in refused.stderr and refused.stdout == ""
 
 
+def test_the_same_version_spelt_otherwise_is_refused_as_such(signed: Path, signing_key, tmp_path: Path):
+    """0.1.0 over 0.1 is neither an upgrade nor older: two release folders for one version, said as such."""
+    state = tmp_path / "state"
+    record(state, "0.1")
+    verify_bundle(signed, signing_key.keyring, state)
+
+    refused = install(signed, state, "--dry-run")
+
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "refused: 0.1.0 is another spelling of 0.1, the release in use" in refused.stderr
+
+
 def test_downgrade_on_purpose_passes_the_version_rule(signed: Path, signing_key, tmp_path: Path):
     state = tmp_path / "state"
     record(state, "0.2.0")
