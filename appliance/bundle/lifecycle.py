@@ -262,6 +262,8 @@ def _return_to(options: Options, running: Release, failed: Release, error: Excep
     touched."""
     say(f"appliance {failed.version} did not start ({error}); returning to {running.version}")
     box.run("systemctl", "stop", box.UNIT, check=False)
+    # The failed release's restarts spent the unit's start limit: systemd refuses the next start until this.
+    box.run("systemctl", "reset-failed", box.UNIT, check=False)
     units = _release_dir(options.state_dir, running.version) / "units"
     try:
         _put_in_place(running, failed, lambda: _restore_units(units))
