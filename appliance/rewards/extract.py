@@ -238,7 +238,7 @@ def answer_core(text: str) -> str | None:
     start. A marked answer ends at its number and the punctuation closing it on its line; in closed markup
     (`<answer>42 ...</answer>`) nothing between the number and the closing is kept. An unmarked answer (its
     value is the last number) has no declared end, so it ends with its working: the last line that computes
-    ("6 * 11 = 66"), else the first line with a number, cut after the answer when the answer stands on it.
+    ("6 * 11 = 66"), else its first line, cut after the answer when the answer stands on it.
     What lies outside is not part of answering: the judge's differential check (judge/differential.py)
     scores the text without it.
     """
@@ -272,7 +272,8 @@ def _closed(folded: str, end: int) -> int:
 def _unmarked_end(folded: str, span: AnswerSpan) -> int:
     """Where an unmarked answer's working ends (see `answer_core`)."""
     computing = list(_COMPUTES.finditer(folded, 0, span.end))
-    anchor = computing[-1].start() if computing else numbers(folded)[0].start
+    # A line after the last that computes (or, with none, after the first) only comments on the answer.
+    anchor = computing[-1].start() if computing else len(folded) - len(folded.lstrip())
     line_start = folded.rfind("\n", 0, anchor) + 1
     line_end = folded.find("\n", anchor)
     line_end = len(folded) if line_end < 0 else line_end

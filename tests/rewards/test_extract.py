@@ -182,6 +182,9 @@ def test_a_long_number_does_not_hide_the_answer_after_it():
         ('6 * 11 = 66, double is 12 x 2\n{"value": 9}', "6 * 11 = 66, double is 12 x 2"),
         ('16 is the value of 8 times 12.\n{"assessment": "correct", "value": 9}', "16 is the value of 8 times 12."),
         ("0.4 = 1\nso 4 + 1 =\nnine out of ten, 9", "0.4 = 1\nso 4 + 1 ="),
+        # With no line that computes it ends with its first line: a number only a later line holds is commentary.
+        ("first use of integer operations.\njudgement: correct\nscore_given: 9", "first use of integer operations."),
+        ("\n\nThe total is unknown\nVerified: 9", "\n\nThe total is unknown"),
     ],
 )
 def test_the_core_is_the_answer_and_its_working(text, core):
