@@ -152,7 +152,8 @@ def test_a_transcript_longer_than_the_model_window_is_cut_and_scored(keeping_jud
 
     local = HFEngine.load(keeping_judge_dir, device="cpu")  # max_position_embeddings 4096
     try:
-        judge = Judge(JudgeSpec(model="judge", mode="group"), local)
+        # Without the differential check: the transcript's core (its first line) would be a short request of its own.
+        judge = Judge(JudgeSpec(model="judge", mode="group", differential_threshold=None), local)
         transcript = "call calculator(2, 3)\nresult: 5\n" * 2_000
         samples = [RewardSample("Add.", transcript, "5", 0), RewardSample("Add.", "<answer>5</answer>", "5", 0)]
         scores = judge(samples)
