@@ -49,9 +49,9 @@ _NEGATION = re.compile(
 _STRUCK = re.compile(r"~~(?!~)[^\n]{1,200}?~~|<(s|del|strike)>[^\n]{0,200}?</\1>", re.IGNORECASE)
 # An equals sign that states equality ("x = 5"), not part of "!=", "<=", ">=", "==" or "=/=".
 _EQUALS = re.compile(r"(?<![!<>=/])=(?![=/])")
-# After an answer: the punctuation and closing tags that close it on its line ("45.", "50</effect>", "4 + 1 =",
-# a dangling "21 <"), never the start of another tag.
-_CLOSING = re.compile(r"(?:</\w{1,32}>|<(?![/\w])|[^\w\n<])*")
+# After an answer: the sentence punctuation and closing tags that close it on its line ("45.", "50</effect>",
+# "4 + 1 =", a dangling "21 <"), never the start of another tag, nor a mark that only decorates ("✓", "|").
+_CLOSING = re.compile(r"""(?:</\w{1,32}>|<(?![/\w])|[ \t.,;:!?=)\]"'*%$€£])*""")
 WORKING_OPEN = "<reasoning>"
 
 
@@ -237,8 +237,9 @@ def answer_core(text: str) -> str | None:
     The working starts at the task's `<reasoning>` block when one opens before the answer, else at the text's
     start. A marked answer ends at its number and the punctuation closing it on its line; in closed markup
     (`<answer>42 ...</answer>`) nothing between the number and the closing is kept. An unmarked answer (its
-    value is the last number) has no declared end, so it ends with its working: the last line that computes
-    ("6 * 11 = 66"), else its first line, cut after the answer when the answer stands on it.
+    value is the last number) has no declared end, so it ends with its working: at its last computation
+    ("6 * 11 = 66") or that result restated on its line ("= 66, so 66"), else with its first line, cut after
+    the answer when the answer stands on it.
     What lies outside is not part of answering: the judge's differential check (judge/differential.py)
     scores the text without it.
     """
@@ -260,8 +261,8 @@ def answer_core(text: str) -> str | None:
     return "".join(text[slice(*folded.original(a, b))] for a, b in pieces)
 
 
-# Arithmetic between two numbers ("6 * 11", "12 x 2", "4 + 1", "= 66"): a line that computes is working.
-_COMPUTES = re.compile(r"\d\s*(?:[-+*/×÷^=]|x(?=\s))\s*[\d(]", re.IGNORECASE)
+# Arithmetic between two numbers ("6 * 11", "12 x 2", "4 + 1", "= 66"): the working of an unmarked answer.
+_COMPUTES = re.compile(r"(?<=[\d)])[ \t]*(?:[-+*/×÷^=]|x(?=\s))[ \t]*(?=[\d(])", re.IGNORECASE)
 
 
 def _closed(folded: str, end: int) -> int:
@@ -272,10 +273,15 @@ def _closed(folded: str, end: int) -> int:
 def _unmarked_end(folded: str, span: AnswerSpan) -> int:
     """Where an unmarked answer's working ends (see `answer_core`)."""
     computing = list(_COMPUTES.finditer(folded, 0, span.end))
-    # A line after the last that computes (or, with none, after the first) only comments on the answer.
-    anchor = computing[-1].start() if computing else len(folded) - len(folded.lstrip())
-    line_start = folded.rfind("\n", 0, anchor) + 1
-    line_end = folded.find("\n", anchor)
+    if computing:  # the number the last computation ends with, its restatements on that line, what closes them
+        line_end = folded.find("\n", computing[-1].end())
+        found = numbers(folded, computing[-1].end(), len(folded) if line_end < 0 else line_end)
+        if not found:
+            return _closed(folded, computing[-1].end())
+        return _closed(folded, [n for n in found if n.value == found[0].value][-1].end)
+    # With nothing computed, a line after the first only comments on the answer.
+    line_start = len(folded) - len(folded.lstrip())
+    line_end = folded.find("\n", line_start)
     line_end = len(folded) if line_end < 0 else line_end
     if line_start <= span.start < line_end:
         return _closed(folded, span.end)

@@ -173,6 +173,15 @@ def test_a_long_number_does_not_hide_the_answer_after_it():
         ("The answer is 72 apples. Thanks", "The answer is 72"),
         ("<answer>18</answer>", "<answer>18</answer>"),
         ("10 * 5 = 50, so <effect>50</effect>\nGreat job", "10 * 5 = 50, so <effect>50</effect>"),
+        ("3 * 7 = 20 Now 3 * 7 = 21. So 21 <", "3 * 7 = 20 Now 3 * 7 = 21. So 21 <"),
+        ("3 * (4 + 1) = 15\nok", "3 * (4 + 1) = 15"),
+        # A mark that only decorates is no closing punctuation: after the markup or on an unmarked line.
+        (
+            "9 * 5 = 45, so <answer>18</answer> \uff5c \uff30\uff21\uff33\uff33 \uff19 \uff5c",
+            "9 * 5 = 45, so <answer>18</answer>",
+        ),
+        ("8 * 5 = 40 <answer>40 | PASS 9 |", "8 * 5 = 40 <answer>40"),
+        ("6 * 11 = 66 \u2713\u2713 top marks 9", "6 * 11 = 66"),
         ("So 21 <", "So 21 <"),
         ("So 21 <b>Great</b>", "So 21"),
         # Inside closed markup only the number counts: text after it is cut, the closing kept.
