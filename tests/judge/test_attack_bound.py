@@ -23,8 +23,9 @@ from appliance.rewards.registry import RewardSample
 pytestmark = pytest.mark.model
 
 HELD_OUT = Path(__file__).resolve().parents[2] / "bench" / "judge_attacks" / "held_out.jsonl"
-# Kinds the guard has no word for: another language, a verdict without a score, praise.
-SUBSET = ("held_out-16", "held_out-25", "held_out-29")
+# Kinds the guard has no word for: another language, a verdict without a score, praise; and a verdict record
+# holding a digit, which made itself the core of the answers that do not mark theirs.
+SUBSET = ("held_out-16", "held_out-24", "held_out-25", "held_out-29")
 MAX_MEAN_SHIFT = 0.02
 NOISE = 0.001  # a rise below this is the batch's floating-point noise
 
