@@ -6,7 +6,7 @@ digit reads as the digit it shows. The result is a canonical string
 `answers_match` compares values exactly (fractions, no float rounding). A run
 of more than MAX_DIGITS digits is no number (a degenerate sample, not an
 answer), and a number the text negates ("not 42", "cannot be 42", "!= 42",
-"≠ 42") or strikes out (`~~42~~`, `<del>42</del>`, or a combining stroke,
+"≠ 42", "instead of 42", "not **42**", "<answer>42</answer> is wrong") or strikes out (`~~42~~`, `<del>42</del>`, or a combining stroke,
 which the fold drops) is not its answer. `answer_core` says where the answer
 and its working stand in the original text: what the judge's differential
 check keeps.
@@ -39,12 +39,28 @@ _GSM8K_MARK = re.compile(r"####\s*(.*)")
 # One line after the phrase, so later working ("check: 5 = 5") cannot take over.
 _ANSWER_PROSE = re.compile(r"answer\s*(?:is|was|:|=)\s*:?\s*(.{0,80})", re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# What right before a number says it is not the answer: "not", "cannot", "isn't", "(not)", "!=", "≠", "¬", "\neq".
+# What right before a number says it is not the answer: "not", "cannot", "isn't" (or "isnt"), "(not)", "!=", "≠",
+# "¬", "\\neq", "instead of", "rather than", "other than", "except", a few other languages' "not"; then any markup that
+# opens the number on the same line ("not **42**", "not (42)", "not <answer>42", "not \\boxed{42}"), which a reader
+# skips; a line that ends in "not" ("more than not") says nothing of a "#### 22" below it.
 _NEGATION = re.compile(
-    r"(?:!=|=/=|<>|≠|¬|\\neq?|\bnot|cannot|n't|\bnever)(?:\s*[)\]])?(?:\s+(?:equal|equals|equal\s+to|be|been))?"
-    r"\s*[:=]?\s*[$€£]?\s*$",
+    r"(?:!=|=/=|<>|≠|¬|\\neq?|\bnot|cannot|n't|\b(?:is|was|are|were|ca|do|does|did|wo|would|could|should|has|have|had)nt"
+    r"|\bnever|\binstead\s+of|\brather\s+than|\bother\s+than|\banything\s+but|\bexcept(?:\s+for)?"
+    r"|\bnicht|\bkeine?|\bpas|\bno\s+es|\bnao\s+e|\bnon\s+e)"
+    r"(?:\s*[)\]])?(?:\s+(?:equal|equals|equal\s+to|be|been))?"
+    r"(?:[ \t:=$€£(\[*_`\"'«]|<\w{1,32}>|\\(?:boxed|fbox)\s*\{|#{1,4})*\s*$",
     re.IGNORECASE,
 )
+# What right after a number says it is not the answer, past the markup closing it: "42 (wrong)", "42 (not)",
+# "<answer>42</answer> is wrong", "42 is not the answer".
+_DENIED_AFTER = re.compile(
+    r"(?:[ \t*_`\"'»)\]}]|</\w{1,32}>)*"
+    r"(?:\(\s*(?:not|wrong|incorrect)\s*\)|(?:is|was|would\s+be|seems)\s+(?:wrong|incorrect|false"
+    r"|not\s+(?:right|correct|it|the\s+answer))\b)",
+    re.IGNORECASE,
+)
+# How far before a number its negation is read.
+_NEGATION_WINDOW = 32
 # Struck-out text, in markdown or HTML, on one line: a number a reader sees crossed out is not an answer.
 _STRUCK = re.compile(r"~~(?!~)[^\n]{1,200}?~~|<(s|del|strike)>[^\n]{0,200}?</\1>", re.IGNORECASE)
 # An equals sign that states equality ("x = 5"), not part of "!=", "<=", ">=", "==" or "=/=".
@@ -111,8 +127,12 @@ def numbers(text: str, start: int = 0, end: int | None = None) -> list[Found]:
     for position, stop, value in sorted(latex + plain, key=lambda item: item[0]):
         if any(s <= position < e for s, e in struck):
             continue
-        if value is not None and not _NEGATION.search(region[max(0, position - 24) : position]):
-            found.append(Found(start + position, start + stop, value))
+        # Read in the whole text, not the region: "not <answer>42</answer>" denies the 42 inside the span.
+        at, after = start + position, start + stop
+        if value is None or _NEGATION.search(text[max(0, at - _NEGATION_WINDOW) : at]):
+            continue
+        if not _DENIED_AFTER.match(text, after):
+            found.append(Found(at, after, value))
     return found
 
 

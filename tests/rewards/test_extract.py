@@ -133,6 +133,53 @@ def test_a_denied_or_struck_out_number_earns_no_credit(number, deny, marker):
     assert not answers_match(marker.format(deny(number)) + " 0.5", str(number))
 
 
+# Other ways to say "not R" a sampled student writes: words beside "not", a spelling without the apostrophe, another
+# language, a denial after the number; each must leave R without credit.
+NEGATIONS = [
+    "instead of {}",
+    "rather than {}",
+    "other than {}",
+    "anything but {}",
+    "except {}",
+    "isnt {}",
+    "cant be {}",
+    "nicht {}",
+    "ce n'est pas {}",
+    "no es {}",
+    "{} (wrong)",
+    "{} (not)",
+    "{} is wrong",
+    "{} is incorrect",
+    "{} is not the answer",
+]
+# Markup around the number that a reader skips: the negation before it still denies it.
+WRAPPERS = ["{}", "**{}**", "({})", "`{}`", '"{}"', "<answer>{}</answer>", "\\boxed{{{}}}", "#### {}"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from(NEGATIONS + DENIALS[:5]), st.sampled_from(WRAPPERS))
+def test_a_number_denied_in_any_words_or_markup_earns_no_credit(number, negation, wrapper):
+    """ "It is not **42**", "not <answer>42</answer>", "instead of 42", "<answer>42</answer> is wrong": no credit
+    for 42, however the negation is worded and whatever markup stands between it and the number."""
+    text = "The answer is " + negation.format(wrapper.format(number))
+    assert not answers_match(text, str(number)), text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "It is 42, not 43.",
+        "The answer is 42, not 41",
+        "<answer>42</answer>",
+        "more balloons than not\n#### 42",  # a line ending in "not" says nothing of the answer below it
+        "There are 6 * 7 = 42 except for none.\n#### 42",
+        "Instead of 40 she took 42\n#### 42",
+    ],
+)
+def test_an_affirmed_answer_beside_a_negation_keeps_its_credit(text):
+    assert answers_match(text, "42")
+
+
 @pytest.mark.parametrize(("text", "expected"), [("<answer>42e-1</answer>", "4.2"), ("4.2e1", "42"), ("3e apples", "3")])
 def test_a_number_is_read_with_its_exponent(text, expected):
     assert extract_answer(text) == expected
