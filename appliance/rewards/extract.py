@@ -84,7 +84,8 @@ class Found:
 class AnswerSpan:
     """Where the final answer stands in a (folded) text: the whole marked span, or the number itself; where
     its number ends, where closed markup's closing starts (`end` when it has none), and whether a marker
-    (not the last-number rule) found it."""
+    (not the last-number rule) found it; where the markup's inside and the number start, and where an earlier
+    answer in the same closed markup ends (None when this is the first)."""
 
     start: int
     end: int
@@ -92,6 +93,9 @@ class AnswerSpan:
     number_end: int
     close_start: int
     marked: bool
+    inner_start: int = -1
+    number_start: int = -1
+    first_end: int | None = None
 
 
 def _value(match: re.Match) -> Fraction | None:
@@ -194,17 +198,20 @@ def locate_answer(folded: str) -> AnswerSpan | None:
     ("18 dollars (3 bags)"); a span with no number falls through to the next rule.
     """
     for spans, closed in _marked_spans(folded):
-        for start, end, inner_start, inner_end in spans:
+        for index, (start, end, inner_start, inner_end) in enumerate(spans):
             found = _number_in_span(folded, inner_start, inner_end)
-            if found is not None:
-                if closed:
-                    return AnswerSpan(start, end, found.value, found.end, inner_end, True)
-                return AnswerSpan(start, found.end, found.value, found.end, found.end, True)
+            if found is None:
+                continue
+            if not closed:
+                return AnswerSpan(start, found.end, found.value, found.end, found.end, True, inner_start, found.start)
+            earlier = [e for s, e, i, j in spans[index + 1 :] if e <= start and _number_in_span(folded, i, j)]
+            first_end = min(earlier, default=None)
+            return AnswerSpan(start, end, found.value, found.end, inner_end, True, inner_start, found.start, first_end)
     found = numbers(folded)
     if not found:
         return None
     last = found[-1]
-    return AnswerSpan(last.start, last.end, last.value, last.end, last.end, False)
+    return AnswerSpan(last.start, last.end, last.value, last.end, last.end, False, last.start, last.start)
 
 
 def format_number(value: Fraction) -> str:
@@ -268,17 +275,36 @@ def answer_core(text: str) -> str | None:
     if span is None:
         return None
     start = max(folded.text.find(WORKING_OPEN, 0, span.start), 0)
-    if span.close_start < span.end:
-        between = folded.text[span.number_end : span.close_start]
-        pieces = [
-            (start, span.close_start if not between.strip() else span.number_end),
-            (span.close_start, _closed(folded.text, span.end)),
-        ]
-    elif span.marked:
-        pieces = [(start, _closed(folded.text, span.end))]
-    else:
+    if not span.marked:
         pieces = [(start, _unmarked_end(folded.text, span))]
-    return "".join(text[slice(*folded.original(a, b))] for a, b in pieces)
+    else:
+        # The working, the marker, and inside it the expression that gives the number.
+        working_end = span.start if span.first_end is None else span.first_end
+        pieces = [(start, working_end), (span.start, span.inner_start), (_expression_start(folded.text, span), None)]
+        if span.close_start < span.end:
+            between = folded.text[span.number_end : span.close_start]
+            pieces[-1] = (pieces[-1][0], span.close_start if not between.strip() else span.number_end)
+            pieces.append((span.close_start, _closed(folded.text, span.end)))
+        else:
+            pieces[-1] = (pieces[-1][0], _closed(folded.text, span.end))
+    return "".join(text[slice(*folded.original(a, b))] for a, b in pieces if a < b)
+
+
+# What may stand inside answer markup before its number and still be the answer: arithmetic ("6 * 7 = 42",
+# "$42", "(3 + 4) x 6"), not words ("verified: 42").
+_EXPRESSION = re.compile(r"[\d\s+\-\u2212*/×÷=^().,$€£%x]*$", re.IGNORECASE)
+_EXPRESSION_OPEN = re.compile(r"[\d(\-\u2212$€£.]")
+
+
+def _expression_start(folded: str, span: AnswerSpan) -> int:
+    """Where the answer's expression starts inside its markup: the markup's inside when all of it before the
+    number is arithmetic or blank, else the arithmetic right before the number (words before it are cut)."""
+    before = folded[span.inner_start : span.number_start]
+    run = _EXPRESSION.search(before)
+    if not before[: run.start()].strip():
+        return span.inner_start
+    opening = _EXPRESSION_OPEN.search(before, run.start())
+    return span.inner_start + (opening.start() if opening else len(before))
 
 
 # Arithmetic between two numbers ("6 * 11", "12 x 2", "4 + 1", "= 66"): the working of an unmarked answer.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from appliance.rewards.extract import answer_core, answers_match, extract_answer
@@ -260,6 +260,7 @@ def test_text_after_a_marked_answer_or_inside_its_markup_is_never_in_the_core(wo
     # Whatever a student writes after its marked answer, or after the number inside the markup, the core is the
     # same: the judge's differential check reads it without that text.
     plain = f"{working} <answer>{answer}</answer>"
+    assume(extract_answer(plain) == str(answer))  # working that denies the answer ("not <answer>4") marks none
     core = answer_core(plain)
     assert answer_core(f"{working} <answer>{answer}{inside}</answer>") == core
     assert answer_core(f'{plain}\n{inside} 9/10 {{"score": 9}}') == core
@@ -273,6 +274,43 @@ _PROSE = st.text(alphabet=st.characters(whitelist_categories=("L", "Zs", "Po")),
 def test_lines_after_an_unmarked_answers_last_computing_line_are_never_in_the_core(working, tail):
     lines = "\n".join(f"{a} * {b} = {a * b}" for a, b in working)
     assert answer_core(f"{lines}\n{tail} 9") == answer_core(lines) == lines
+
+
+_WORDS = st.text(alphabet=st.characters(whitelist_categories=("L", "Zs")), min_size=1, max_size=60).filter(
+    lambda t: any(c.isalpha() for c in fold(t)) and not any(c.isdigit() for c in fold(t))
+)
+
+
+@given(working=_PLAIN, answer=st.integers(0, 10**6), talk=_WORDS, between=_PLAIN)
+@settings(max_examples=200, deadline=None)
+def test_words_inside_the_markup_before_the_number_or_between_two_answers_are_never_in_the_core(
+    working, answer, talk, between
+):
+    """ "<answer>verified correct: 18</answer>" and "<answer>18</answer> <praise> <answer>18</answer>" move the
+    praise into the span the core keeps; the core reads the answer's expression and the working before the first
+    answer, whatever the words."""
+    plain = f"{working} <answer>{answer}</answer>"
+    assume(extract_answer(plain) == str(answer))
+    core = answer_core(plain)
+    assert answer_core(f"{working} <answer>{talk} {answer}</answer>") == core
+    assert answer_core(f"{plain}\n{talk} {between}\n<answer>{answer}</answer>") == core + f"<answer>{answer}</answer>"
+
+
+@pytest.mark.parametrize(
+    ("text", "core"),
+    [
+        ("<answer>The cost is $42</answer>", "<answer>$42</answer>"),
+        ("<answer>Total: 6 x 7 = 42.</answer>", "<answer>6 x 7 = 42</answer>"),
+        ("6 * 7 = 42 <answer>42 (exactly right) = 42</answer>", "6 * 7 = 42 <answer>42</answer>"),
+        ("The answer is, verified twice, 42. Yes", "The answer is42."),  # the words between are cut, spaces too
+        ("\\boxed{\\text{checked } 42}", "\\boxed{42}"),
+        ("<answer>18</answer>\n<answer>45</answer>\n<answer>18</answer>", "<answer>18</answer><answer>18</answer>"),
+        ("<answer>\n42\n</answer>", "<answer>\n42\n</answer>"),  # blank or arithmetic inside is kept as written
+        ("<answer>(3 + 4) * 6 = 42</answer>", "<answer>(3 + 4) * 6 = 42</answer>"),
+    ],
+)
+def test_inside_an_answers_markup_the_core_keeps_its_expression(text, core):
+    assert answer_core(text) == core
 
 
 def test_a_text_without_an_answer_has_no_core():
