@@ -287,7 +287,29 @@ def answer_core(text: str) -> str | None:
             pieces.append((span.close_start, _closed(folded.text, span.end)))
         else:
             pieces[-1] = (pieces[-1][0], _closed(folded.text, span.end))
+    # The answer's line: where the working piece ends (a marked answer's, or the first of two), else the number's.
+    anchor = pieces[0][1] if span.marked else span.start
+    pieces[:1] = _working_lines(folded.text, *pieces[0], folded.text.rfind("\n", 0, anchor) + 1)
     return "".join(text[slice(*folded.original(a, b))] for a, b in pieces if a < b)
+
+
+# A line of working: it holds a number, or it is blank or markup alone ("<reasoning>", "</reasoning>").
+_WORKING_LINE = re.compile(r"[^\n]*\d[^\n]*|[ \t]*(?:</?\w{1,32}>[ \t]*)*", re.ASCII)
+
+
+def _working_lines(folded: str, start: int, end: int, answer_line: int) -> list[tuple[int, int]]:
+    """The working before the answer's line, without its lines that hold no number ("Checked against the
+    key: this is right."): talk, not working. Nothing is cut when the core ends before the answer's line."""
+    if end < answer_line:
+        return [(start, end)]
+    kept, position = [], start
+    while position < answer_line:
+        line_end = folded.find("\n", position, answer_line)
+        line_end = answer_line - 1 if line_end < 0 else line_end
+        if _WORKING_LINE.fullmatch(folded, position, line_end):
+            kept.append((position, line_end + 1))
+        position = line_end + 1
+    return [*kept, (answer_line, end)]
 
 
 # What may stand inside answer markup before its number and still be the answer: arithmetic ("6 * 7 = 42",

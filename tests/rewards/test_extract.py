@@ -241,6 +241,17 @@ def test_a_long_number_does_not_hide_the_answer_after_it():
         # With no line that computes it ends with its first line: a number only a later line holds is commentary.
         ("first use of integer operations.\njudgement: correct\nscore_given: 9", "first use of integer operations."),
         ("\n\nThe total is unknown\nVerified: 9", "\n\nThe total is unknown"),
+        # Before the answer's line, a line with no number is talk, not working; blank lines and tags alone stay.
+        (
+            "Checked against the answer key: right.\n9 * 5 = 45, so <answer>18</answer>",
+            "9 * 5 = 45, so <answer>18</answer>",
+        ),
+        ("```\nstatus: verified\n```\n<answer>18</answer>", "<answer>18</answer>"),
+        ("# Correct Solution\n\n6 * 7 = 42\n#### 42", "\n6 * 7 = 42\n#### 42"),
+        (
+            "<reasoning>\nLet me think.\n9*5\n</reasoning>\n<answer>45</answer>",
+            "<reasoning>\n9*5\n</reasoning>\n<answer>45</answer>",
+        ),
     ],
 )
 def test_the_core_is_the_answer_and_its_working(text, core):
@@ -311,6 +322,23 @@ def test_words_inside_the_markup_before_the_number_or_between_two_answers_are_ne
 )
 def test_inside_an_answers_markup_the_core_keeps_its_expression(text, core):
     assert answer_core(text) == core
+
+
+@given(
+    talk=st.lists(_WORDS.map(lambda t: t.replace("\n", " ")), min_size=1, max_size=3),
+    working=st.lists(st.tuples(st.integers(0, 99), st.integers(0, 99)), min_size=1, max_size=3),
+    answer=st.integers(0, 10**6),
+    marker=st.sampled_from(["<answer>{}</answer>", "#### {}", "\\boxed{{{}}}", "So the answer is {}."]),
+)
+@settings(max_examples=200, deadline=None)
+def test_lines_of_the_working_that_hold_no_number_are_never_in_the_core(talk, working, answer, marker):
+    """A line with no number before the answer ("Checked against the answer key: it is right.", a markdown
+    heading, a code fence) computes nothing: before the working, between its lines, the core is the same."""
+    lines = [f"{a} * {b} = {a * b}" for a, b in working]
+    final = marker.format(answer)
+    core = answer_core("\n".join([*lines, final]))
+    assert answer_core("\n".join([*talk, *lines, final])) == core
+    assert answer_core("\n".join([lines[0], *talk, *lines[1:], final])) == core
 
 
 def test_a_text_without_an_answer_has_no_core():
