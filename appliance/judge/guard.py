@@ -100,7 +100,7 @@ def _patterns() -> dict[str, re.Pattern]:
         "score JSON": re.compile(rf"""["']\s*(?:{_words(JSON_KEYS)})\s*["']\s*:""", re.IGNORECASE),
         "addresses the grader": re.compile(rf"\b(?:{_words(GRADER_WORDS)})\b", re.IGNORECASE),
         "ignore instructions": re.compile(f"{_IGNORE}|{_words(IGNORE_WORDS)}", re.IGNORECASE),
-        "unit": re.compile(rf"\d+\s*(?:分(?!钟|鐘)|点(?!\d)|{_words(UNITS)})", re.IGNORECASE),
+        "unit": re.compile(rf"(?<!\d)\d++\s*+(?:分(?!钟|鐘)|点(?!\d)|{_words(UNITS)})", re.IGNORECASE),
         "score claim": re.compile(claim, re.IGNORECASE),
         "scaled claim": re.compile(
             rf"(?<!\w)(?:{_words(SCALED_ONLY)})(?!\w){_GAP}(?:{_FILLER}\b{_GAP}){{0,3}}?{_SCALED}{_CLAIM_END}",

@@ -11,6 +11,7 @@ held under the 0.5% that `appliance judge eval` warns above.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,13 @@ def test_the_guard_flags_under_half_a_percent_of_the_shipped_gsm8k_gold_solution
     flagged_count, total = gold_rate([(p.question, p.metadata["solution"]) for p in problems], DEFAULT_ESCAPER)
     assert total == 7473
     assert flagged_count / total <= GOLD_RATE_WARNING
+
+
+@pytest.mark.parametrize("run", ["1", "9 ", "1/", "a1", "score ", "**", "{a"])
+def test_the_guard_reads_a_degenerate_sample_in_linear_time(run):
+    """A sample at temperature 1 can be a run of one token to max_new_tokens; a guard pattern that backtracks
+    over it (a digit run read from every digit) would hold up the whole batch's judging for minutes."""
+    text = run * (30_000 // len(run))
+    started = time.monotonic()
+    injection_signals(text, DEFAULT_ESCAPER, QUESTION, numeric=True)
+    assert time.monotonic() - started < 3.0  # linear: ~0.1 s here; the quadratic digit rule took ~40 s
