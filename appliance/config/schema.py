@@ -96,6 +96,10 @@ class JudgeSpec(Spec):
     # Group mode: how many orders each group is read in (an order and its reversal, then rotations and theirs;
     # judge/grouping.py); a response's score is the mean of its readings, so where it stood cancels out.
     group_orders: Int(2, 16) = 4
+    # Group mode, a task whose reference holds a number, scores read from probabilities: each score is read
+    # after the reference's entry at the top score and the response's final answer as the rules read it
+    # (judge/grouping.py); false: the judge sees the reference only beside the question.
+    group_anchor: bool = True
     rubric: Text(limits.MAX_PROSE_CHARS) | None = None
     # Numbers above 9 a probability-scored rubric may name because they are not scores ([100] for "answers over
     # 100 words"); any other is refused, since the judge reads one digit (judge/rubric.py).

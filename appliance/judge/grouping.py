@@ -13,6 +13,11 @@ prefix up to the first response.
 The first order is shuffled from the job's seed and the set of texts, never
 from where the sampler put them, so a response's place carries no signal and a
 repeated group hits the cache.
+When the task's reference holds a number, each score is read after the
+reference's own entry at the top score and the response's final answer beside
+it (`reference_anchor`, prompts.py `anchored_item_prefill`): a small judge
+reading a list otherwise ranks by surface and barely by agreement with the
+reference (bench/README.md, "Group mode").
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import random
 from typing import Sequence
 
 from appliance.judge.cache import cache_key
+from appliance.judge.prompts import ReferenceAnchor
+from appliance.rewards.extract import extract_answer, extract_value, format_number
 from appliance.rewards.fold import normalised
 
 
@@ -50,3 +57,12 @@ def orders(
             if order not in found and len(found) < count:
                 found.append(order)
     return found
+
+
+def reference_anchor(reference: str | None, completions: Sequence[str]) -> ReferenceAnchor | None:
+    """The anchor a group is read with: the reference's value and each response's final answer, as the
+    correctness rule reads them; None when the reference holds no number (the group is read without one)."""
+    value = extract_value(reference)
+    if value is None:
+        return None
+    return ReferenceAnchor(format_number(value), tuple(extract_answer(text) or "" for text in completions))

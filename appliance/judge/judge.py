@@ -23,7 +23,7 @@ from appliance.judge.cache import VerdictCache, cache_key
 from appliance.judge.log import JudgeLog
 from appliance.errors import ApplianceError
 from appliance.judge.differential import Item, combine, judged_items
-from appliance.judge.grouping import distinct, orders
+from appliance.judge.grouping import distinct, orders, reference_anchor
 from appliance.judge.parse import parse_group, parse_pointwise
 from appliance.judge.request import NEUTRAL_SCORE, JudgeRequest, failure_fill, neutral_fill
 from appliance.judge.escape import TokenEscaper, tokenizer_tokens
@@ -43,6 +43,7 @@ from appliance.judge.prompts import (
     REASON_PREFILL,
     REASON_REGEX,
     RETRY_ECHO_CHARS,
+    ReferenceAnchor,
     pointwise_messages,
     rationale_from,
     score_openings,
@@ -156,7 +157,9 @@ class Judge:
         if self.scoring in READS_PROBABILITIES:
             # Reasoned scoring is probed on the plain opening: the same score tokens after `"score": `.
             self._check_scale()
-            self.probe = probe_score_mass(engine, spec.mode, spec.rubric, spec.min_score_mass, self.escaper)
+            self.probe = probe_score_mass(
+                engine, spec.mode, spec.rubric, spec.min_score_mass, self.escaper, spec.group_anchor
+            )
 
     def _check_scale(self) -> None:
         """Every score value must be one token after the answer's opening (else it cannot be read in one pass)."""
@@ -380,7 +383,14 @@ class Judge:
             outcome="too_long" if cut is not None and not cut.fits else "ok",
             view=view,
             order=order,
+            anchor=self._anchor(first.reference, completions),
         )
+
+    def _anchor(self, reference: str | None, completions: list[str]) -> ReferenceAnchor | None:
+        # Generate scoring writes its own JSON, so only a read score has an anchored opening.
+        if not self.spec.group_anchor or self.scoring not in READS_PROBABILITIES:
+            return None
+        return reference_anchor(reference, completions)
 
     def _write_rationales(self, requests: list[JudgeRequest]) -> None:
         """Reasoned scoring: every request's rationale, in one generate call; a failed one fails its request."""
@@ -417,7 +427,7 @@ class Judge:
         readable = [request for request in requests if request.outcome == "ok"]
         for request in readable:
             prefix = self.engine.render_chat(request.messages)
-            openings = score_openings(self.spec.mode, len(request.members), request.rationale)
+            openings = score_openings(self.spec.mode, len(request.members), request.rationale, request.anchor)
             request.score_prompts = [prefix + opening for opening in openings]
             request.prompt_text = request.score_prompts[0]
         # Pointwise: the whole step in one call. Group: one call per group, whose prompts share the group's prefix.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from appliance.engines.engine import UnansweredLogprobs
 from appliance.errors import ApplianceError
 from appliance.judge.escape import TokenEscaper
+from appliance.judge.grouping import reference_anchor
 from appliance.judge.probs import read_score
 from appliance.judge.prompts import (
     POINTWISE_PREFILL,
@@ -45,14 +46,18 @@ class ProbeResult:
     scores: list[float | None]
 
 
-def calibration_prompts(engine, mode: str, rubric: str | None, escaper: TokenEscaper) -> list[str]:
+def calibration_prompts(
+    engine, mode: str, rubric: str | None, escaper: TokenEscaper, anchored: bool = True
+) -> list[str]:
     """The texts whose next token the probe reads: one per calibration response."""
     if mode == "group":
         messages = group_messages(
             CALIBRATION_QUESTION, CALIBRATION_REFERENCE, list(CALIBRATION_RESPONSES), rubric, "probabilities", escaper
         )
         prefix = engine.render_chat(messages)
-        return [prefix + opening for opening in score_openings(mode, len(CALIBRATION_RESPONSES))]
+        # read as the job's groups are: a numeric reference, anchored unless judge.group_anchor is off
+        anchor = reference_anchor(CALIBRATION_REFERENCE, CALIBRATION_RESPONSES) if anchored else None
+        return [prefix + opening for opening in score_openings(mode, len(CALIBRATION_RESPONSES), anchor=anchor)]
     return [
         engine.render_chat(
             pointwise_messages(CALIBRATION_QUESTION, CALIBRATION_REFERENCE, text, rubric, "probabilities", escaper)
@@ -62,9 +67,11 @@ def calibration_prompts(engine, mode: str, rubric: str | None, escaper: TokenEsc
     ]
 
 
-def probe_score_mass(engine, mode: str, rubric: str | None, min_mass: float, escaper: TokenEscaper) -> ProbeResult:
+def probe_score_mass(
+    engine, mode: str, rubric: str | None, min_mass: float, escaper: TokenEscaper, anchored: bool = True
+) -> ProbeResult:
     """Read the calibration prompts; JudgeProbeError when a reading is unanswered or below `min_mass`."""
-    prompts = calibration_prompts(engine, mode, rubric, escaper)
+    prompts = calibration_prompts(engine, mode, rubric, escaper, anchored)
     readings = engine.next_token_logprobs(prompts, list(PROBABILITY_SCALE))
     for reading in readings:
         if isinstance(reading, UnansweredLogprobs):

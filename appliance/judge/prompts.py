@@ -8,12 +8,14 @@ much a model judge is still swayed by instructions inside a response is
 measured, not assumed: tests/judge/test_adversarial.py.
 Three answer shapes: probability scoring reads the 0-9 distribution after the
 answer's opening; reasoned scoring reads it after a short rationale the judge
-writes first; generate scoring parses a written JSON answer on 0-10.
+writes first; generate scoring parses a written JSON answer on 0-10. A group
+with a numeric reference is read after an anchor (`anchored_item_prefill`).
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 from appliance.judge.escape import DEFAULT_ESCAPER, TokenEscaper
 
@@ -70,14 +72,18 @@ def rationale_from(generated: str) -> str:
     return " ".join(generated.split('"', 1)[0].replace("\\", " ").split())
 
 
-def score_openings(mode: str, count: int, rationale: str | None = None) -> list[str]:
+def score_openings(
+    mode: str, count: int, rationale: str | None = None, anchor: ReferenceAnchor | None = None
+) -> list[str]:
     """What each score prompt ends with after the rendered chat: the answer so far, up to a score token.
 
     One per response of a group (`count`), one pointwise; after the rationale's line or
-    field when the judge reasoned first.
+    field when the judge reasoned first; in a group with a numeric reference, after the anchor's lines.
     """
     if mode == "group":
         head = "" if rationale is None else f'{REASON_PREFILL}{rationale}"}}\n'
+        if anchor is not None:
+            return [head + anchored_item_prefill(i, anchor, n) for n, i in enumerate(group_ids(count))]
         return [head + group_item_prefill(response_id) for response_id in group_ids(count)]
     return [POINTWISE_PREFILL if rationale is None else f'{REASON_PREFILL}{rationale}", "score": ']
 
@@ -85,6 +91,28 @@ def score_openings(mode: str, count: int, rationale: str | None = None) -> list[
 def group_item_prefill(response_id: str) -> str:
     """The opening of response `response_id`'s score in a group read by probabilities."""
     return f'{{"id": "{response_id}", "score": '
+
+
+@dataclass(frozen=True)
+class ReferenceAnchor:
+    """A numeric task's reference answer and each response's final answer, as the rules read them
+    (rewards/extract.py, canonical number text: digits, sign, point or slash only; "" for no answer)."""
+
+    reference: str
+    answers: tuple[str, ...]
+
+
+def anchored_item_prefill(response_id: str, anchor: ReferenceAnchor, index: int) -> str:
+    """The reference's own entry at the top score, then response `response_id`'s entry up to its score.
+
+    The judge reads each score right after seeing the reference scored top and the response's final answer
+    beside it, so it compares the two where it answers, not only where the question was given. Only numbers
+    extracted by our code stand in these fields: a response cannot write its way into them.
+    """
+    return (
+        f'{{"id": "reference", "answer": "{anchor.reference}", "score": {PROBABILITY_MAX}}}\n'
+        f'{{"id": "{response_id}", "answer": "{anchor.answers[index]}", "score": '
+    )
 
 
 def group_ids(count: int) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Callable, Hashable, Sequence
 from appliance.engines.engine import Completion
 from appliance.judge.parse import JudgeOutputError, close_group_answer
 from appliance.judge.probs import ScoreReading
-from appliance.judge.prompts import GROUP_PREFILL, retry_messages
+from appliance.judge.prompts import GROUP_PREFILL, ReferenceAnchor, retry_messages
 from appliance.judge.window import WindowCut
 
 NEUTRAL_SCORE = 0.5
@@ -35,6 +35,8 @@ class JudgeRequest:
     regex: str | None = None
     # Probability mode: the texts whose next token is a score (one per response id in a group).
     score_prompts: list[str] = field(default_factory=list)
+    # A group read by probabilities, numeric reference: what its score openings are anchored on (grouping.py).
+    anchor: ReferenceAnchor | None = None
     # Reasoned mode: the judge's rationale, written before its score is read, and whether it was cut.
     rationale: str | None = None
     rationale_cut: bool = False

@@ -7,9 +7,13 @@ import re
 import statistics
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from appliance.config.schema import JudgeSpec, RewardSpec
 from appliance.judge import Judge
+from appliance.judge.grouping import reference_anchor
+from appliance.rewards.extract import extract_answer
 from appliance.rewards.registry import BatchReward, RewardSample, build_rewards, score_samples
 
 RETRY_MARK = "could not be used"
@@ -287,3 +291,15 @@ def test_judge_is_the_judge_batch_reward(scripted_engine, tmp_path):
 def test_empty_step_costs_nothing(scripted_engine):
     engine = scripted_engine(scripted({}))
     assert Judge(spec(), engine, log_path=None)([]) == [] and engine.calls == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=80), min_size=1, max_size=6), st.integers(-(10**6), 10**6))
+def test_only_extracted_numbers_stand_in_a_groups_anchor(texts, reference):
+    # A response reaches the judge's own answer lines only as the number the correctness rule reads from it.
+    anchor = reference_anchor(f"#### {reference}", texts)
+    assert anchor is not None and anchor.reference == str(reference)
+    for text, answer in zip(texts, anchor.answers, strict=True):
+        assert answer == (extract_answer(text) or "")
+        assert re.fullmatch(r"(-?\d+(\.\d+)?(/\d+)?)?", answer), answer
+    assert reference_anchor("a friendly greeting", texts) is None  # no number to agree with: no anchor

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -89,6 +90,42 @@ def test_every_row_is_scored_with_a_logged_distribution(engine, tmp_path, mode):
             assert score == pytest.approx(expected, abs=0.01)
     assert all(0.0 <= s <= 1.0 for s in scores)
     assert len({round(s, 6) for s in scores}) == len(scores)  # every response its own reading
+
+
+def test_group_mode_ranks_the_answer_that_agrees_with_the_reference_first(engine, tmp_path):
+    # The order probe's pairs (bench/judge_group_order.py): the same working, one product right, one off by a
+    # factor. Without the anchor this judge ranked the wrong one first in two of these three.
+    questions = [(9, 5), (5, 10), (9, 3)]
+    samples = [
+        RewardSample(
+            f"What is {a} * {b}?", f"{a} * {b} = {product}, so <answer>{product}</answer>", str(a * b), group=g
+        )
+        for g, (a, b) in enumerate(questions)
+        for product in (a * b, a * b + a)
+    ]
+    spec = JudgeSpec(model="smollm2-135m-instruct", mode="group", group_orders=2, cache=False)
+    judge = Judge(spec, engine, log_path=tmp_path / "judge.jsonl")
+    scores = judge(samples)
+    judge.close()
+
+    assert judge.outcomes == {"ok": 6, "parse_error": 0, "timeout": 0}  # 3 groups, 2 orders: every one read
+    for g in range(len(questions)):
+        assert scores[2 * g] > scores[2 * g + 1] + 0.02, (questions[g], scores)
+    for line in (json.loads(text) for text in (tmp_path / "judge.jsonl").read_text().splitlines()):
+        a, b = (int(n) for n in re.search(r"What is (\d+) \* (\d+)\?", line["prompt"]).groups())
+        # The score prompt ends with the reference's entry at the top score, then response 1's own answer.
+        ending = re.search(
+            r'\{"id": "reference", "answer": "(\d+)", "score": 9\}\n\{"id": "1", "answer": "(\d+)", "score": $',
+            line["prompt"],
+        )
+        assert ending is not None, line["prompt"][-200:]
+        assert int(ending[1]) == a * b and int(ending[2]) in (a * b, a * b + a)
+
+    plain = Judge(spec.model_copy(update={"group_anchor": False}), engine, log_path=tmp_path / "plain.jsonl")
+    plain(samples[:2])
+    plain.close()
+    for line in (json.loads(text) for text in (tmp_path / "plain.jsonl").read_text().splitlines()):
+        assert line["prompt"].endswith('<|im_start|>assistant\n{"id": "1", "score": ')  # switched off: no anchor
 
 
 def test_judge_eval_cli_reports_every_probability_mode(store_data_dir, capsys):
