@@ -44,7 +44,8 @@ class ScoreModel:
         self.prompts.extend(prompts)
         out = []
         for prompt in prompts:
-            asked = re.search(r'\{"id": "(\d+)", "score": $', prompt)
+            # a group's id, in the plain or the anchored opening (prompts.anchored_item_prefill)
+            asked = re.search(r'\{"id": "(\d+)", (?:"answer": "[^"]*", )?"score": $', prompt)
             digit = self.score_of(prompt, asked.group(1) if asked else None)
             out.append({c: (0.0 if c == str(digit) else -30.0) for c in candidates})
         return out

@@ -129,7 +129,14 @@ def test_the_judge_sends_hostile_responses_only_inside_blocks():
     sent = engine.prompts[at_load:]
     assert len(sent) == 4 * len(responses)  # the group in its four orders (judge.group_orders)
     for index, prompt in enumerate(sent):
-        assert prompt.endswith(f'<|im_start|>assistant\n{{"id": "{index % len(responses) + 1}", "score": ')
+        # The judge's answer so far is ours: the reference's anchor, then the id and the number the rules read.
+        opening = re.search(
+            r'<\|im_start\|>assistant\n\{"id": "reference", "answer": "(\d+)", "score": 9\}\n'
+            r'\{"id": "(\d+)", "answer": "(-?[\d./]*)", "score": $',
+            prompt,
+        )
+        assert opening is not None, prompt[-300:]
+        assert opening[1] == REFERENCE and opening[2] == str(index % len(responses) + 1)
         assert prompt.count("<|im_start|>") == 3 and prompt.count("<|im_end|>") == 2
         user = prompt.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
         # Every response in its own block, once (in the order the job's seed shuffled them to).

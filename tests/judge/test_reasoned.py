@@ -111,12 +111,18 @@ def test_group_mode_reasons_once_per_group_and_reads_each_id_after_the_reason_li
     _, rationale_prompts, _ = engine.calls[0]
     assert len(rationale_prompts) == 2  # the group in an order and its reversal
     assert all("Reply first with one line" in prompt for prompt in rationale_prompts)
-    # One call per order, each reading every id after that order's reason line.
+    # One call per order, each reading every id after that order's reason line and the reference's anchor, with
+    # each response's own answer beside it in that order's places.
+    head = '{"reason": "Response 1 is right, the other is wrong"}\n{"id": "reference", "answer": "42", "score": 9}\n'
+    read = []
     for call in engine.calls[1:]:
-        assert [p.rsplit("<assistant>", 1)[1] for p in call[1]] == [
-            '{"reason": "Response 1 is right, the other is wrong"}\n{"id": "1", "score": ',
-            '{"reason": "Response 1 is right, the other is wrong"}\n{"id": "2", "score": ',
-        ]
+        endings = [p.rsplit("<assistant>", 1)[1] for p in call[1]]
+        assert all(ending.startswith(head) for ending in endings)
+        read.append([ending.removeprefix(head) for ending in endings])
+    assert sorted(read) == [
+        ['{"id": "1", "answer": "41", "score": ', '{"id": "2", "answer": "42", "score": '],
+        ['{"id": "1", "answer": "42", "score": ', '{"id": "2", "answer": "41", "score": '],
+    ]
     assert len(engine.calls) == 3
 
 
