@@ -362,12 +362,15 @@ class Judge:
         self, first: "RewardSample", key: str, members: list[list[int]], completions: list[str], view: str, order: int
     ) -> JudgeRequest:
         ids = group_ids(len(members))
+        anchor = self._anchor(first.reference, completions)
+        # The anchor's lines follow the chat inside the judge's window too (answers run to MAX_DIGITS digits).
+        openings = score_openings("group", len(members), None, anchor) if anchor is not None else []
         messages, cut = self._fitted(
             lambda texts: group_messages(
                 first.prompt, first.reference, texts, self.spec.rubric, self.scoring, self.escaper
             ),
             completions,
-            self._reserve(len(members)),
+            self._reserve(len(members)) + max(map(self.count_tokens, openings), default=0),
         )
         return JudgeRequest(
             key=key,
@@ -383,7 +386,7 @@ class Judge:
             outcome="too_long" if cut is not None and not cut.fits else "ok",
             view=view,
             order=order,
-            anchor=self._anchor(first.reference, completions),
+            anchor=anchor,
         )
 
     def _anchor(self, reference: str | None, completions: list[str]) -> ReferenceAnchor | None:

@@ -7,8 +7,10 @@ import json
 import pytest
 
 from appliance.config.schema import JudgeSpec
+from appliance.engines.engine import EngineCounters
 from appliance.judge import Judge
-from appliance.judge.window import BYTES_PER_TOKEN, cut_middle, fit_responses
+from appliance.judge.prompts import group_messages
+from appliance.judge.window import BYTES_PER_TOKEN, PREFILL_TOKENS, cut_middle, fit_responses
 from appliance.rewards.registry import RewardSample
 
 
@@ -62,3 +64,44 @@ def test_a_question_longer_than_the_window_is_a_recorded_failure_not_a_crash(scr
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted(r["outcome"] for r in records) == ["ok", "too_long"]
     assert judge.stats()["prompts_too_long"] == 1 and judge.outcomes["parse_error"] == 1
+
+
+class LongPromptScorer:
+    """A probability-scoring judge model without a tokenizer (the window counts bytes): records each prompt."""
+
+    def __init__(self):
+        self.counters = EngineCounters()
+        self.prompts: list[str] = []
+
+    def render_chat(self, messages):
+        return "".join(f"<{m['role']}>{m['content']}</{m['role']}>\n" for m in messages) + "<assistant>"
+
+    def next_token_logprobs(self, prompts, candidates):
+        self.prompts.extend(prompts)
+        return [{c: (0.0 if c == "5" else -30.0) for c in candidates} for _ in prompts]
+
+
+def test_a_groups_anchor_lines_stay_inside_the_window():
+    # Answers of 60 digits make the anchored opening long (about 70 tokens). A group whose chat alone just fits
+    # the window must still be cut, so that the opening the score is read after fits too.
+    engine = LongPromptScorer()
+    spec = JudgeSpec(model="m", mode="group", scoring="probabilities", max_prompt_tokens=1_500, injection_guard="off")
+    judge = Judge(spec, engine)
+    at_load = len(engine.prompts)
+    big, other = "7" * 60, "8" * 60
+    short = f"<answer>{other}</answer>"
+
+    def chat_tokens(transcript: str) -> int:
+        return estimate(
+            engine.render_chat(group_messages("What is it?", big, [transcript, short], None, "probabilities"))
+        )
+
+    answer = f"<answer>{big}</answer>"
+    lines = (1_470 - chat_tokens(answer)) * BYTES_PER_TOKEN // len("working line\n")
+    transcript = "working line\n" * lines + answer
+    assert 1_400 < chat_tokens(transcript) <= 1_500 - 1 - PREFILL_TOKENS  # it fits the window without the anchor
+    judge([RewardSample("What is it?", transcript, big, 0), RewardSample("What is it?", short, big, 0)])
+    sent = engine.prompts[at_load:]
+    assert sent and all(f'"answer": "{big}", "score": 9}}' in prompt for prompt in sent)
+    assert max(estimate(prompt) for prompt in sent) + 1 <= 1_500
+    assert judge.stats()["prompts_cut"] >= 1 and not any(judge.last_failed)
