@@ -7,11 +7,11 @@ import json
 import pytest
 
 from appliance.config.schema import JudgeSpec
-from appliance.engines.engine import EngineCounters
 from appliance.judge import Judge
 from appliance.judge.prompts import group_messages
 from appliance.judge.window import BYTES_PER_TOKEN, PREFILL_TOKENS, cut_middle, fit_responses
 from appliance.rewards.registry import RewardSample
+from test_differential import ScoreModel
 
 
 def estimate(text: str) -> int:
@@ -66,25 +66,10 @@ def test_a_question_longer_than_the_window_is_a_recorded_failure_not_a_crash(scr
     assert judge.stats()["prompts_too_long"] == 1 and judge.outcomes["parse_error"] == 1
 
 
-class LongPromptScorer:
-    """A probability-scoring judge model without a tokenizer (the window counts bytes): records each prompt."""
-
-    def __init__(self):
-        self.counters = EngineCounters()
-        self.prompts: list[str] = []
-
-    def render_chat(self, messages):
-        return "".join(f"<{m['role']}>{m['content']}</{m['role']}>\n" for m in messages) + "<assistant>"
-
-    def next_token_logprobs(self, prompts, candidates):
-        self.prompts.extend(prompts)
-        return [{c: (0.0 if c == "5" else -30.0) for c in candidates} for _ in prompts]
-
-
 def test_a_groups_anchor_lines_stay_inside_the_window():
     # Answers of 60 digits make the anchored opening long (about 70 tokens). A group whose chat alone just fits
     # the window must still be cut, so that the opening the score is read after fits too.
-    engine = LongPromptScorer()
+    engine = ScoreModel(lambda prompt, _id: 5)  # no tokenizer: the window counts bytes
     spec = JudgeSpec(model="m", mode="group", scoring="probabilities", max_prompt_tokens=1_500, injection_guard="off")
     judge = Judge(spec, engine)
     at_load = len(engine.prompts)
