@@ -93,8 +93,8 @@ class AnswerSpan:
     number_end: int
     close_start: int
     marked: bool
-    inner_start: int = -1
-    number_start: int = -1
+    inner_start: int
+    number_start: int
     first_end: int | None = None
 
 
@@ -280,16 +280,17 @@ def answer_core(text: str) -> str | None:
     else:
         # The working, the marker, and inside it the expression that gives the number.
         working_end = span.start if span.first_end is None else span.first_end
-        pieces = [(start, working_end), (span.start, span.inner_start), (_expression_start(folded.text, span), None)]
+        pieces = [(start, working_end), (span.start, span.inner_start)]
+        expression = _expression_start(folded.text, span)
         if span.close_start < span.end:
             between = folded.text[span.number_end : span.close_start]
-            pieces[-1] = (pieces[-1][0], span.close_start if not between.strip() else span.number_end)
+            pieces.append((expression, span.close_start if not between.strip() else span.number_end))
             pieces.append((span.close_start, _closed(folded.text, span.end)))
         else:
-            pieces[-1] = (pieces[-1][0], _closed(folded.text, span.end))
+            pieces.append((expression, _closed(folded.text, span.end)))
     # The answer's line: where the working piece ends (a marked answer's, or the first of two), else the number's.
-    anchor = pieces[0][1] if span.marked else span.start
-    pieces[:1] = _working_lines(folded.text, *pieces[0], folded.text.rfind("\n", 0, anchor) + 1)
+    on_answer_line = pieces[0][1] if span.marked else span.start
+    pieces[:1] = _working_lines(folded.text, *pieces[0], folded.text.rfind("\n", 0, on_answer_line) + 1)
     return "".join(text[slice(*folded.original(a, b))] for a, b in pieces if a < b)
 
 
