@@ -30,6 +30,7 @@ import pytest
 from store_support import link_model_store  # noqa: F401  (re-exported for the daemon tests)
 
 from appliance.service.client import Client
+from appliance.service.groups import live_members
 
 WORKER_MODULE = "appliance.service.worker"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -92,16 +93,7 @@ def worker_pids(data_dir: Path) -> list[int]:
 
 def group_alive(pgid: int) -> bool:
     """True while any non-zombie process is in process group `pgid`."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+    return bool(live_members(pgid))
 
 
 def kill_workers(data_dir: Path) -> None:

@@ -27,18 +27,8 @@ def kill_group(pgid: int | None, sig: int = signal.SIGKILL) -> None:
             pass
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)  # signal 0: only asks whether the group exists
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, as another user's
-        return True
-
-
-def is_worker_group(pgid: int) -> bool:
-    """True when a process of group `pgid` runs this appliance's worker (not a recycled group id)."""
+def _members(pgid: int):
+    """(pid, state) of each process in group `pgid`, read from /proc."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -46,14 +36,33 @@ def is_worker_group(pgid: int) -> bool:
             stat = (entry / "stat").read_text()
             # The command name in parentheses may hold spaces and parentheses: fields start after the last ")".
             fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[2]) == pgid and MODULE.encode() in (entry / "cmdline").read_bytes():
-                return True
+            if int(fields[2]) == pgid:
+                yield int(entry.name), fields[0]
         except (OSError, ValueError, IndexError):
+            continue
+
+
+def is_worker_group(pgid: int) -> bool:
+    """True when a process of group `pgid` runs this appliance's worker (not a recycled group id)."""
+    for pid, _ in _members(pgid):
+        try:
+            if MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
             continue
     return False
 
 
+def live_members(pgid: int) -> list[int]:
+    """Processes of group `pgid` that have not finished exiting (zombies have released everything they held)."""
+    return [pid for pid, state in _members(pgid) if state not in ("Z", "X")]
+
+
 def wait_gone(pgid: int, timeout: float) -> None:
+    """Wait until no process of a killed group is left but zombies.
+
+    Every member counts, whatever its command line: an exiting process's cmdline reads empty once its memory
+    is released, while it may still hold open files (a device's memory among them)."""
     deadline = time.time() + timeout
-    while is_worker_group(pgid) and time.time() < deadline:
+    while live_members(pgid) and time.time() < deadline:
         time.sleep(0.05)
