@@ -27,6 +27,7 @@ from appliance.errors import ExportError
 from appliance.export.facts import job_facts
 from appliance.export.manifest import tree_digest, write_export_manifest
 from appliance.export.memory import available_host_bytes, check_merged_export_fits
+from appliance.export.process import staging_prefix
 from appliance.export.source import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterSource, JobSource, find_adapter, find_job
 from appliance.models.store import MANIFEST, ModelStore, ModelStoreError, file_table
 
@@ -83,7 +84,7 @@ def _staging_for(out: Path) -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} already exists and is not empty; choose another --out or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
+    return Path(tempfile.mkdtemp(dir=out.parent, prefix=staging_prefix(out)))
 
 
 def _copy_regular(source: Path, target: Path) -> None:

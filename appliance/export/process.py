@@ -14,6 +14,11 @@ from pathlib import Path
 MODULE = "appliance.export.process"
 
 
+def staging_prefix(out: Path) -> str:
+    """The name prefix of an export's staging folders beside `out` (a killed export leaves them; the daemon removes them)."""
+    return f".{out.name}.export-"
+
+
 def main(argv: list[str] | None = None) -> int:
     from appliance.errors import ApplianceError
     from appliance.export.exporter import export_job

@@ -3,14 +3,16 @@
 Exports load the base model on the CPU, so the whole box is one export slot: a second request waits in FIFO
 order, at most MAX_WAITING of them (each waits in one of the daemon's worker threads, which submit, cancel
 and pause need too; one more is refused with a 429). A caller has at most one export running or waiting, so
-no one holds the slot and the whole queue while another's export is refused. `cancel(job_id)` ends a running export's process group (its staging folder is removed by the
-exporter's cleanup or left as a temporary the next export ignores) or drops a queued one.
+no one holds the slot and the whole queue while another's export is refused. `cancel(job_id)` ends a running
+export's process group (its staging folder is then removed here: a killed process runs no cleanup of its own)
+or drops a queued one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Hashable
 
 from appliance.errors import ExportError
-from appliance.export.process import MODULE
+from appliance.export.process import MODULE, staging_prefix
 from appliance.service.reaper import popen_owned, release
 
 
@@ -109,6 +111,8 @@ class ExportRunner:
                 stdout, stderr = proc.communicate()
             finally:
                 release(proc)
+                if proc.returncode != 0:  # a killed export never ran its own cleanup: its staging folder stays
+                    _remove_staging(out)
                 with self._guard:
                     self._running.pop(job_id, None)
                     cancelled = job_id in self._cancelled
@@ -131,6 +135,12 @@ class ExportRunner:
             except ProcessLookupError:
                 pass
             return True
+
+
+def _remove_staging(out: Path) -> None:
+    """The staging folders an export process left beside `out` (only one export runs: none is in use)."""
+    for leftover in out.parent.glob(staging_prefix(out) + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _answer(returncode: int, stdout: str, stderr: str) -> ExportDone:
