@@ -299,6 +299,7 @@ def create_app(daemon: "Daemon", control_token: str | None = None, admin_gid: in
         redoc_url=None,
         openapi_url=None,
         default_response_class=ASCIIJSONResponse,
+        redirect_slashes=False,  # "/jobs/ID/" is no second name of a job: a 404, not a 307 to it
     )
     app.state.daemon, app.state.admin_gid = daemon, admin_gid
     app.add_middleware(BodyLimit, limit_of=body_limits(daemon))
