@@ -136,6 +136,7 @@ class Daemon:
         self.export_pool = ThreadPoolExecutor(EXPORT_THREADS, thread_name_prefix="export")
         self.forward_pool = ThreadPoolExecutor(FORWARD_THREADS, thread_name_prefix="forward")
         self._housekeeping_stop = threading.Event()
+        self._queueing = threading.Lock()  # one submission stored at a time: its caps checked with its insert
 
     def job_dir(self, job_id: str) -> Path:
         return self.supervisor.job_dir(job_id)
@@ -157,12 +158,16 @@ class Daemon:
         from appliance.config.schema import JobSpec
 
         upload = Path(verdict.upload_dir) if verdict.upload_dir else None
-        try:
-            spec = JobSpec.model_validate(verdict.spec)
-        except Exception:
-            verdict.discard()
-            raise
-        return self.supervisor.submit(Accepted(spec, verdict.plan, upload), uid=uid, user=user)
+        # The caps are checked again with the insert, as one step: the check before the admission's (slow) check
+        # refuses early, but two submissions of one user both passed it before either was stored.
+        with self._queueing:
+            try:
+                fair_share.check_quota(self, uid, user)
+                spec = JobSpec.model_validate(verdict.spec)
+            except Exception:
+                verdict.discard()
+                raise
+            return self.supervisor.submit(Accepted(spec, verdict.plan, upload), uid=uid, user=user)
 
     def delete(self, job_id: str) -> JobDeleted:
         """Remove a finished job: its row and events, its folder and its upload."""
