@@ -32,7 +32,7 @@ from appliance.service.audit import AuditLog
 from appliance.service.call_rate import CallRate
 from appliance.service.control import EventBus
 from appliance.service.exports import ExportRunner
-from appliance.service.job_store import BadTransition, JobStore
+from appliance.service.job_store import JobStore
 from appliance.service.reaper import become_subreaper
 from appliance.service.slot_assignment import unplaceable
 from appliance.service.submission import Accepted, Policy
@@ -171,14 +171,8 @@ class Daemon:
 
     def delete(self, job_id: str) -> JobDeleted:
         """Remove a finished job: its row and events, its folder and its upload."""
-        row = self.store.get(job_id)
-        if row.summary.state not in TERMINAL_STATES:
-            raise BadTransition(
-                f"job '{job_id}' is {row.summary.state}; cancel it first ('appliance jobs cancel {job_id}'), "
-                "then delete it"
-            )
+        row = self.supervisor.forget(job_id)
         freed = fair_share.folder_bytes(self.job_dir(job_id))
-        self.store.delete(job_id)
         uid = row.summary.uid
         self.usage.bytes_by_uid[uid] = max(0, self.usage.bytes_by_uid.get(uid, 0) - freed)
         fair_share.remove(self.job_dir(job_id))

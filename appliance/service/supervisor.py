@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING
 from appliance.durable import write_atomically
 from appliance.errors import ApplianceError
 from appliance.paths import STATE_DIR_MODE, STATE_FILE_MODE, jobs_dir
-from appliance.service.api import DeviceStatus, JobSummary, SlotStatus
+from appliance.service.api import TERMINAL_STATES, DeviceStatus, JobSummary, SlotStatus
 from appliance.service.bounded_reads import log_end
 from appliance.service.groups import describe_exit, is_worker_group, kill_group, wait_gone
 from appliance.service import fair_share, slot_assignment
 from appliance.service.reaper import reap_orphans
-from appliance.service.job_store import BadTransition, JobStore, StoreUnwritable
+from appliance.service.job_store import BadTransition, JobRow, JobStore, StoreUnwritable
 from appliance.service.worker import EXIT_BAD_JOB, MODULE, Channel
 
 if TYPE_CHECKING:
@@ -313,6 +313,19 @@ class Supervisor:
             self._reaped(worker)
             self.wake()
             return self.store.get(job_id).summary
+
+    def forget(self, job_id: str) -> JobRow:
+        """Delete a finished job's row; under the lock, so never between a settle (a cancel's, a reaped worker's)
+        and what follows it: the cancel that ended a job is answered with its state, not "no job"."""
+        with self._lock:
+            row = self.store.get(job_id)
+            if row.summary.state not in TERMINAL_STATES:
+                raise BadTransition(
+                    f"job '{job_id}' is {row.summary.state}; cancel it first ('appliance jobs cancel {job_id}'), "
+                    "then delete it"
+                )
+            self.store.delete(job_id)
+            return row
 
     def with_phase(self, jobs: list[JobSummary]) -> list[JobSummary]:
         phases = {worker.job_id: worker.phase for worker in list(self.workers.values())}
