@@ -18,7 +18,7 @@ from daemon_support import tiny_job, unix_request, wait_for, worker_pids
 import test_job_ownership
 from test_job_ownership import ADMIN, OTHER, OWNER, as_uid, submitted
 
-ownership_daemon = test_job_ownership.daemon  # pytest finds it by its own name: the `daemon` fixture
+ownership_daemon = test_job_ownership.daemon  # that module's `daemon` fixture, known here by this name
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None, reason="switching uids needs root and setpriv"
