@@ -30,7 +30,7 @@ JobState = Literal["queued", "running", "paused", "interrupted", "succeeded", "f
 JOB_STATES: tuple[str, ...] = ("queued", "running", "paused", "interrupted", "succeeded", "failed", "cancelled")
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 # Ten lowercase hex digits (secrets.token_hex(5)): short to type, no path separators.
-JOB_ID_PATTERN = re.compile(r"^[0-9a-f]{10}$")
+JOB_ID_PATTERN = re.compile(r"[0-9a-f]{10}")  # whole ids only: used with fullmatch
 
 # Kinds of JobEvent: "state" {"from", "to", "reason"}; "step" (a StepRecord dict);
 # "phase", "checkpoint", "eval", "log", "memory" (the RunEvent data of that kind).

@@ -155,12 +155,15 @@ def log_end(path: Path, max_bytes: int = LOG_END_BYTES) -> str:
 
 def checkpoints(job_dir: Path) -> list[CheckpointInfo]:
     root = job_dir / "checkpoints"
+    try:
+        folders = sorted(root.iterdir())
+    except (FileNotFoundError, NotADirectoryError):  # none yet, or the job is being deleted as we look
+        return []
     found = []
-    if root.is_dir():
-        for folder in sorted(root.iterdir()):
-            match = CHECKPOINT_DIR.match(folder.name)
-            if match and (folder / "state.json").is_file():  # state.json is written last: complete
-                found.append(CheckpointInfo(step=int(match[1]), path=str(folder)))
+    for folder in folders:
+        match = CHECKPOINT_DIR.match(folder.name)
+        if match and (folder / "state.json").is_file():  # state.json is written last: complete
+            found.append(CheckpointInfo(step=int(match[1]), path=str(folder)))
     return found
 
 

@@ -359,7 +359,7 @@ def _dataset_reference(text: str) -> str | None:
 
 
 def _segment(job_id: str) -> str:
-    if not JOB_ID_PATTERN.match(job_id):
+    if not JOB_ID_PATTERN.fullmatch(job_id):
         raise ClientError(
             f"'{job_id}' is not a job id (ten lowercase hex digits, as 'appliance jobs list' shows)", status=400
         )

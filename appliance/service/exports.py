@@ -125,6 +125,8 @@ class ExportRunner:
         """Cancel the job's running or queued export; False when it has none."""
         with self._guard:
             proc = self._running.get(job_id)
+            if proc is not None and proc.returncode is not None:  # it has ended and been waited for: its id may
+                proc = None  # be another process's already, and its answer (done or failed) stands
             if proc is None and job_id not in self._queued:
                 return False
             self._cancelled.add(job_id)
@@ -139,8 +141,10 @@ class ExportRunner:
 
 def _remove_staging(out: Path) -> None:
     """The staging folders an export process left beside `out` (only one export runs: none is in use)."""
-    for leftover in out.parent.glob(staging_prefix(out) + "*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+    prefix = staging_prefix(out)
+    for leftover in out.parent.iterdir():
+        if leftover.name.startswith(prefix):  # a name match, not a glob: an export's name is not a pattern
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _answer(returncode: int, stdout: str, stderr: str) -> ExportDone:

@@ -89,7 +89,7 @@ def may_act(state: dict, owner_uid: int, admin_gid: int | None) -> bool:
 
 
 def checked(job_id: str) -> str:
-    if not JOB_ID_PATTERN.match(job_id):
+    if not JOB_ID_PATTERN.fullmatch(job_id):
         raise BadJobId(f"'{job_id}' is not a job id (ten lowercase hex digits, as 'appliance jobs list' shows)")
     return job_id
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -57,6 +59,18 @@ def test_exports_run_one_at_a_time_and_a_queued_or_running_one_can_be_cancelled(
     assert isinstance(outcome["second"], ExportCancelled) and "while it waited" in str(outcome["second"])
     assert child.returncode is not None and child.returncode < 0  # the process was killed, not left running
     assert runner.cancel("first") is False and runner._running == {} and runner._queued == {}
+
+
+def test_an_export_that_has_ended_is_not_signalled_nor_called_cancelled():
+    """The window between the runner waiting for its process and forgetting it: a cancel then must not signal
+    the ended process's group id (the kernel may have given it to another process) nor turn a finished export's
+    answer into "cancelled"."""
+    runner = ExportRunner()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"], process_group=0)
+    ended.wait()
+    runner._running["done"] = ended
+    assert runner.cancel("done") is False
+    assert "done" not in runner._cancelled
 
 
 def test_an_export_past_the_waiting_ones_is_refused_with_429(tmp_path):

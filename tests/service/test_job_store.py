@@ -25,7 +25,7 @@ def submit(store: JobStore, name: str = "j"):
 
 def test_submit_stores_a_queued_job_with_a_safe_id_and_a_first_event(store):
     job = submit(store)
-    assert JOB_ID_PATTERN.match(job.id)
+    assert JOB_ID_PATTERN.fullmatch(job.id)
     assert (job.state, job.uid, job.user, job.steps_total) == ("queued", 1000, "alice", 3)
     row = store.get(job.id)
     assert row.spec == SPEC and row.plan == {"fits": True}
