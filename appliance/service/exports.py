@@ -142,7 +142,11 @@ class ExportRunner:
 def _remove_staging(out: Path) -> None:
     """The staging folders an export process left beside `out` (only one export runs: none is in use)."""
     prefix = staging_prefix(out)
-    for leftover in out.parent.iterdir():
+    try:
+        beside = list(out.parent.iterdir())
+    except FileNotFoundError:  # the export failed before it made its folder
+        return
+    for leftover in beside:
         if leftover.name.startswith(prefix):  # a name match, not a glob: an export's name is not a pattern
             shutil.rmtree(leftover, ignore_errors=True)
 
