@@ -5,11 +5,12 @@ order, at most MAX_WAITING of them (each waits in one of the daemon's worker thr
 and pause need too; one more is refused with a 429). A caller has at most one export running or waiting, so
 no one holds the slot and the whole queue while another's export is refused. `cancel(job_id)` ends a running
 export's process group (its staging folder is then removed here: a killed process runs no cleanup of its own)
-or drops a queued one.
+and drops its waiting ones, every one asked for before the cancel.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -17,6 +18,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import Counter, deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Hashable
@@ -51,11 +54,13 @@ class ExportDone:
 
 class ExportRunner:
     def __init__(self) -> None:
-        self._slot = threading.Lock()  # one export at a time
-        self._guard = threading.Lock()
+        self._guard = threading.Condition()  # every field below; waiting exports wait on it for their turn
+        self._tickets = itertools.count()
+        self._issued = -1  # the newest ticket handed out
+        self._line: deque[tuple[int, str]] = deque()  # the waiting exports (ticket, job), first come first served
+        self._busy = False  # an export holds the box's one slot
         self._running: dict[str, subprocess.Popen] = {}
-        self._cancelled: set[str] = set()
-        self._queued: dict[str, int] = {}
+        self._cancelled_upto: dict[str, int] = {}  # a cancel reaches the job's exports issued before it
         self._by_caller: dict[Hashable, str] = {}  # a caller's one running or waiting export: its job
 
     def run(
@@ -77,65 +82,91 @@ class ExportRunner:
                     f"your export of job '{self._by_caller[caller]}' is running or waiting; one export per caller at "
                     "a time: ask again when it has finished, or cancel it (DELETE /jobs/<id>/export)"
                 )
-            waiting = sum(self._queued.values())
+            waiting = sum(self.waiting().values())
             if waiting >= MAX_WAITING:
                 raise ExportsBusy(
                     f"an export is running and {waiting} more wait for the box's one export slot; ask again "
                     "when one has finished, or cancel one (DELETE /jobs/<id>/export)"
                 )
-            self._queued[job_id] = self._queued.get(job_id, 0) + 1
+            ticket = self._issued = next(self._tickets)
+            self._line.append((ticket, job_id))
             if caller is not None:
                 self._by_caller[caller] = job_id
         try:
-            return self._run_in_slot(job_id, job_dir, data_dir, out, checkpoint, merged, dtype)
+            with self._turn(job_id, ticket):
+                command = [sys.executable, "-m", MODULE, str(job_dir), str(data_dir), str(out), checkpoint]
+                command += ["merged" if merged else "adapter", dtype]
+                return self._export(job_id, ticket, command, out)
         finally:
             with self._guard:
                 self._by_caller.pop(caller, None)
 
-    def _run_in_slot(
-        self, job_id: str, job_dir: Path, data_dir: Path, out: Path, checkpoint: str, merged: bool, dtype: str
-    ) -> ExportDone:
-        with self._slot:
+    @contextmanager
+    def _turn(self, job_id: str, ticket: int):
+        """Hold the export slot from this ticket's turn in the line until the block ends."""
+        with self._guard:
+            self._guard.wait_for(
+                lambda: self._is_cancelled(job_id, ticket) or not self._busy and self._line[0][0] == ticket
+            )
+            self._line.remove((ticket, job_id))
+            if self._is_cancelled(job_id, ticket):
+                self._forget_cancel(job_id)
+                self._guard.notify_all()  # the next in line may be first now
+                raise ExportCancelled(f"the export of job '{job_id}' was cancelled while it waited")
+            self._busy = True
+        try:
+            yield
+        finally:
             with self._guard:
-                self._queued[job_id] -= 1
-                if not self._queued[job_id]:
-                    del self._queued[job_id]
-                if job_id in self._cancelled:
-                    self._cancelled.discard(job_id)
-                    raise ExportCancelled(f"the export of job '{job_id}' was cancelled while it waited")
-                command = [sys.executable, "-m", MODULE, str(job_dir), str(data_dir), str(out), checkpoint]
-                command += ["merged" if merged else "adapter", dtype]
-                proc = popen_owned(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
-                self._running[job_id] = proc
-            try:
-                stdout, stderr = proc.communicate()
-            finally:
-                release(proc)
-                if proc.returncode != 0:  # a killed export never ran its own cleanup: its staging folder stays
-                    _remove_staging(out)
-                with self._guard:
-                    self._running.pop(job_id, None)
-                    cancelled = job_id in self._cancelled
-                    self._cancelled.discard(job_id)
+                self._busy = False
+                self._forget_cancel(job_id)
+                self._guard.notify_all()
+
+    def _export(self, job_id: str, ticket: int, command: list[str], out: Path) -> ExportDone:
+        with self._guard:
+            proc = popen_owned(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+            self._running[job_id] = proc
+        try:
+            stdout, stderr = proc.communicate()
+        finally:
+            release(proc)
+            if proc.returncode != 0:  # a killed export never ran its own cleanup: its staging folder stays
+                _remove_staging(out)
+            with self._guard:
+                self._running.pop(job_id, None)
+                cancelled = self._is_cancelled(job_id, ticket)
         if cancelled:
             raise ExportCancelled(f"the export of job '{job_id}' was cancelled")
         return _answer(proc.returncode, stdout, stderr)
 
+    def waiting(self) -> dict[str, int]:
+        """How many exports of each job wait for the slot; a cancelled one no longer counts, even before its
+        thread has woken to leave the line."""
+        with self._guard:
+            return dict(Counter(job for ticket, job in self._line if not self._is_cancelled(job, ticket)))
+
+    def _is_cancelled(self, job_id: str, ticket: int) -> bool:
+        return ticket <= self._cancelled_upto.get(job_id, -1)
+
+    def _forget_cancel(self, job_id: str) -> None:
+        if job_id not in self._running and all(job != job_id for _, job in self._line):  # each one reached left
+            self._cancelled_upto.pop(job_id, None)
+
     def cancel(self, job_id: str) -> bool:
-        """Cancel the job's running or queued export; False when it has none."""
+        """Cancel every running or waiting export of the job; False when it has none."""
         with self._guard:
             proc = self._running.get(job_id)
             if proc is not None and proc.returncode is not None:  # it has ended and been waited for: its id may
                 proc = None  # be another process's already, and its answer (done or failed) stands
-            if proc is None and job_id not in self._queued:
+            if proc is None and job_id not in self.waiting():
                 return False
-            self._cancelled.add(job_id)
-            if proc is None:
-                return True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self._cancelled_upto[job_id] = self._issued  # not the exports asked for after this cancel
+            self._guard.notify_all()  # its waiting exports leave the line now
+            if proc is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             return True
 
 

@@ -15,7 +15,9 @@ from appliance.export.exporter import _umask
 from appliance.service.exports import MAX_WAITING, ExportCancelled, ExportRunner, ExportsBusy
 
 
-def _start(runner: ExportRunner, job_id: str, tmp_path, outcome: dict, caller=None) -> threading.Thread:
+def _start(
+    runner: ExportRunner, job_id: str, tmp_path, outcome: dict, caller=None, done: list | None = None
+) -> threading.Thread:
     def go() -> None:
         try:
             outcome[job_id] = runner.run(
@@ -23,6 +25,8 @@ def _start(runner: ExportRunner, job_id: str, tmp_path, outcome: dict, caller=No
             )
         except ExportError as error:
             outcome[job_id] = error
+        if done is not None:
+            done.append(job_id)
 
     thread = threading.Thread(target=go)
     thread.start()
@@ -49,7 +53,7 @@ def test_exports_run_one_at_a_time_and_a_queued_or_running_one_can_be_cancelled(
     _until(lambda: "first" in runner._running)
     child = runner._running["first"]
     second = _start(runner, "second", tmp_path, outcome)
-    _until(lambda: "second" in runner._queued)
+    _until(lambda: "second" in runner.waiting())
     assert "second" not in runner._running  # waits for the one export slot
     assert runner.cancel("second") is True
     assert runner.cancel("first") is True
@@ -58,7 +62,44 @@ def test_exports_run_one_at_a_time_and_a_queued_or_running_one_can_be_cancelled(
     assert isinstance(outcome["first"], ExportCancelled) and "was cancelled" in str(outcome["first"])
     assert isinstance(outcome["second"], ExportCancelled) and "while it waited" in str(outcome["second"])
     assert child.returncode is not None and child.returncode < 0  # the process was killed, not left running
-    assert runner.cancel("first") is False and runner._running == {} and runner._queued == {}
+    assert runner.cancel("first") is False and runner._running == {} and runner.waiting() == {}
+
+
+def test_waiting_exports_run_in_the_order_they_were_asked_for(tmp_path):
+    runner, outcome, finished = ExportRunner(), {}, []
+    names = ["first", "second", "third"]
+    threads = []
+    for name in names:
+        threads.append(_start(runner, name, tmp_path, outcome, caller=name, done=finished))
+        _until(lambda: name in runner._running or name in runner.waiting())
+    for thread in threads:
+        thread.join(60)
+    assert finished == names  # one at a time, so each ends before the next starts
+    assert all(isinstance(outcome[name], ExportError) and name in str(outcome[name]) for name in names)
+
+
+def test_a_cancel_reaches_every_export_of_the_job_asked_for_before_it_and_none_after(tmp_path):
+    """Two callers wait to export the same job: one cancel drops both (a cancel used to reach only the first to
+    come out of the line); an export of that job asked for after the cancel runs."""
+    runner, outcome = ExportRunner(), {}
+    ahead = _start(runner, "ahead", tmp_path, outcome)
+    _until(lambda: "ahead" in runner._running)
+    waiting = {caller: {} for caller in ("alice", "bob")}
+    threads = [_start(runner, "shared", tmp_path, waiting[caller], caller=caller) for caller in waiting]
+    _until(lambda: runner.waiting().get("shared") == 2)
+    assert runner.cancel("shared") is True
+    assert runner.cancel("ahead") is True  # still running: the two wait behind it
+    late: dict = {}
+    threads.append(_start(runner, "shared", tmp_path, late, caller="carol"))
+    for thread in [ahead, *threads]:
+        thread.join(60)
+    assert isinstance(outcome["ahead"], ExportCancelled)
+    for caller in waiting:
+        assert isinstance(waiting[caller]["shared"], ExportCancelled), caller
+        assert "while it waited" in str(waiting[caller]["shared"])
+    assert isinstance(late["shared"], ExportError) and not isinstance(late["shared"], ExportCancelled)
+    assert "no job" in str(late["shared"])  # it ran: the export process itself answered
+    assert runner._cancelled_upto == {} and runner._running == {} and runner.waiting() == {} and not runner._busy
 
 
 def test_an_export_that_has_ended_is_not_signalled_nor_called_cancelled():
@@ -70,7 +111,7 @@ def test_an_export_that_has_ended_is_not_signalled_nor_called_cancelled():
     ended.wait()
     runner._running["done"] = ended
     assert runner.cancel("done") is False
-    assert "done" not in runner._cancelled
+    assert "done" not in runner._cancelled_upto
 
 
 def test_an_export_past_the_waiting_ones_is_refused_with_429(tmp_path):
@@ -78,7 +119,7 @@ def test_an_export_past_the_waiting_ones_is_refused_with_429(tmp_path):
     threads = [_start(runner, "running", tmp_path, outcome)]
     _until(lambda: "running" in runner._running)
     threads += [_start(runner, f"waiting{n}", tmp_path, outcome) for n in range(MAX_WAITING)]
-    _until(lambda: sum(runner._queued.values()) == MAX_WAITING)
+    _until(lambda: sum(runner.waiting().values()) == MAX_WAITING)
     with pytest.raises(ExportsBusy) as refused:
         runner.run("one-more", tmp_path / "x", tmp_path, tmp_path / "out-x", "best", True, "bfloat16")
     assert refused.value.http_status == 429 and f"{MAX_WAITING} more wait" in str(refused.value)
@@ -87,7 +128,7 @@ def test_an_export_past_the_waiting_ones_is_refused_with_429(tmp_path):
     for thread in threads:
         thread.join(20)
     assert all(isinstance(outcome[name], ExportCancelled) for name in outcome) and len(outcome) == MAX_WAITING + 1
-    assert runner._running == {} and runner._queued == {}
+    assert runner._running == {} and runner.waiting() == {}
 
 
 def test_one_caller_holds_one_place_in_the_export_queue_and_never_all_of_it(tmp_path):
@@ -101,12 +142,12 @@ def test_one_caller_holds_one_place_in_the_export_queue_and_never_all_of_it(tmp_
         with pytest.raises(ExportsBusy, match="your export of job 'alice-1' is running or waiting"):
             runner.run(job, tmp_path / job, tmp_path, tmp_path / f"out-{job}", "best", True, "bfloat16", alice)
     threads.append(_start(runner, "bob-1", tmp_path, outcome, bob))
-    _until(lambda: "bob-1" in runner._queued)  # another caller still finds a place
+    _until(lambda: "bob-1" in runner.waiting())  # another caller still finds a place
     for name in ("bob-1", "alice-1"):
         assert runner.cancel(name) is True
     for thread in threads:
         thread.join(20)
-    assert runner._by_caller == {} and runner._queued == {}  # her place is free again once it ended
+    assert runner._by_caller == {} and runner.waiting() == {}  # her place is free again once it ended
 
 
 def test_the_umask_is_read_without_being_set(monkeypatch):
