@@ -10,11 +10,8 @@ and drops its waiting ones, every one asked for before the cancel.
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +23,7 @@ from typing import Hashable
 
 from appliance.errors import ExportError
 from appliance.export.process import MODULE, staging_prefix
+from appliance.service.groups import kill_group
 from appliance.service.reaper import popen_owned, release
 
 
@@ -55,8 +53,7 @@ class ExportDone:
 class ExportRunner:
     def __init__(self) -> None:
         self._guard = threading.Condition()  # every field below; waiting exports wait on it for their turn
-        self._tickets = itertools.count()
-        self._issued = -1  # the newest ticket handed out
+        self._issued = -1  # the newest ticket handed out: tickets count up from 0
         self._line: deque[tuple[int, str]] = deque()  # the waiting exports (ticket, job), first come first served
         self._busy = False  # an export holds the box's one slot
         self._running: dict[str, subprocess.Popen] = {}
@@ -88,7 +85,8 @@ class ExportRunner:
                     f"an export is running and {waiting} more wait for the box's one export slot; ask again "
                     "when one has finished, or cancel one (DELETE /jobs/<id>/export)"
                 )
-            ticket = self._issued = next(self._tickets)
+            self._issued += 1
+            ticket = self._issued
             self._line.append((ticket, job_id))
             if caller is not None:
                 self._by_caller[caller] = job_id
@@ -163,10 +161,7 @@ class ExportRunner:
             self._cancelled_upto[job_id] = self._issued  # not the exports asked for after this cancel
             self._guard.notify_all()  # its waiting exports leave the line now
             if proc is not None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                kill_group(proc.pid)
             return True
 
 
