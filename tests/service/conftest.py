@@ -29,6 +29,7 @@ from daemon_support import (
     short_tmp_dir,
     tiny_job,
 )
+from caller_support import start_shared_daemon
 from service_latency import concurrent_status_requests
 
 
@@ -154,3 +155,9 @@ def served_job(tmp_path_factory, store_data_dir):
     finally:
         daemon.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def ownership_daemon(make_daemon):
+    """A daemon whose socket the callers of tests/service/caller_support.py share, with an admin group."""
+    return start_shared_daemon(make_daemon)

@@ -5,8 +5,6 @@ state, its worker, its folder, the exports folder and the audit log agree with t
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import threading
 import time
 from collections import Counter
@@ -15,14 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from daemon_support import tiny_job, unix_request, wait_for, worker_pids
-import test_job_ownership
-from test_job_ownership import ADMIN, OTHER, OWNER, as_uid, submitted
+from caller_support import ADMIN, NEEDS_SETPRIV, OTHER, OWNER, as_uid, submitted
 
-ownership_daemon = test_job_ownership.daemon  # that module's `daemon` fixture, known here by this name
+pytestmark = NEEDS_SETPRIV
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="switching uids needs root and setpriv"
-)
 
 CALLERS = {"owner": (OWNER, False), "other": (OTHER, False), "admin": (ADMIN, True)}
 # (method, path under /jobs/<id>, body, the action its audit line names)
