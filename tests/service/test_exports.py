@@ -71,7 +71,8 @@ def test_waiting_exports_run_in_the_order_they_were_asked_for(tmp_path):
     threads = []
     for name in names:
         threads.append(_start(runner, name, tmp_path, outcome, caller=name, done=finished))
-        _until(lambda: name in runner._running or name in runner.waiting())
+        # It has its place in the line (waiting, running or already done) before the next one asks.
+        _until(lambda: name in runner._running or name in runner.waiting() or name in finished)
     for thread in threads:
         thread.join(60)
     assert finished == names  # one at a time, so each ends before the next starts
